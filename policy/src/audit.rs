@@ -1,0 +1,129 @@
+//! Audit records (spec §7): one JSON object per line. Arguments are redacted
+//! with the policy's DLP patterns before they are recorded.
+
+use std::time::SystemTime;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::compile::Evaluator;
+use crate::dlp::DlpEvent;
+use crate::evaluate::Verdict;
+use crate::message::Request;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    /// Agent to server.
+    Upstream,
+    /// Server to agent.
+    Downstream,
+}
+
+/// One decision about one message.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AuditRecord {
+    pub timestamp: String,
+    pub direction: Direction,
+    pub decision: &'static str,
+    pub policy_mode: &'static str,
+    pub violation: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub args: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failed_arg: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failed_rule: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// One DLP rule that fired on one message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DlpRecord {
+    pub timestamp: String,
+    pub direction: Direction,
+    pub event: &'static str,
+    pub dlp_rule: String,
+    pub dlp_action: &'static str,
+    pub dlp_match_count: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+}
+
+/// RFC 3339, UTC, millisecond precision.
+pub fn timestamp(at: SystemTime) -> String {
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
+impl AuditRecord {
+    /// The record for an agent message and the verdict it got.
+    pub fn for_request(
+        evaluator: &Evaluator,
+        request: &Request<'_>,
+        verdict: &Verdict,
+        at: SystemTime,
+    ) -> AuditRecord {
+        let params = request.params.and_then(Value::as_object);
+        let is_call = params.is_some() && verdict.tool.is_some() || request_is_call(request);
+        let tool = is_call
+            .then(|| params.and_then(|p| p.get("name")).and_then(Value::as_str))
+            .flatten()
+            .map(str::to_owned);
+        let args = is_call
+            .then(|| params.and_then(|p| p.get("arguments")))
+            .flatten()
+            .map(|a| redacted(evaluator, a));
+        AuditRecord {
+            timestamp: timestamp(at),
+            direction: Direction::Upstream,
+            decision: verdict.audit_decision(),
+            policy_mode: verdict.mode.as_str(),
+            violation: verdict.violation,
+            policy: evaluator.policy_name().map(str::to_owned),
+            method: Some(request.method.to_owned()),
+            tool,
+            args,
+            failed_arg: verdict.failed_arg.clone(),
+            failed_rule: verdict.failed_rule.clone(),
+            reason: verdict.reason.clone(),
+        }
+    }
+}
+
+impl DlpRecord {
+    /// One record per rule that fired while redacting a response.
+    pub fn for_events(events: &[DlpEvent], tool: Option<&str>, at: SystemTime) -> Vec<DlpRecord> {
+        let ts = timestamp(at);
+        events
+            .iter()
+            .map(|e| DlpRecord {
+                timestamp: ts.clone(),
+                direction: Direction::Downstream,
+                event: "DLP_TRIGGERED",
+                dlp_rule: e.rule.clone(),
+                dlp_action: "REDACTED",
+                dlp_match_count: e.count,
+                tool: tool.map(str::to_owned),
+            })
+            .collect()
+    }
+}
+
+fn request_is_call(request: &Request<'_>) -> bool {
+    crate::normalize::normalize_name(request.method) == "tools/call"
+}
+
+fn redacted(evaluator: &Evaluator, args: &Value) -> Value {
+    let mut copy = args.clone();
+    if let Some(r) = evaluator.redactor() {
+        r.redact_strings(&mut copy, &mut Vec::new());
+    }
+    copy
+}

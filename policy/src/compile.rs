@@ -1,0 +1,258 @@
+//! Document -> Evaluator: everything that can be decided once is decided here,
+//! so that evaluating a call is lookups and precompiled matches only.
+
+use regex::Regex;
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use crate::dlp::Redactor;
+use crate::document::{Action, AgentPolicy, FieldError, Mode, PolicyErrors};
+use crate::normalize::normalize_name;
+use crate::paths::ProtectedPaths;
+use crate::ratelimit::{Limiter, RateClock, RateLimit};
+use crate::{hash, regexes};
+
+/// The default `allowed_methods` of spec §3.1, plus `notifications/cancelled`:
+/// AIP names the cancellation notification `cancelled`, but MCP sends it as
+/// `notifications/cancelled`, and refusing it would stop agents from
+/// cancelling their own calls.
+pub const DEFAULT_ALLOWED_METHODS: &[&str] = &[
+    "initialize",
+    "initialized",
+    "ping",
+    "tools/call",
+    "tools/list",
+    "completion/complete",
+    "notifications/initialized",
+    "notifications/progress",
+    "notifications/message",
+    "notifications/resources/updated",
+    "notifications/resources/list_changed",
+    "notifications/tools/list_changed",
+    "notifications/prompts/list_changed",
+    "cancelled",
+    "notifications/cancelled",
+];
+
+/// Environment the policy is compiled for.
+#[derive(Debug, Clone, Default)]
+pub struct CompileOptions {
+    /// What `~` in protected paths and arguments stands for.
+    pub home: Option<String>,
+    /// The policy file's own absolute path, always protected (spec §3.2).
+    pub policy_path: Option<String>,
+    /// Time source for rate limits.
+    pub clock: RateClock,
+}
+
+/// A compiled policy, ready to evaluate messages. Immutable and `Send + Sync`
+/// (rate-limit buckets are atomic); share it behind an `Arc` and replace it
+/// whole when the policy changes.
+#[derive(Debug)]
+pub struct Evaluator {
+    pub(crate) methods: MethodGate,
+    pub(crate) policy: Option<CompiledPolicy>,
+}
+
+#[derive(Debug)]
+pub(crate) struct CompiledPolicy {
+    pub name: String,
+    pub mode: Mode,
+    pub hash: String,
+    pub tools: FxHashMap<Box<str>, ToolEntry>,
+    pub strict_args_default: bool,
+    pub protected: ProtectedPaths,
+    pub redactor: Option<Redactor>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct ToolEntry {
+    /// Named in allowed_tools.
+    pub listed: bool,
+    pub rule: Option<CompiledRule>,
+}
+
+#[derive(Debug)]
+pub(crate) struct CompiledRule {
+    pub action: Action,
+    pub limiter: Option<Limiter>,
+    pub strict_args: Option<bool>,
+    /// In argument-name order, so the first failure reported is stable.
+    pub args: Vec<ArgRule>,
+    pub schema_hash: Option<String>,
+}
+
+#[derive(Debug)]
+pub(crate) struct ArgRule {
+    pub name: String,
+    pub pattern: String,
+    pub regex: Regex,
+}
+
+#[derive(Debug)]
+pub(crate) struct MethodGate {
+    pub allow_all: bool,
+    pub allowed: FxHashSet<Box<str>>,
+    pub denied: FxHashSet<Box<str>>,
+}
+
+impl MethodGate {
+    fn new<'a>(
+        allowed: Option<impl IntoIterator<Item = &'a str>>,
+        denied: &[String],
+    ) -> MethodGate {
+        let allowed: FxHashSet<Box<str>> = match allowed {
+            Some(list) => list.into_iter().map(normalized).collect(),
+            None => DEFAULT_ALLOWED_METHODS
+                .iter()
+                .copied()
+                .map(normalized)
+                .collect(),
+        };
+        MethodGate {
+            allow_all: allowed.contains("*"),
+            allowed,
+            denied: denied.iter().map(|m| normalized(m)).collect(),
+        }
+    }
+}
+
+fn normalized(name: &str) -> Box<str> {
+    normalize_name(name).into()
+}
+
+impl Evaluator {
+    /// The evaluator for "no policy loaded": the default method list applies,
+    /// and every tool call is blocked (fail closed).
+    pub fn deny_all() -> Evaluator {
+        Evaluator {
+            methods: MethodGate::new(None::<Vec<&str>>, &[]),
+            policy: None,
+        }
+    }
+
+    /// Compiles a validated policy.
+    pub fn compile(
+        policy: &AgentPolicy,
+        options: &CompileOptions,
+    ) -> Result<Evaluator, PolicyErrors> {
+        let spec = &policy.spec;
+        let mut errors = Vec::new();
+        let mut tools: FxHashMap<Box<str>, ToolEntry> = FxHashMap::default();
+        for name in spec.allowed_tools.iter().flatten() {
+            tools.entry(normalized(name)).or_default().listed = true;
+        }
+        for (i, rule) in spec.tool_rules.iter().flatten().enumerate() {
+            let path = format!("spec.tool_rules[{i}]");
+            let limiter = match rule.rate_limit.as_deref().map(RateLimit::parse) {
+                None => None,
+                Some(Ok(limit)) => Some(Limiter::new(limit, options.clock.clone())),
+                Some(Err(e)) => {
+                    errors.push(field(&format!("{path}.rate_limit"), e.to_string()));
+                    None
+                }
+            };
+            let mut args = Vec::new();
+            for (name, pattern) in rule.allow_args.iter().flatten() {
+                match regexes::compile(pattern) {
+                    Ok(regex) => args.push(ArgRule {
+                        name: name.clone(),
+                        pattern: pattern.clone(),
+                        regex,
+                    }),
+                    Err(e) => errors.push(field(&format!("{path}.allow_args.{name}"), e)),
+                }
+            }
+            tools.entry(normalized(&rule.tool)).or_default().rule = Some(CompiledRule {
+                action: rule.action(),
+                limiter,
+                strict_args: rule.strict_args,
+                args,
+                schema_hash: rule.schema_hash.clone(),
+            });
+        }
+        let redactor = match &spec.dlp {
+            None => None,
+            Some(dlp) => Redactor::new(dlp).unwrap_or_else(|e| {
+                errors.push(field("spec.dlp.patterns", e));
+                None
+            }),
+        };
+        if !errors.is_empty() {
+            return Err(PolicyErrors(errors));
+        }
+        let protected = spec
+            .protected_paths
+            .iter()
+            .flatten()
+            .map(String::as_str)
+            .chain(options.policy_path.as_deref());
+        Ok(Evaluator {
+            methods: MethodGate::new(
+                spec.allowed_methods
+                    .as_ref()
+                    .map(|l| l.iter().map(String::as_str)),
+                spec.denied_methods.as_deref().unwrap_or_default(),
+            ),
+            policy: Some(CompiledPolicy {
+                name: policy.metadata.name.clone(),
+                mode: spec.mode(),
+                hash: hash::policy_hash(policy),
+                tools,
+                strict_args_default: spec.strict_args_default.unwrap_or(false),
+                protected: ProtectedPaths::new(protected, options.home.as_deref()),
+                redactor,
+            }),
+        })
+    }
+
+    /// Parses, validates and compiles a YAML or JSON policy text.
+    pub fn from_yaml(text: &str, options: &CompileOptions) -> Result<Evaluator, PolicyErrors> {
+        Evaluator::compile(&AgentPolicy::from_yaml(text)?, options)
+    }
+
+    /// The policy's name, or None when no policy is loaded.
+    pub fn policy_name(&self) -> Option<&str> {
+        self.policy.as_ref().map(|p| p.name.as_str())
+    }
+
+    /// The policy hash (`sha256:<hex>`), or None when no policy is loaded.
+    pub fn policy_hash(&self) -> Option<&str> {
+        self.policy.as_ref().map(|p| p.hash.as_str())
+    }
+
+    /// Enforce or monitor; a missing policy counts as enforce.
+    pub fn mode(&self) -> Mode {
+        self.policy.as_ref().map_or(Mode::Enforce, |p| p.mode)
+    }
+
+    /// The DLP redactor, when the policy has an enabled DLP block.
+    pub fn redactor(&self) -> Option<&Redactor> {
+        self.policy.as_ref().and_then(|p| p.redactor.as_ref())
+    }
+
+    /// The pinned `schema_hash` for a tool (v1alpha2), looked up by its
+    /// normalized name.
+    pub fn schema_hash(&self, tool: &str) -> Option<&str> {
+        let p = self.policy.as_ref()?;
+        let entry = p.tools.get(normalize_name(tool).as_ref())?;
+        entry.rule.as_ref()?.schema_hash.as_deref()
+    }
+}
+
+fn field(path: &str, message: impl Into<String>) -> FieldError {
+    FieldError {
+        path: path.to_owned(),
+        message: message.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Evaluator;
+
+    #[test]
+    fn evaluator_is_send_and_sync() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Evaluator>();
+    }
+}
