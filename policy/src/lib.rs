@@ -21,6 +21,7 @@ pub mod document;
 pub mod errors;
 pub mod evaluate;
 pub mod hash;
+pub mod kubernetes;
 pub mod limits;
 pub mod message;
 pub mod normalize;
