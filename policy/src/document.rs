@@ -218,7 +218,8 @@ impl AgentPolicy {
 
 /// Parses YAML text into a JSON value, refusing duplicate keys and bounding
 /// alias expansion (serde-saphyr's defaults), so that a hostile document
-/// cannot blow up memory.
+/// cannot blow up memory. Only YAML 1.2 booleans (`true`/`false`) are
+/// booleans: a tool named `on`, `no` or `y` stays the string it reads as.
 pub fn parse_yaml(text: &str) -> Result<Value, PolicyErrors> {
     if text.len() > limits::MAX_POLICY_BYTES {
         return Err(PolicyErrors::one(
@@ -230,7 +231,11 @@ pub fn parse_yaml(text: &str) -> Result<Value, PolicyErrors> {
             ),
         ));
     }
-    serde_saphyr::from_str::<Value>(text)
+    let options = serde_saphyr::options! {
+        strict_booleans: true,
+        duplicate_keys: serde_saphyr::DuplicateKeyPolicy::Error,
+    };
+    serde_saphyr::from_str_with_options::<Value>(text, options)
         .map_err(|e| PolicyErrors::one("", format!("invalid YAML: {e}")))
 }
 
