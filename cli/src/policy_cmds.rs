@@ -66,10 +66,10 @@ fn verdict_json(v: &Verdict) -> Value {
         "audit_decision": v.audit_decision(),
         "violation": v.violation,
         "mode": v.mode.as_str(),
-        "reason": v.reason,
-        "failed_arg": v.failed_arg,
-        "failed_rule": v.failed_rule,
-        "error": v.error,
+        "reason": v.reason(),
+        "failed_arg": v.failed_arg(),
+        "failed_rule": v.failed_rule(),
+        "error": v.error(),
         "response": v.response(),
     })
 }
@@ -83,16 +83,16 @@ fn print_verdict(v: &Verdict) {
     if v.decision == Decision::Ask {
         println!("note:      held for human approval (use --approval approve|deny|timeout)");
     }
-    if let Some(reason) = &v.reason {
+    if let Some(reason) = v.reason() {
         println!("reason:    {reason}");
     }
-    if let Some(arg) = &v.failed_arg {
+    if let Some(arg) = v.failed_arg() {
         println!("argument:  {arg}");
     }
-    if let Some(rule) = &v.failed_rule {
+    if let Some(rule) = v.failed_rule() {
         println!("rule:      {rule}");
     }
-    match (v.response(), &v.error) {
+    match (v.response(), v.error()) {
         (Some(response), _) => println!("response:  {response}"),
         (None, Some(error)) => println!("error:     {}", json!(error)),
         (None, None) => {}

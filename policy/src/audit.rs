@@ -71,7 +71,7 @@ impl AuditRecord {
         at: SystemTime,
     ) -> AuditRecord {
         let params = request.params.and_then(Value::as_object);
-        let is_call = params.is_some() && verdict.tool.is_some() || request_is_call(request);
+        let is_call = request_is_call(request);
         let tool = is_call
             .then(|| params.and_then(|p| p.get("name")).and_then(Value::as_str))
             .flatten()
@@ -90,9 +90,9 @@ impl AuditRecord {
             method: Some(request.method.to_owned()),
             tool,
             args,
-            failed_arg: verdict.failed_arg.clone(),
-            failed_rule: verdict.failed_rule.clone(),
-            reason: verdict.reason.clone(),
+            failed_arg: verdict.failed_arg().map(str::to_owned),
+            failed_rule: verdict.failed_rule().map(str::to_owned),
+            reason: verdict.reason().map(str::to_owned),
         }
     }
 }

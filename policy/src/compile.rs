@@ -90,6 +90,8 @@ pub(crate) struct ArgRule {
 
 #[derive(Debug)]
 pub(crate) struct MethodGate {
+    /// The gate's answer for the exact string `tools/call`.
+    pub tools_call_allowed: bool,
     pub allow_all: bool,
     pub allowed: FxHashSet<Box<str>>,
     pub denied: FxHashSet<Box<str>>,
@@ -108,10 +110,14 @@ impl MethodGate {
                 .map(normalized)
                 .collect(),
         };
+        let denied: FxHashSet<Box<str>> = denied.iter().map(|m| normalized(m)).collect();
+        let allow_all = allowed.contains("*");
         MethodGate {
-            allow_all: allowed.contains("*"),
+            tools_call_allowed: !denied.contains("tools/call")
+                && (allow_all || allowed.contains("tools/call")),
+            allow_all,
             allowed,
-            denied: denied.iter().map(|m| normalized(m)).collect(),
+            denied,
         }
     }
 }

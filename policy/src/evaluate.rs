@@ -7,7 +7,7 @@ use std::sync::LazyLock;
 
 use serde_json::{Map, Value};
 
-use crate::compile::{CompiledPolicy, CompiledRule, Evaluator};
+use crate::compile::{CompiledPolicy, CompiledRule, Evaluator, ToolEntry};
 use crate::document::{Action, Mode};
 use crate::errors::{RpcError, Subject, codes};
 use crate::message::{Request, ToolCall};
@@ -85,28 +85,27 @@ pub enum Approval {
     TimedOut,
 }
 
-/// The outcome of evaluating one message.
+/// The outcome of evaluating one message. An ALLOW carries nothing else, so
+/// the hot path builds and drops a few bytes; everything a violation explains
+/// lives behind one allocation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Verdict {
     pub decision: Decision,
     /// A rule was triggered, whether or not the message was stopped.
     pub violation: bool,
-    pub cause: Option<Cause>,
-    /// Human-readable explanation, when a rule fired.
-    pub reason: Option<String>,
-    /// The argument that failed validation or named a protected path.
-    pub failed_arg: Option<String>,
-    /// The rule that failed: the argument's regex, `strict_args`,
-    /// `allowed_tools`, the protected path, ...
-    pub failed_rule: Option<String>,
-    /// The error to answer with, when the message is stopped.
-    pub error: Option<RpcError>,
-    /// The tool called, when the message was a tools/call that did not
-    /// simply pass.
-    pub tool: Option<String>,
-    /// The request id to echo (None for notifications).
-    pub id: Option<Value>,
     pub mode: Mode,
+    pub cause: Option<Cause>,
+    detail: Option<Box<Detail>>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Detail {
+    reason: Option<String>,
+    failed_arg: Option<String>,
+    failed_rule: Option<String>,
+    error: Option<RpcError>,
+    tool: Option<String>,
+    id: Option<Value>,
 }
 
 impl Verdict {
@@ -114,21 +113,51 @@ impl Verdict {
         Verdict {
             decision: Decision::Allow,
             violation: false,
-            cause: None,
-            reason: None,
-            failed_arg: None,
-            failed_rule: None,
-            error: None,
-            tool: None,
-            id: None,
             mode,
+            cause: None,
+            detail: None,
         }
+    }
+
+    fn detail(&self) -> Option<&Detail> {
+        self.detail.as_deref()
+    }
+
+    /// Human-readable explanation, when a rule fired.
+    pub fn reason(&self) -> Option<&str> {
+        self.detail()?.reason.as_deref()
+    }
+
+    /// The argument that failed validation or named a protected path.
+    pub fn failed_arg(&self) -> Option<&str> {
+        self.detail()?.failed_arg.as_deref()
+    }
+
+    /// The rule that failed: the argument's regex, `strict_args`,
+    /// `allowed_tools`, the protected path, ...
+    pub fn failed_rule(&self) -> Option<&str> {
+        self.detail()?.failed_rule.as_deref()
+    }
+
+    /// The error to answer with, when the message is stopped.
+    pub fn error(&self) -> Option<&RpcError> {
+        self.detail()?.error.as_ref()
+    }
+
+    /// The tool called, when a tools/call did not simply pass.
+    pub fn tool(&self) -> Option<&str> {
+        self.detail()?.tool.as_deref()
+    }
+
+    /// The request id to echo (None for notifications and plain ALLOWs).
+    pub fn id(&self) -> Option<&Value> {
+        self.detail()?.id.as_ref()
     }
 
     /// The complete JSON-RPC error response to send back, if any (never for a
     /// notification).
     pub fn response(&self) -> Option<Value> {
-        Some(self.error.as_ref()?.response(self.id.as_ref()?))
+        Some(self.error()?.response(self.id()?))
     }
 
     /// The decision as audit lines name it: `ALLOW_MONITOR` for a violation
@@ -149,7 +178,6 @@ impl Verdict {
         if self.decision != Decision::Ask {
             return self;
         }
-        let tool = Subject::Tool(self.tool.clone().unwrap_or_default());
         let (cause, code, reason) = match answer {
             Approval::Approved => {
                 return Verdict {
@@ -164,11 +192,14 @@ impl Verdict {
                 "No approval decision before the timeout",
             ),
         };
+        let mut detail = self.detail.unwrap_or_default();
+        let tool = Subject::Tool(detail.tool.clone().unwrap_or_default());
+        detail.reason = Some(reason.to_owned());
+        detail.error = Some(RpcError::new(code, tool, reason));
         Verdict {
             decision: Decision::Block,
             cause: Some(cause),
-            reason: Some(reason.to_owned()),
-            error: Some(RpcError::new(code, tool, reason)),
+            detail: Some(detail),
             ..self
         }
     }
@@ -212,12 +243,16 @@ impl Evaluator {
     /// Evaluates one message from the agent.
     pub fn evaluate(&self, request: &Request<'_>) -> Verdict {
         let mode = self.mode();
-        let method = normalize_name(request.method);
-        if let Some(v) = self.check_method(&method) {
-            return self.conclude(v, Subject::Method(request.method.to_owned()), request, mode);
-        }
-        if method != "tools/call" {
-            return Verdict::allow(mode);
+        // tools/call is nearly every message; its gate answer is precomputed.
+        let is_call = request.method == "tools/call";
+        if !(is_call && self.methods.tools_call_allowed) {
+            let method = normalize_name(request.method);
+            if let Some(v) = self.check_method(&method) {
+                return self.conclude(v, Subject::Method(request.method.to_owned()), request, mode);
+            }
+            if method != "tools/call" {
+                return Verdict::allow(mode);
+            }
         }
         let call = match ToolCall::from_params(request.params) {
             Ok(call) => call,
@@ -234,8 +269,11 @@ impl Evaluator {
             ToolOutcome::Allow => Verdict::allow(mode),
             ToolOutcome::Ask => Verdict {
                 decision: Decision::Ask,
-                tool: Some(call.name.to_owned()),
-                id: request.id.cloned(),
+                detail: Some(Box::new(Detail {
+                    tool: Some(call.name.to_owned()),
+                    id: request.id.cloned(),
+                    ..Detail::default()
+                })),
                 ..Verdict::allow(mode)
             },
             ToolOutcome::Violation(v) => {
@@ -281,6 +319,7 @@ impl Evaluator {
     }
 
     /// Applies the mode to a violation and builds the verdict.
+    #[cold]
     fn conclude(
         &self,
         v: Violation,
@@ -301,14 +340,16 @@ impl Evaluator {
         Verdict {
             decision,
             violation: true,
-            cause: Some(v.cause),
-            tool,
-            error: (!relaxed).then(|| RpcError::new(v.code, subject, v.reason.clone())),
-            reason: Some(v.reason),
-            failed_arg: v.failed_arg,
-            failed_rule: v.failed_rule,
-            id: request.id.cloned(),
             mode,
+            cause: Some(v.cause),
+            detail: Some(Box::new(Detail {
+                error: (!relaxed).then(|| RpcError::new(v.code, subject, v.reason.clone())),
+                reason: Some(v.reason),
+                failed_arg: v.failed_arg,
+                failed_rule: v.failed_rule,
+                tool,
+                id: request.id.cloned(),
+            })),
         }
     }
 }
@@ -321,8 +362,7 @@ enum ToolOutcome {
 
 /// The tool check of spec §3.2, in its order.
 fn check_tool(policy: &CompiledPolicy, call: &ToolCall<'_>) -> ToolOutcome {
-    let key = normalize_name(call.name);
-    let entry = policy.tools.get(key.as_ref());
+    let entry = lookup_tool(policy, call.name);
     let rule = entry.and_then(|e| e.rule.as_ref());
     let args = call.arguments.unwrap_or(&NO_ARGS);
 
@@ -339,7 +379,10 @@ fn check_tool(policy: &CompiledPolicy, call: &ToolCall<'_>) -> ToolOutcome {
             );
         }
     }
-    if let Some(hit) = policy.protected.find(args) {
+    if let Some(hit) = (!policy.protected.is_empty())
+        .then(|| policy.protected.find(args))
+        .flatten()
+    {
         let reason = format!("Argument '{}' refers to a protected path", hit.argument);
         return ToolOutcome::Violation(
             Violation::new(Cause::ProtectedPath, codes::PROTECTED_PATH, reason)
@@ -383,6 +426,19 @@ fn check_tool(policy: &CompiledPolicy, call: &ToolCall<'_>) -> ToolOutcome {
     match check_args(rule, args, strict) {
         Some(v) => ToolOutcome::Violation(v),
         None => ToolOutcome::Allow,
+    }
+}
+
+/// Finds a tool's entry by its normalized name. Every key is already normal
+/// and normalization is idempotent, so a raw name that is a key is its own
+/// normal form: only a miss has to be normalized and tried again.
+fn lookup_tool<'p>(policy: &'p CompiledPolicy, name: &str) -> Option<&'p ToolEntry> {
+    if let Some(entry) = policy.tools.get(name) {
+        return Some(entry);
+    }
+    match normalize_name(name) {
+        Cow::Owned(normal) => policy.tools.get(normal.as_str()),
+        Cow::Borrowed(_) => None,
     }
 }
 

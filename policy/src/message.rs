@@ -62,11 +62,21 @@ impl<'a> ToolCall<'a> {
         let params = params
             .and_then(Value::as_object)
             .ok_or("tools/call params must be an object with a \"name\"")?;
-        let name = params
-            .get("name")
+        // One pass over the (small) map: comparisons against fixed literals
+        // compile to a few integer compares, where two `get`s would each
+        // walk the tree with general string comparisons.
+        let (mut name, mut arguments) = (None, None);
+        for (key, value) in params {
+            match key.as_str() {
+                "name" => name = Some(value),
+                "arguments" => arguments = Some(value),
+                _ => {}
+            }
+        }
+        let name = name
             .and_then(Value::as_str)
             .ok_or("tools/call params.name must be a string")?;
-        let arguments = match params.get("arguments") {
+        let arguments = match arguments {
             None | Some(Value::Null) => None,
             Some(Value::Object(map)) => Some(map),
             Some(_) => return Err("tools/call params.arguments must be an object"),

@@ -35,7 +35,7 @@ fn method(e: &Evaluator, m: &str) -> Verdict {
 }
 
 fn code(v: &Verdict) -> Option<i64> {
-    v.error.as_ref().map(|e| e.code)
+    v.error().map(|e| e.code)
 }
 
 mod methods {
@@ -88,7 +88,7 @@ mod methods {
         let msg = json!({"jsonrpc": "2.0", "method": "notifications/roots/list_changed"});
         let v = e.evaluate(&Request::from_value(&msg).unwrap());
         assert_eq!(v.decision, Decision::Block);
-        assert!(v.error.is_some());
+        assert!(v.error().is_some());
         assert_eq!(v.response(), None);
     }
 }
@@ -101,7 +101,7 @@ mod tools {
         let e = policy("allowed_tools: [read_file]");
         let ok = call(&e, "read_file", json!({"path": "/tmp/x"}));
         assert_eq!(
-            (ok.decision, ok.violation, ok.error.is_none()),
+            (ok.decision, ok.violation, ok.error().is_none()),
             (Decision::Allow, false, true)
         );
         let no = call(&e, "write_file", json!({}));
@@ -109,7 +109,7 @@ mod tools {
             (no.decision, code(&no), no.cause),
             (Decision::Block, Some(-32001), Some(Cause::ToolNotAllowed))
         );
-        assert_eq!(no.error.unwrap().reason, "Tool not in allowed_tools list");
+        assert_eq!(no.error().unwrap().reason, "Tool not in allowed_tools list");
     }
 
     #[test]
@@ -135,7 +135,7 @@ mod tools {
         assert_eq!(v.decision, Decision::Allow);
         let blocked = call(&e, "Ｗrite", json!({}));
         assert_eq!(
-            blocked.error.unwrap().subject,
+            blocked.error().unwrap().subject,
             aip_policy::Subject::Tool("Ｗrite".into())
         );
     }
@@ -208,19 +208,19 @@ mod arguments {
             (v.decision, v.cause),
             (Decision::Block, Some(Cause::ArgumentMismatch))
         );
-        assert_eq!(v.failed_arg.as_deref(), Some("mode"));
-        assert_eq!(v.failed_rule.as_deref(), Some("^(read|list)$"));
+        assert_eq!(v.failed_arg(), Some("mode"));
+        assert_eq!(v.failed_rule(), Some("^(read|list)$"));
     }
 
     #[test]
     fn a_missing_argument_blocks_and_is_named() {
         let v = call(&github(), "fetch", json!({"url": "https://github.com/a"}));
         assert_eq!(
-            (v.cause, v.failed_arg.as_deref()),
+            (v.cause, v.failed_arg()),
             (Some(Cause::ArgumentMissing), Some("mode"))
         );
         assert_eq!(
-            v.error.unwrap().reason,
+            v.error().unwrap().reason,
             "Required argument 'mode' is missing"
         );
     }
@@ -254,7 +254,7 @@ mod arguments {
         assert_eq!(call(&e, "t", json!({"a": 1})).decision, Decision::Allow);
         let v = call(&e, "t", json!({"a": 1, "headers": {}}));
         assert_eq!(
-            (v.cause, v.failed_arg.as_deref()),
+            (v.cause, v.failed_arg()),
             (Some(Cause::UndeclaredArgument), Some("headers"))
         );
     }
@@ -293,7 +293,7 @@ mod rate_limits {
             (v.decision, code(&v), v.violation),
             (Decision::RateLimited, Some(-32002), true)
         );
-        assert_eq!(v.error.unwrap().reason, "Rate limit of 2/minute exceeded");
+        assert_eq!(v.error().unwrap().reason, "Rate limit of 2/minute exceeded");
         clock.advance(Duration::from_secs(30));
         assert_eq!(call(&e, "s", json!({})).decision, Decision::Allow);
     }
@@ -315,8 +315,8 @@ mod protected_paths {
             (Decision::Block, Some(-32007), Some(Cause::ProtectedPath))
         );
         assert_eq!(v.audit_decision(), "PROTECTED_PATH");
-        assert_eq!(v.failed_arg.as_deref(), Some("path"));
-        assert_eq!(v.failed_rule.as_deref(), Some("/etc/aip/policy.yaml"));
+        assert_eq!(v.failed_arg(), Some("path"));
+        assert_eq!(v.failed_rule(), Some("/etc/aip/policy.yaml"));
     }
 
     #[test]
@@ -347,7 +347,7 @@ mod monitor {
         for tool in ["b", "c"] {
             let v = call(&e, tool, json!({}));
             assert_eq!(
-                (v.decision, v.violation, v.error.is_none()),
+                (v.decision, v.violation, v.error().is_none()),
                 (Decision::Allow, true, true),
                 "{tool}"
             );
@@ -377,7 +377,7 @@ mod approvals {
     fn ask_then_each_answer() {
         let v = call(&asking(), "deploy", json!({}));
         assert_eq!(
-            (v.decision, v.violation, v.error.is_none()),
+            (v.decision, v.violation, v.error().is_none()),
             (Decision::Ask, false, true)
         );
         assert_eq!(
@@ -395,7 +395,10 @@ mod approvals {
             (timed_out.decision, code(&timed_out)),
             (Decision::Block, Some(-32005))
         );
-        assert_eq!(timed_out.error.unwrap().message(), "User approval timeout");
+        assert_eq!(
+            timed_out.error().unwrap().message(),
+            "User approval timeout"
+        );
     }
 
     #[test]

@@ -117,7 +117,7 @@ proptest! {
             if tool_rule_only {
                 prop_assert_eq!(e.decision, Decision::Block);
                 prop_assert_eq!(m.decision, Decision::Allow);
-                prop_assert!(m.error.is_none());
+                prop_assert!(m.error().is_none());
             } else {
                 prop_assert_eq!(e.decision, m.decision);
             }

@@ -105,7 +105,7 @@ fn approval(answer: &str) -> Option<Approval> {
 
 fn compare_verdict(v: &Verdict, vector: &Vector, m: &mut Mismatches) {
     let e = &vector.expected;
-    let code = v.error.as_ref().map(|e| e.code);
+    let code = v.error().map(|e| e.code);
     if let Some(decision) = &e.decision {
         // Audit names (ALLOW_MONITOR, PROTECTED_PATH) are accepted too.
         let ok = decision == v.decision.as_str() || decision == v.audit_decision();
@@ -123,7 +123,7 @@ fn compare_verdict(v: &Verdict, vector: &Vector, m: &mut Mismatches) {
             v.violation,
         );
     }
-    let error = v.error.as_ref().map(|e| json!(e));
+    let error = v.error().map(|e| json!(e));
     if let Some(message) = &e.error_message {
         let actual = error
             .as_ref()
