@@ -1,5 +1,7 @@
 //! The `aip` binary end to end: real files, real exit codes, exact output.
 
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

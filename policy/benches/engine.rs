@@ -2,6 +2,8 @@
 //! like the AIP reference's measurements so the numbers compare.
 //! Run with `make bench` (which prints the table) or `cargo bench -p aip-policy`.
 
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
 use std::hint::black_box;
 use std::time::Duration;
 

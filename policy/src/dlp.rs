@@ -173,10 +173,10 @@ impl Redactor {
         if let Some(text) = obj.get_mut("text") {
             self.redact_strings(text, totals);
         }
-        if let Some(Value::Object(resource)) = obj.get_mut("resource") {
-            if let Some(text) = resource.get_mut("text") {
-                self.redact_strings(text, totals);
-            }
+        if let Some(Value::Object(resource)) = obj.get_mut("resource")
+            && let Some(text) = resource.get_mut("text")
+        {
+            self.redact_strings(text, totals);
         }
     }
 
@@ -246,7 +246,7 @@ fn decode(run: &str) -> Option<String> {
         .strip_prefix("0x")
         .or_else(|| run.strip_prefix("0X"))
         .unwrap_or(run);
-    let bytes = if hex.len() % 2 == 0 && hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+    let bytes = if hex.len().is_multiple_of(2) && hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         hex::decode(hex).ok()
     } else {
         let engines = [

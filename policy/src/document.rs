@@ -254,24 +254,22 @@ impl Checker {
     }
 
     fn document(&mut self, value: &Value) -> Option<AgentPolicy> {
-        let Some(root) = self.object(value, "") else {
-            return None;
-        };
+        let root = self.object(value, "")?;
         self.known_keys(root, "", &["apiVersion", "kind", "metadata", "spec"]);
         let api_version = self.required_string(root, "", "apiVersion");
-        if let Some(v) = &api_version {
-            if v != API_VERSION {
-                self.error(
-                    "apiVersion",
-                    format!("unsupported apiVersion {v:?}; expected {API_VERSION:?}"),
-                );
-            }
+        if let Some(v) = &api_version
+            && v != API_VERSION
+        {
+            self.error(
+                "apiVersion",
+                format!("unsupported apiVersion {v:?}; expected {API_VERSION:?}"),
+            );
         }
         let kind = self.required_string(root, "", "kind");
-        if let Some(k) = &kind {
-            if k != KIND {
-                self.error("kind", format!("unexpected kind {k:?}; expected {KIND:?}"));
-            }
+        if let Some(k) = &kind
+            && k != KIND
+        {
+            self.error("kind", format!("unexpected kind {k:?}; expected {KIND:?}"));
         }
         let metadata = match root.get("metadata") {
             Some(v) => self.metadata(v),
@@ -430,21 +428,21 @@ impl Checker {
                 }
             });
         let rate_limit = self.optional_string(map, path, "rate_limit");
-        if let Some(r) = &rate_limit {
-            if let Err(e) = RateLimit::parse(r) {
-                self.error(&format!("{path}.rate_limit"), e.to_string());
-            }
+        if let Some(r) = &rate_limit
+            && let Err(e) = RateLimit::parse(r)
+        {
+            self.error(&format!("{path}.rate_limit"), e.to_string());
         }
         let strict_args = self.optional_bool(map, path, "strict_args");
         let allow_args = self.allow_args(map, path);
         let schema_hash = self.optional_string(map, path, "schema_hash");
-        if let Some(h) = &schema_hash {
-            if !is_schema_hash(h) {
-                self.error(
+        if let Some(h) = &schema_hash
+            && !is_schema_hash(h)
+        {
+            self.error(
                     &format!("{path}.schema_hash"),
                     format!("invalid schema_hash {h:?}; expected \"sha256:\" followed by 64 lowercase hex digits"),
                 );
-            }
         }
         Some(ToolRule {
             tool: tool?,
@@ -510,18 +508,18 @@ impl Checker {
             self.known_keys(map, &item_path, &["name", "regex"]);
             let name = self.required_string(map, &item_path, "name");
             let regex = self.required_string(map, &item_path, "regex");
-            if let Some(r) = &regex {
-                if let Err(e) = crate::regexes::check(r) {
-                    self.error(&format!("{item_path}.regex"), e);
-                }
+            if let Some(r) = &regex
+                && let Err(e) = crate::regexes::check(r)
+            {
+                self.error(&format!("{item_path}.regex"), e);
             }
-            if let Some(n) = &name {
-                if let Some(first) = seen.insert(n.clone(), i) {
-                    self.error(
-                        &format!("{item_path}.name"),
-                        format!("duplicate DLP pattern name {n:?} (also {path}[{first}])"),
-                    );
-                }
+            if let Some(n) = &name
+                && let Some(first) = seen.insert(n.clone(), i)
+            {
+                self.error(
+                    &format!("{item_path}.name"),
+                    format!("duplicate DLP pattern name {n:?} (also {path}[{first}])"),
+                );
             }
             if let (Some(name), Some(regex)) = (name, regex) {
                 patterns.push(DlpPattern { name, regex });

@@ -366,18 +366,18 @@ fn check_tool(policy: &CompiledPolicy, call: &ToolCall<'_>) -> ToolOutcome {
     let rule = entry.and_then(|e| e.rule.as_ref());
     let args = call.arguments.unwrap_or(&NO_ARGS);
 
-    if let Some(limiter) = rule.and_then(|r| r.limiter.as_ref()) {
-        if !limiter.try_acquire() {
-            let limit = limiter.limit.to_string();
-            return ToolOutcome::Violation(
-                Violation::new(
-                    Cause::RateLimited,
-                    codes::RATE_LIMITED,
-                    format!("Rate limit of {limit} exceeded"),
-                )
-                .rule(format!("rate_limit: {limit}")),
-            );
-        }
+    if let Some(limiter) = rule.and_then(|r| r.limiter.as_ref())
+        && !limiter.try_acquire()
+    {
+        let limit = limiter.limit.to_string();
+        return ToolOutcome::Violation(
+            Violation::new(
+                Cause::RateLimited,
+                codes::RATE_LIMITED,
+                format!("Rate limit of {limit} exceeded"),
+            )
+            .rule(format!("rate_limit: {limit}")),
+        );
     }
     if let Some(hit) = (!policy.protected.is_empty())
         .then(|| policy.protected.find(args))
@@ -472,20 +472,19 @@ fn check_args(
             );
         }
     }
-    if strict {
-        if let Some(extra) = args
+    if strict
+        && let Some(extra) = args
             .keys()
             .find(|k| !declared.iter().any(|a| &a.name == *k))
-        {
-            return Some(
-                Violation::new(
-                    Cause::UndeclaredArgument,
-                    codes::FORBIDDEN,
-                    format!("Argument '{extra}' is not declared in allow_args (strict_args)"),
-                )
-                .arg(extra, "strict_args"),
-            );
-        }
+    {
+        return Some(
+            Violation::new(
+                Cause::UndeclaredArgument,
+                codes::FORBIDDEN,
+                format!("Argument '{extra}' is not declared in allow_args (strict_args)"),
+            )
+            .arg(extra, "strict_args"),
+        );
     }
     None
 }

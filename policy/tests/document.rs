@@ -1,5 +1,7 @@
 //! Validation of the document (spec §1): every rule, each error with its path.
 
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
 use aip_policy::AgentPolicy;
 
 fn errors(yaml: &str) -> Vec<String> {

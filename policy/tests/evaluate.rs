@@ -1,5 +1,7 @@
 //! Evaluation, rule by rule and error code by error code (spec §3, §4).
 
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
 use aip_policy::{
     Approval, Cause, CompileOptions, Decision, Evaluator, ManualClock, RateClock, Request, Verdict,
 };

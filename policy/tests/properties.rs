@@ -1,5 +1,7 @@
 //! Properties that must hold for every input, not just the examples.
 
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
 use aip_policy::{
     AgentPolicy, Cause, CompileOptions, Decision, Evaluator, Request, normalize_name,
 };
