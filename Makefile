@@ -1,0 +1,48 @@
+# The project's entry points. `make test` is what CI runs (.ci/run).
+
+SHARED ?= ../shared
+CARGO  ?= cargo
+AIP    := target/debug/aip
+
+.PHONY: all build test lint fmt clippy unit conformance bench demo clean
+
+all: build
+
+build:
+	$(CARGO) build --workspace --all-targets --locked
+
+## test: formatting, clippy, every unit/integration/property test, then the
+## AIP conformance vectors (the shared Basic level and the project's own).
+test: lint unit conformance
+
+lint: fmt clippy
+
+fmt:
+	$(CARGO) fmt --all -- --check
+
+clippy:
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+
+unit: build
+	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
+		$(CARGO) nextest run --workspace --locked --no-fail-fast; \
+	else \
+		$(CARGO) test --workspace --locked --no-fail-fast; \
+	fi
+
+conformance: build
+	@test -d "$(SHARED)/conformance/basic" || { echo "missing $(SHARED)/conformance/basic (set SHARED=...)"; exit 1; }
+	$(AIP) conformance conformance/project
+	$(AIP) conformance "$(SHARED)/conformance/basic"
+
+## bench: the engine benchmarks, then the performance table with targets.
+bench:
+	$(CARGO) bench --locked -p aip-policy --bench engine
+	python3 scripts/bench-table.py target/criterion
+
+## demo: a scripted walk through the example policies (no cluster needed).
+demo: build
+	@scripts/demo.sh $(AIP)
+
+clean:
+	$(CARGO) clean

@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Print the performance table of docs/performance.md from criterion results.
+
+Usage: bench-table.py CRITERION_DIR   (normally target/criterion)
+
+Measured values are criterion medians from the run that just finished. The
+aip-go column is the AIP reference proxy as recorded in the design brief for
+these machines; ratios against it are therefore across runs, ratios against
+the targets are not.
+"""
+import json
+import pathlib
+import sys
+
+NS = 1.0
+US = 1_000.0
+MS = 1_000_000.0
+
+# (label, criterion id, aip-go ns, target ns)
+ROWS = [
+    ("allowlist decision", "decision/allowlist", 92 * NS, 30 * NS),
+    ("50 tool rules, called tool with 3 argument regexes", "decision/rules50_args3", 1.56 * US, 300 * NS),
+    ("same with the policy file protected", "decision/rules50_args3_protected", 14.2 * US, 400 * NS),
+    ("DLP, 64 KiB, 5 patterns, clean", "dlp_64k/clean", 5.0 * MS, 250 * US),
+    ("DLP, 64 KiB, 5 patterns, 8 secrets", "dlp_64k/8_secrets", 12.6 * MS, 500 * US),
+]
+
+NOT_YET = [
+    ("added latency per tools/call, stdio wrap, p50", "65-85 us", "<= 25 us", "issue #4 (sidecar)"),
+    ("pipelined calls through the gateway", "30-43k/s", ">= 100k/s", "issue #4 (sidecar)"),
+    ("gateway peak RSS", "13.4 MB", "<= 8 MB", "issue #4 (sidecar)"),
+    ("config propagation, CR change to 1000 sidecars acked", "(Istio p90 2.9 s)", "p99 <= 250 ms", "issue #6 (operator)"),
+    ("operator memory, 10k policies + 10k pods", "-", "<= 150 MB", "issue #6 (operator)"),
+]
+
+
+def fmt(ns):
+    """Three significant digits in the largest unit that keeps them >= 1."""
+    for unit, scale in (("ms", MS), ("us", US), ("ns", NS)):
+        if ns >= scale or unit == "ns":
+            value = ns / scale
+            return f"{value:.{max(0, 2 - len(str(int(value))) + 1)}f} {unit}"
+    return f"{ns} ns"
+
+
+def median(root, bench_id):
+    path = root / bench_id / "new" / "estimates.json"
+    try:
+        return json.loads(path.read_text())["median"]["point_estimate"]
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def main():
+    root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "target/criterion")
+    header = ("what", "aip-go", "target", "measured", "vs target", "vs aip-go", "")
+    lines = []
+    missing = False
+    for label, bench_id, ref, target in ROWS:
+        got = median(root, bench_id)
+        if got is None:
+            missing = True
+            lines.append((label, fmt(ref), "<= " + fmt(target), "not run", "", "", ""))
+            continue
+        verdict = "meets" if got <= target else "MISSES"
+        lines.append((label, fmt(ref), "<= " + fmt(target), fmt(got),
+                      f"{got / target:.2f}x", f"{ref / got:.0f}x faster", verdict))
+    for label, ref, target, where in NOT_YET:
+        lines.append((label, ref, target, "not built yet", "", "", where))
+    widths = [max(len(str(r[i])) for r in [header] + lines) for i in range(len(header))]
+    row = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"
+    print(row(header))
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in lines:
+        print(row(r))
+    print()
+    print("measured = criterion median of this run; aip-go = figures from the design brief.")
+    return 1 if missing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
