@@ -102,14 +102,18 @@ impl MethodGate {
         allowed: Option<impl IntoIterator<Item = &'a str>>,
         denied: &[String],
     ) -> MethodGate {
-        let allowed: FxHashSet<Box<str>> = match allowed {
-            Some(list) => list.into_iter().map(normalized).collect(),
-            None => DEFAULT_ALLOWED_METHODS
+        // An empty list means "not set", as in the AIP reference: a policy
+        // that admitted no method at all could not even initialize.
+        let mut allowed: FxHashSet<Box<str>> = allowed
+            .map(|list| list.into_iter().map(normalized).collect())
+            .unwrap_or_default();
+        if allowed.is_empty() {
+            allowed = DEFAULT_ALLOWED_METHODS
                 .iter()
                 .copied()
                 .map(normalized)
-                .collect(),
-        };
+                .collect();
+        }
         let denied: FxHashSet<Box<str>> = denied.iter().map(|m| normalized(m)).collect();
         let allow_all = allowed.contains("*");
         MethodGate {

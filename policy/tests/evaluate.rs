@@ -85,6 +85,22 @@ mod methods {
     }
 
     #[test]
+    fn denying_tools_call_overrides_the_fast_path() {
+        let e = policy("allowed_tools: [a]\ndenied_methods: [tools/call]");
+        let v = call(&e, "a", json!({}));
+        assert_eq!((v.decision, code(&v)), (Decision::Block, Some(-32006)));
+        let e = policy("allowed_tools: [a]\nallowed_methods: [initialize]");
+        assert_eq!(code(&call(&e, "a", json!({}))), Some(-32006));
+    }
+
+    #[test]
+    fn an_empty_allowed_methods_list_means_the_defaults() {
+        let e = policy("allowed_methods: []");
+        assert_eq!(method(&e, "initialize").decision, Decision::Allow);
+        assert_eq!(method(&e, "resources/read").decision, Decision::Block);
+    }
+
+    #[test]
     fn notifications_get_a_verdict_but_no_response() {
         let e = policy("allowed_tools: []");
         let msg = json!({"jsonrpc": "2.0", "method": "notifications/roots/list_changed"});
@@ -408,6 +424,30 @@ mod approvals {
         let e = policy("allowed_tools: [a]");
         let v = call(&e, "a", json!({}));
         assert_eq!(v.clone().resolve(Approval::Denied), v);
+    }
+}
+
+mod secrets {
+    use super::*;
+
+    /// Whatever the agent put in an argument stays out of the error it gets
+    /// back and out of the reason: only argument names are echoed.
+    #[test]
+    fn argument_values_never_appear_in_errors() {
+        let secret = "sk_live_5f3a9c1e7b2d4068";
+        let e = policy(
+            "tool_rules:\n  - tool: pay\n    strict_args: true\n    allow_args: {to: '^acct_[0-9]+$'}",
+        );
+        for args in [
+            json!({"to": secret}),
+            json!({"to": "acct_1", "memo": secret}),
+            json!({"to": "acct_1", "path": format!("/etc/aip/policy.yaml#{secret}")}),
+        ] {
+            let v = call(&e, "pay", args.clone());
+            assert_eq!(v.decision, Decision::Block, "{args}");
+            let shown = format!("{} {:?}", v.response().unwrap(), v.reason());
+            assert!(!shown.contains(secret), "{shown}");
+        }
     }
 }
 
