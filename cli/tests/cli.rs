@@ -104,6 +104,51 @@ fn failing_vector_is_reported_with_expected_and_actual() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+const INVALID_POLICY_VECTORS: &str = r#"
+name: "Refusals"
+tests:
+  - id: "bad-rate"
+    policy: |
+      apiVersion: aip.io/v1alpha1
+      kind: AgentPolicy
+      metadata: {name: p}
+      spec: {tool_rules: [{tool: t, rate_limit: "5/fortnight"}]}
+    input: {method: "tools/call", tool: "t", args: {}}
+    expected: {valid: false}
+  - id: "bad-regex-as-error-decision"
+    policy: |
+      apiVersion: aip.io/v1alpha1
+      kind: AgentPolicy
+      metadata: {name: p}
+      spec: {tool_rules: [{tool: t, allow_args: {a: "("}}]}
+    input: {method: "tools/call", tool: "t", args: {}}
+    expected: {decision: "ERROR"}
+  - id: "good-policy-expected-bad"
+    policy: |
+      apiVersion: aip.io/v1alpha1
+      kind: AgentPolicy
+      metadata: {name: p}
+      spec: {}
+    input: {method: "tools/list"}
+    expected: {valid: false}
+"#;
+
+#[test]
+fn vectors_can_expect_a_policy_to_be_refused() {
+    let dir = temp_dir("refusals");
+    std::fs::write(dir.join("refusals.yaml"), INVALID_POLICY_VECTORS).unwrap();
+    let out = aip(&["conformance", dir.to_str().unwrap()]);
+    let text = stdout(&out);
+    assert!(
+        text.contains(
+            "good-policy-expected-bad: policy: expected the policy to be refused, got it loaded"
+        ),
+        "{text}"
+    );
+    assert_eq!(text.lines().last(), Some("2 passed, 1 failed"), "{text}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 #[test]
 fn unreadable_vector_file_fails_the_run() {
     let dir = temp_dir("garbage");

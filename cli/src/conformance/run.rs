@@ -37,9 +37,12 @@ fn parse(text: &str) -> Result<Suite, String> {
 
 fn test(vector: &Vector) -> TestReport {
     let mut m = Mismatches::default();
+    let refuse = vector.expected.expects_invalid_policy();
     match evaluator(&vector.policy) {
+        Ok(_) if refuse => m.fail("policy", "the policy to be refused", "it loaded"),
         Ok(evaluator) if is_response(vector) => dlp(&evaluator, vector, &mut m),
         Ok(evaluator) => request(&evaluator, vector, &mut m),
+        Err(_) if refuse => {}
         Err(e) => m.fail("policy", "a policy that loads", e),
     }
     TestReport {

@@ -59,6 +59,10 @@ pub struct Context {
 /// that may be stated as null keep null distinct from absent.
 #[derive(Debug, Default, Deserialize)]
 pub struct Expected {
+    /// `false` when the policy itself must be refused (also spelled
+    /// `policy_valid`, or stated as decision ERROR / INVALID).
+    #[serde(default, alias = "policy_valid")]
+    pub valid: Option<bool>,
     #[serde(default)]
     pub decision: Option<String>,
     #[serde(default, deserialize_with = "present")]
@@ -83,6 +87,17 @@ pub struct Expected {
 pub struct ExpectedEvent {
     pub rule: String,
     pub count: usize,
+}
+
+impl Expected {
+    /// Whether the vector expects the policy to be refused.
+    pub fn expects_invalid_policy(&self) -> bool {
+        self.valid == Some(false)
+            || matches!(
+                self.decision.as_deref(),
+                Some("ERROR" | "INVALID" | "INVALID_POLICY")
+            )
+    }
 }
 
 /// Some(Value::Null) for an explicit null, None (via `default`) when absent.
