@@ -85,9 +85,16 @@ impl Redactor {
 
     /// Redacts one text.
     pub fn redact<'a>(&self, text: &'a str) -> Redacted<'a> {
+        let present = self.set.is_match(text);
+        if !present && !self.detect_encoding {
+            return Redacted {
+                text: Cow::Borrowed(text),
+                events: Vec::new(),
+            };
+        }
         let mut spans = Vec::new();
         let mut counts = vec![0usize; self.regexes.len()];
-        if self.set.is_match(text) {
+        if present {
             for i in self.set.matches(text).iter() {
                 for m in self.regexes[i].find_iter(text) {
                     if m.is_empty() {
