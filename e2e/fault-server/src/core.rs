@@ -1,0 +1,535 @@
+//! The dispatch core both transports share: MCP methods, the serial tools/call
+//! queue, sequence state and cancellation, and the attempt log.
+//!
+//! tools/call requests join one queue per server and are played one at a
+//! time in arrival order by a single worker; everything else (initialize,
+//! ping, tools/list) is answered at once, even while a delayed call runs.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde_json::{Value, json};
+use tokio::sync::{Notify, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::log::{Attempt, AttemptLog, AttemptOutcome, canonical_sha256};
+use crate::script::{OnExhausted, Outcome, Script};
+
+/// Protocol versions this server speaks, newest first.
+pub const PROTOCOL_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
+
+/// Who sent a message, as the attempt log records it.
+#[derive(Debug, Clone, Default)]
+pub struct CallContext {
+    pub session: String,
+    pub auth_sha256: Option<String>,
+    pub protocol_version: Option<String>,
+}
+
+/// What the transport must do with a tools/call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply {
+    /// A JSON-RPC response (result or error) to send.
+    Message(Value),
+    /// A wire-level behaviour only the transport can play.
+    Wire(Wire),
+    /// The call was canceled: send nothing.
+    Canceled,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Wire {
+    Http {
+        status: u16,
+        headers: Vec<(String, String)>,
+        body: Option<String>,
+    },
+    /// Close the connection (stdio: close stdout and exit) without answering.
+    Drop,
+    /// Send the first `after_bytes` bytes of `response`, then hang.
+    StallBody { after_bytes: usize, response: Value },
+    /// Send this text as the response body / line.
+    RawBody(String),
+    /// SSE priming event with an id and `retry`, then close; `response` is
+    /// delivered when the client resumes with Last-Event-ID.
+    SseCloseAfterEvent { retry_ms: u64, response: Value },
+}
+
+/// The immediate result of handling one incoming message.
+pub enum Handled {
+    /// Answer now (None: nothing to send, e.g. a notification).
+    Now(Option<Value>),
+    /// A queued tools/call: the reply arrives on the receiver.
+    Later(oneshot::Receiver<Reply>),
+}
+
+struct Job {
+    key: (String, String),
+    id: Value,
+    tool: String,
+    arguments: Value,
+    ctx: CallContext,
+    received: Instant,
+    reply: oneshot::Sender<Reply>,
+}
+
+#[derive(Default)]
+struct Queue {
+    waiting: VecDeque<Job>,
+    running: Option<((String, String), CancellationToken)>,
+    /// Request ids (per session) queued or running.
+    active: HashSet<(String, String)>,
+}
+
+pub struct Core {
+    pub script: Script,
+    pub log: AttemptLog,
+    queue: Mutex<Queue>,
+    /// Next step per (tool, response): survives sessions, reset by restart.
+    cursors: Mutex<HashMap<(usize, usize), usize>>,
+    wake: Notify,
+}
+
+impl Core {
+    pub fn new(script: Script, log: AttemptLog) -> Arc<Core> {
+        Arc::new(Core {
+            script,
+            log,
+            queue: Mutex::new(Queue::default()),
+            cursors: Mutex::new(HashMap::new()),
+            wake: Notify::new(),
+        })
+    }
+
+    fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Handles one parsed JSON-RPC message (not a batch).
+    pub fn handle(&self, message: &Value, ctx: &CallContext) -> Handled {
+        let Some(obj) = message.as_object() else {
+            return Handled::Now(Some(error(&Value::Null, -32600, "Invalid Request", None)));
+        };
+        let id = obj.get("id").cloned();
+        let Some(method) = obj.get("method").and_then(Value::as_str) else {
+            // A response from the client (we send no requests): ignore it.
+            return Handled::Now(None);
+        };
+        let params = obj.get("params").cloned().unwrap_or(Value::Null);
+        let Some(id) = id else {
+            self.notification(method, &params, ctx);
+            return Handled::Now(None);
+        };
+        if !(id.is_string() || id.is_number()) {
+            return Handled::Now(Some(error(
+                &Value::Null,
+                -32600,
+                "Invalid Request: id must be a string or number",
+                None,
+            )));
+        }
+        match method {
+            "initialize" => Handled::Now(Some(result(&id, self.initialize(&params)))),
+            "ping" => Handled::Now(Some(result(&id, json!({})))),
+            "tools/list" => Handled::Now(Some(result(&id, self.tools_list()))),
+            "tools/call" => self.enqueue(id, &params, ctx),
+            _ => Handled::Now(Some(error(
+                &id,
+                -32601,
+                "Method not found",
+                Some(json!({"method": method})),
+            ))),
+        }
+    }
+
+    /// The protocol version to answer initialize with.
+    pub fn negotiate(requested: Option<&str>) -> &'static str {
+        PROTOCOL_VERSIONS
+            .iter()
+            .find(|v| Some(**v) == requested)
+            .copied()
+            .unwrap_or(PROTOCOL_VERSIONS[0])
+    }
+
+    fn initialize(&self, params: &Value) -> Value {
+        let requested = params.get("protocolVersion").and_then(Value::as_str);
+        json!({
+            "protocolVersion": Core::negotiate(requested),
+            "capabilities": {"tools": {"listChanged": false}},
+            "serverInfo": {"name": self.script.name, "version": env!("CARGO_PKG_VERSION")},
+        })
+    }
+
+    fn tools_list(&self) -> Value {
+        let tools: Vec<Value> = self
+            .script
+            .tools
+            .iter()
+            .map(|t| {
+                let mut tool = json!({"name": t.name, "inputSchema": t.input_schema});
+                if let Some(d) = &t.description {
+                    tool["description"] = json!(d);
+                }
+                tool
+            })
+            .collect();
+        json!({ "tools": tools })
+    }
+
+    fn notification(&self, method: &str, params: &Value, ctx: &CallContext) {
+        if method == "notifications/cancelled" {
+            if let Some(id) = params.get("requestId") {
+                self.cancel(&(ctx.session.clone(), id_key(id)));
+            }
+        }
+        // notifications/initialized and anything else: accepted, nothing to do.
+    }
+
+    fn enqueue(&self, id: Value, params: &Value, ctx: &CallContext) -> Handled {
+        let tool = params.get("name").and_then(Value::as_str);
+        let arguments = params
+            .get("arguments")
+            .cloned()
+            .unwrap_or_else(|| json!({}));
+        let Some(tool) = tool.filter(|_| arguments.is_object()) else {
+            let e = error(
+                &id,
+                -32602,
+                "Invalid params: tools/call needs a string name and object arguments",
+                None,
+            );
+            return Handled::Now(Some(e));
+        };
+        let key = (ctx.session.clone(), id_key(&id));
+        let mut queue = self.queue();
+        let attempt = |outcome| self.attempt(&id, tool, &arguments, ctx, outcome);
+        if queue.active.contains(&key) {
+            drop(queue);
+            self.log.record(attempt(AttemptOutcome::RejectedDuplicate));
+            return Handled::Now(Some(error(
+                &id,
+                -32600,
+                "Invalid Request: duplicate active request id",
+                None,
+            )));
+        }
+        let pending = queue.waiting.len() + usize::from(queue.running.is_some());
+        if pending >= self.script.max_pending {
+            drop(queue);
+            self.log.record(attempt(AttemptOutcome::RejectedOverflow));
+            let data = json!({"limit": self.script.max_pending});
+            return Handled::Now(Some(error(
+                &id,
+                -32000,
+                "Too many pending calls",
+                Some(data),
+            )));
+        }
+        let (tx, rx) = oneshot::channel();
+        queue.active.insert(key.clone());
+        queue.waiting.push_back(Job {
+            key,
+            id,
+            tool: tool.to_owned(),
+            arguments,
+            ctx: ctx.clone(),
+            received: Instant::now(),
+            reply: tx,
+        });
+        drop(queue);
+        self.wake.notify_one();
+        Handled::Later(rx)
+    }
+
+    /// Cancels a queued call (removed, no step consumed) or the running one
+    /// (its delay is cut short, its step stays consumed). Unknown ids are
+    /// ignored.
+    pub fn cancel(&self, key: &(String, String)) {
+        let mut queue = self.queue();
+        if let Some(pos) = queue.waiting.iter().position(|j| &j.key == key) {
+            let job = queue.waiting.remove(pos).expect("position is in range");
+            queue.active.remove(key);
+            drop(queue);
+            self.log
+                .record(self.job_attempt(&job, AttemptOutcome::CanceledQueued));
+            let _ = job.reply.send(Reply::Canceled);
+        } else if let Some((running, token)) = &queue.running {
+            if running == key {
+                token.cancel();
+            }
+        }
+    }
+
+    /// Cancels every call of a session (it ended).
+    pub fn cancel_session(&self, session: &str) {
+        let keys: Vec<(String, String)> = {
+            let queue = self.queue();
+            queue
+                .active
+                .iter()
+                .filter(|(s, _)| s == session)
+                .cloned()
+                .collect()
+        };
+        for key in keys {
+            self.cancel(&key);
+        }
+    }
+
+    /// The worker: plays queued calls one at a time until `shutdown`.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            let job = loop {
+                if let Some(job) = self.take_next() {
+                    break job;
+                }
+                tokio::select! {
+                    () = self.wake.notified() => {}
+                    () = shutdown.cancelled() => return,
+                }
+            };
+            let token = self
+                .queue()
+                .running
+                .as_ref()
+                .map(|(_, t)| t.clone())
+                .unwrap_or_default();
+            let reply = tokio::select! {
+                r = self.play(&job, &token) => r,
+                () = shutdown.cancelled() => Reply::Canceled,
+            };
+            {
+                let mut queue = self.queue();
+                queue.running = None;
+                queue.active.remove(&job.key);
+            }
+            let _ = job.reply.send(reply);
+        }
+    }
+
+    fn take_next(&self) -> Option<Job> {
+        let mut queue = self.queue();
+        let job = queue.waiting.pop_front()?;
+        queue.running = Some((job.key.clone(), CancellationToken::new()));
+        Some(job)
+    }
+
+    async fn play(&self, job: &Job, canceled: &CancellationToken) -> Reply {
+        let Some((t, tool)) = self.script.tool(&job.tool) else {
+            self.log
+                .record(self.job_attempt(job, AttemptOutcome::UnknownTool));
+            return Reply::Message(tool_error(&job.id, &format!("unknown tool: {}", job.tool)));
+        };
+        let Some(r) = tool
+            .responses
+            .iter()
+            .position(|r| r.matcher.matches(&job.arguments))
+        else {
+            self.log
+                .record(self.job_attempt(job, AttemptOutcome::Unmatched));
+            return Reply::Message(tool_error(
+                &job.id,
+                "no scripted response matches these arguments",
+            ));
+        };
+        let steps = &tool.responses[r].steps;
+        let index = {
+            let mut cursors = self.cursors.lock().unwrap_or_else(|e| e.into_inner());
+            let cursor = cursors.entry((t, r)).or_insert(0);
+            let index = *cursor;
+            if index < steps.len() {
+                *cursor += 1; // consumed now, whatever happens next
+            }
+            index
+        };
+        let mut attempt = self.job_attempt(job, AttemptOutcome::Exhausted);
+        attempt.response_index = Some(r);
+        attempt.steps_total = Some(steps.len());
+        let Some(step) = steps.get(index) else {
+            attempt.is_error = self.script.on_exhausted == OnExhausted::ToolError;
+            self.log.record(attempt);
+            return self.exhausted(&job.id);
+        };
+        attempt.step_index = Some(index);
+        attempt.step = Some(step.outcome.kind());
+        attempt.delay_ms = step.delay_ms;
+        if step.delay_ms > 0 {
+            let delay = tokio::time::sleep(std::time::Duration::from_millis(step.delay_ms));
+            tokio::select! {
+                () = delay => {}
+                () = canceled.cancelled() => {
+                    attempt.outcome = AttemptOutcome::CanceledRunning;
+                    attempt.latency_ms = elapsed_ms(job.received);
+                    self.log.record(attempt);
+                    return Reply::Canceled;
+                }
+            }
+        }
+        let (reply, outcome, is_error) = render(&job.id, &step.outcome);
+        attempt.outcome = outcome;
+        attempt.is_error = is_error;
+        attempt.latency_ms = elapsed_ms(job.received);
+        self.log.record(attempt);
+        reply
+    }
+
+    fn exhausted(&self, id: &Value) -> Reply {
+        match self.script.on_exhausted {
+            OnExhausted::ToolError => Reply::Message(tool_error(id, "scripted sequence exhausted")),
+            OnExhausted::JsonrpcError => {
+                Reply::Message(error(id, -32603, "Scripted sequence exhausted", None))
+            }
+            OnExhausted::Close => Reply::Wire(Wire::Drop),
+        }
+    }
+
+    fn job_attempt(&self, job: &Job, outcome: AttemptOutcome) -> Attempt {
+        let mut a = self.attempt(&job.id, &job.tool, &job.arguments, &job.ctx, outcome);
+        a.latency_ms = elapsed_ms(job.received);
+        a.is_error = matches!(
+            outcome,
+            AttemptOutcome::UnknownTool | AttemptOutcome::Unmatched
+        );
+        a
+    }
+
+    fn attempt(
+        &self,
+        id: &Value,
+        tool: &str,
+        arguments: &Value,
+        ctx: &CallContext,
+        outcome: AttemptOutcome,
+    ) -> Attempt {
+        Attempt {
+            ts: String::new(),
+            seq: 0,
+            session: ctx.session.clone(),
+            request_id: id.clone(),
+            tool: tool.to_owned(),
+            response_index: None,
+            step_index: None,
+            steps_total: None,
+            outcome,
+            step: None,
+            is_error: false,
+            delay_ms: 0,
+            latency_ms: 0,
+            args_sha256: canonical_sha256(arguments),
+            args: self.log.include_args().then(|| arguments.clone()),
+            auth_sha256: ctx.auth_sha256.clone(),
+            protocol_version: ctx.protocol_version.clone(),
+        }
+    }
+}
+
+/// Turns a step into what the transport sends, with its log outcome and
+/// whether the tool result is an error.
+fn render(id: &Value, outcome: &Outcome) -> (Reply, AttemptOutcome, bool) {
+    use AttemptOutcome::{Delivered, FixtureError};
+    match outcome {
+        Outcome::Return(v) => (Reply::Message(result(id, tool_result(v))), Delivered, false),
+        Outcome::Oversize(bytes) => {
+            let text = "x".repeat(*bytes);
+            let r = json!({"content": [{"type": "text", "text": text}]});
+            (Reply::Message(result(id, r)), Delivered, false)
+        }
+        Outcome::Error(message) => (Reply::Message(tool_error(id, message)), FixtureError, true),
+        Outcome::JsonRpcError {
+            code,
+            message,
+            data,
+        } => (
+            Reply::Message(error(id, *code, message, data.clone())),
+            FixtureError,
+            false,
+        ),
+        Outcome::Http {
+            status,
+            headers,
+            body,
+        } => {
+            let headers = headers
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let wire = Wire::Http {
+                status: *status,
+                headers,
+                body: body.clone(),
+            };
+            (Reply::Wire(wire), FixtureError, false)
+        }
+        Outcome::Drop => (Reply::Wire(Wire::Drop), FixtureError, false),
+        Outcome::StallBody(after_bytes) => {
+            let response = result(id, tool_result(&json!({"stalled": true})));
+            (
+                Reply::Wire(Wire::StallBody {
+                    after_bytes: *after_bytes,
+                    response,
+                }),
+                FixtureError,
+                false,
+            )
+        }
+        Outcome::RawBody(text) => (
+            Reply::Wire(Wire::RawBody(text.clone())),
+            FixtureError,
+            false,
+        ),
+        Outcome::SseCloseAfterEvent { retry_ms } => {
+            let response = result(id, tool_result(&json!({"resumed": true})));
+            (
+                Reply::Wire(Wire::SseCloseAfterEvent {
+                    retry_ms: *retry_ms,
+                    response,
+                }),
+                Delivered,
+                false,
+            )
+        }
+    }
+}
+
+/// A `return` step's tool result: the value as JSON text content, and as
+/// structured content when it is an object.
+fn tool_result(value: &Value) -> Value {
+    let text = match value {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let mut r = json!({"content": [{"type": "text", "text": text}], "isError": false});
+    if value.is_object() {
+        r["structuredContent"] = value.clone();
+    }
+    r
+}
+
+fn tool_error(id: &Value, message: &str) -> Value {
+    result(
+        id,
+        json!({"content": [{"type": "text", "text": message}], "isError": true}),
+    )
+}
+
+pub fn result(id: &Value, result: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "result": result})
+}
+
+pub fn error(id: &Value, code: i64, message: &str, data: Option<Value>) -> Value {
+    let mut e = json!({"code": code, "message": message});
+    if let Some(d) = data {
+        e["data"] = d;
+    }
+    json!({"jsonrpc": "2.0", "id": id, "error": e})
+}
+
+/// Request ids are compared by their JSON text, so 1 and "1" differ.
+fn id_key(id: &Value) -> String {
+    id.to_string()
+}
+
+fn elapsed_ms(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,424 @@
+//! Streamable HTTP transport: one MCP endpoint (`/mcp`): POST per client
+//! message, answered as JSON or SSE per the Accept header; `Mcp-Session-Id`
+//! issued at initialize; GET resumes a stream closed by
+//! `sse_close_after_event` (Last-Event-ID); DELETE ends a session.
+//! Beside it: `/healthz`, `/readyz`, `/metrics` and `/_fault/attempts` (the
+//! attempt log as JSON lines).
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Body, Frame, Incoming};
+use hyper::header::{HeaderName, HeaderValue};
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::core::{CallContext, Core, Handled, Reply, Wire, error};
+use crate::log::sha256_hex;
+
+pub const MCP_PATH: &str = "/mcp";
+const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+
+type HttpBody = BoxBody<Bytes, Infallible>;
+
+/// Returned by the service to make hyper close the connection unanswered.
+#[derive(Debug)]
+struct DropConnection;
+
+impl std::fmt::Display for DropConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("scripted drop")
+    }
+}
+
+impl std::error::Error for DropConnection {}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HttpOptions {
+    /// Answer with SSE when the client accepts both JSON and SSE.
+    pub prefer_sse: bool,
+}
+
+struct State {
+    core: Arc<Core>,
+    options: HttpOptions,
+    /// Session id -> negotiated protocol version.
+    sessions: Mutex<HashMap<String, String>>,
+    /// Event id -> (session, response) for streams closed after priming.
+    resumable: Mutex<HashMap<String, (String, Value)>>,
+    /// Senders of stalled bodies, kept so the bodies never finish.
+    stalled: Mutex<Vec<mpsc::Sender<Bytes>>>,
+    shutdown: CancellationToken,
+}
+
+/// Serves HTTP on `listener` until `shutdown`.
+pub async fn serve(
+    core: Arc<Core>,
+    listener: TcpListener,
+    options: HttpOptions,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let state = Arc::new(State {
+        core,
+        options,
+        sessions: Mutex::new(HashMap::new()),
+        resumable: Mutex::new(HashMap::new()),
+        stalled: Mutex::new(Vec::new()),
+        shutdown: shutdown.clone(),
+    });
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => accepted?,
+            () = shutdown.cancelled() => return Ok(()),
+        };
+        let state = state.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| route(state.clone(), req));
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service);
+            let _ = conn.await; // a scripted drop ends here, as an error
+        });
+    }
+}
+
+async fn route(
+    state: Arc<State>,
+    req: Request<Incoming>,
+) -> Result<Response<HttpBody>, DropConnection> {
+    let path = req.uri().path();
+    match (req.method(), path) {
+        (&Method::GET, "/healthz" | "/readyz") => Ok(text(StatusCode::OK, "ok\n")),
+        (&Method::GET, "/metrics") => Ok(metrics(&state)),
+        (&Method::GET, "/_fault/attempts") => {
+            let mut body = state.core.log.lines().join("\n");
+            if !body.is_empty() {
+                body.push('\n');
+            }
+            Ok(with_type(Response::new(full(body)), "application/x-ndjson"))
+        }
+        (&Method::POST, MCP_PATH) => post(&state, req).await,
+        (&Method::GET, MCP_PATH) => Ok(get(&state, &req)),
+        (&Method::DELETE, MCP_PATH) => Ok(delete(&state, &req)),
+        (_, MCP_PATH) => {
+            let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "use POST, GET or DELETE\n");
+            r.headers_mut()
+                .insert("allow", HeaderValue::from_static("GET, POST, DELETE"));
+            Ok(r)
+        }
+        _ => Ok(text(StatusCode::NOT_FOUND, "not found\n")),
+    }
+}
+
+async fn post(state: &State, req: Request<Incoming>) -> Result<Response<HttpBody>, DropConnection> {
+    if let Some(denied) = check_bearer(state, &req) {
+        return Ok(denied);
+    }
+    let wants_sse = wants_sse(&req, state.options.prefer_sse);
+    let header = |name: &str| {
+        req.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let (session_header, auth, protocol) = (
+        header("mcp-session-id"),
+        header("authorization"),
+        header("mcp-protocol-version"),
+    );
+    let body = match Limited::new(req.into_body(), MAX_BODY_BYTES)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            return Ok(rpc(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &error(&Value::Null, -32600, "request body too large", None),
+            ));
+        }
+    };
+    let message: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => {
+            return Ok(rpc(
+                StatusCode::BAD_REQUEST,
+                &error(&Value::Null, -32700, &format!("Parse error: {e}"), None),
+            ));
+        }
+    };
+    if message.is_array() {
+        return Ok(rpc(
+            StatusCode::BAD_REQUEST,
+            &error(
+                &Value::Null,
+                -32600,
+                "Invalid Request: batches are not supported",
+                None,
+            ),
+        ));
+    }
+    let is_initialize = message.get("method").and_then(Value::as_str) == Some("initialize");
+    let session = if is_initialize {
+        let requested = message
+            .pointer("/params/protocolVersion")
+            .and_then(Value::as_str);
+        let id = format!("{:032x}", rand::random::<u128>());
+        lock(&state.sessions).insert(id.clone(), Core::negotiate(requested).to_owned());
+        id
+    } else {
+        match session_header {
+            None => {
+                return Ok(rpc(
+                    StatusCode::BAD_REQUEST,
+                    &error(&Value::Null, -32600, "missing Mcp-Session-Id header", None),
+                ));
+            }
+            Some(s) if !lock(&state.sessions).contains_key(&s) => {
+                return Ok(text(StatusCode::NOT_FOUND, "unknown session\n"));
+            }
+            Some(s) => s,
+        }
+    };
+    let ctx = CallContext {
+        session: session.clone(),
+        auth_sha256: auth.as_deref().map(sha256_hex),
+        protocol_version: protocol,
+    };
+    let mut response = match state.core.handle(&message, &ctx) {
+        Handled::Now(None) => empty(StatusCode::ACCEPTED),
+        Handled::Now(Some(reply)) => answer(&reply, wants_sse),
+        Handled::Later(pending) => {
+            let reply = tokio::select! {
+                r = pending => r.unwrap_or(Reply::Canceled),
+                () = state.shutdown.cancelled() => Reply::Canceled,
+            };
+            play(state, &session, reply, wants_sse)?
+        }
+    };
+    if is_initialize {
+        if let Ok(v) = HeaderValue::from_str(&session) {
+            response.headers_mut().insert("mcp-session-id", v);
+        }
+    }
+    Ok(response)
+}
+
+/// Renders a tools/call reply on the wire.
+fn play(
+    state: &State,
+    session: &str,
+    reply: Reply,
+    wants_sse: bool,
+) -> Result<Response<HttpBody>, DropConnection> {
+    Ok(match reply {
+        Reply::Message(v) => answer(&v, wants_sse),
+        Reply::Canceled if wants_sse => sse_response(full(Bytes::new())),
+        Reply::Canceled => empty(StatusCode::ACCEPTED),
+        Reply::Wire(Wire::Drop) => return Err(DropConnection),
+        Reply::Wire(Wire::Http {
+            status,
+            headers,
+            body,
+        }) => {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            let mut r = Response::new(full(body.unwrap_or_default()));
+            *r.status_mut() = status;
+            for (k, v) in headers {
+                if let (Ok(k), Ok(v)) = (HeaderName::try_from(k), HeaderValue::try_from(v)) {
+                    r.headers_mut().append(k, v);
+                }
+            }
+            r
+        }
+        Reply::Wire(Wire::RawBody(text)) => {
+            with_type(Response::new(full(text)), "application/json")
+        }
+        Reply::Wire(Wire::StallBody {
+            after_bytes,
+            response,
+        }) => stall(state, &response, after_bytes),
+        Reply::Wire(Wire::SseCloseAfterEvent { retry_ms, response }) => {
+            let event = format!("{:016x}", rand::random::<u64>());
+            lock(&state.resumable).insert(event.clone(), (session.to_owned(), response));
+            sse_response(full(format!("id: {event}\nretry: {retry_ms}\ndata: \n\n")))
+        }
+    })
+}
+
+/// Headers and the first `after_bytes` of the body, then nothing: the
+/// declared Content-Length is never reached.
+fn stall(state: &State, response: &Value, after_bytes: usize) -> Response<HttpBody> {
+    let bytes = Bytes::from(response.to_string());
+    let total = bytes.len();
+    let (tx, rx) = mpsc::channel(1);
+    let _ = tx.try_send(bytes.slice(..after_bytes.min(total)));
+    lock(&state.stalled).push(tx);
+    let mut r = Response::new(ChannelBody(rx).boxed());
+    r.headers_mut()
+        .insert("content-length", HeaderValue::from(total));
+    with_type(r, "application/json")
+}
+
+fn get(state: &State, req: &Request<Incoming>) -> Response<HttpBody> {
+    if let Some(denied) = check_bearer(state, req) {
+        return denied;
+    }
+    let Some(session) = known_session(state, req) else {
+        return text(StatusCode::NOT_FOUND, "unknown or missing session\n");
+    };
+    let last = req
+        .headers()
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok());
+    let Some(last) = last else {
+        let mut r = text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "no standalone stream; GET resumes with Last-Event-ID\n",
+        );
+        r.headers_mut()
+            .insert("allow", HeaderValue::from_static("POST, DELETE"));
+        return r;
+    };
+    let mut resumable = lock(&state.resumable);
+    match resumable.get(last) {
+        Some((owner, _)) if *owner == session => {
+            let (_, response) = resumable.remove(last).expect("present");
+            sse_response(full(format!("id: {last}-1\ndata: {response}\n\n")))
+        }
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "no stream to resume for that Last-Event-ID\n",
+        ),
+    }
+}
+
+fn delete(state: &State, req: &Request<Incoming>) -> Response<HttpBody> {
+    if let Some(denied) = check_bearer(state, req) {
+        return denied;
+    }
+    match known_session(state, req) {
+        Some(session) => {
+            lock(&state.sessions).remove(&session);
+            state.core.cancel_session(&session);
+            empty(StatusCode::NO_CONTENT)
+        }
+        None => text(StatusCode::NOT_FOUND, "unknown or missing session\n"),
+    }
+}
+
+fn known_session(state: &State, req: &Request<Incoming>) -> Option<String> {
+    let s = req.headers().get("mcp-session-id")?.to_str().ok()?;
+    lock(&state.sessions).contains_key(s).then(|| s.to_owned())
+}
+
+/// 401 with a Bearer challenge unless the token's SHA-256 matches.
+fn check_bearer(state: &State, req: &Request<Incoming>) -> Option<Response<HttpBody>> {
+    let expected = state.core.script.require_bearer.as_deref()?;
+    let presented = req
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let challenge = match presented {
+        Some(token) if sha256_hex(token) == expected => return None,
+        Some(_) => "Bearer error=\"invalid_token\"",
+        None => "Bearer",
+    };
+    let mut r = text(StatusCode::UNAUTHORIZED, "unauthorized\n");
+    r.headers_mut()
+        .insert("www-authenticate", HeaderValue::from_static(challenge));
+    Some(r)
+}
+
+fn wants_sse(req: &Request<Incoming>, prefer_sse: bool) -> bool {
+    let accept = req
+        .headers()
+        .get("accept")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let sse = accept.contains("text/event-stream");
+    let json = accept.contains("application/json") || accept.contains("*/*") || accept.is_empty();
+    sse && (prefer_sse || !json)
+}
+
+fn answer(message: &Value, sse: bool) -> Response<HttpBody> {
+    if sse {
+        sse_response(full(format!("data: {message}\n\n")))
+    } else {
+        rpc(StatusCode::OK, message)
+    }
+}
+
+fn rpc(status: StatusCode, message: &Value) -> Response<HttpBody> {
+    let mut r = with_type(Response::new(full(message.to_string())), "application/json");
+    *r.status_mut() = status;
+    r
+}
+
+fn sse_response(body: HttpBody) -> Response<HttpBody> {
+    let mut r = with_type(Response::new(body), "text/event-stream");
+    r.headers_mut()
+        .insert("cache-control", HeaderValue::from_static("no-cache"));
+    r
+}
+
+fn metrics(state: &State) -> Response<HttpBody> {
+    with_type(
+        Response::new(full(state.core.log.metrics_text())),
+        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+    )
+}
+
+fn text(status: StatusCode, body: &'static str) -> Response<HttpBody> {
+    let mut r = with_type(Response::new(full(body)), "text/plain; charset=utf-8");
+    *r.status_mut() = status;
+    r
+}
+
+fn empty(status: StatusCode) -> Response<HttpBody> {
+    let mut r = Response::new(full(Bytes::new()));
+    *r.status_mut() = status;
+    r
+}
+
+fn with_type(mut r: Response<HttpBody>, content_type: &'static str) -> Response<HttpBody> {
+    r.headers_mut()
+        .insert("content-type", HeaderValue::from_static(content_type));
+    r
+}
+
+fn full(body: impl Into<Bytes>) -> HttpBody {
+    Full::new(body.into()).boxed()
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A body fed by a channel; it ends only when the sender is dropped.
+struct ChannelBody(mpsc::Receiver<Bytes>);
+
+impl Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|b| Ok(Frame::data(b))))
+    }
+}

@@ -1,0 +1,550 @@
+//! The FaultServer document: what each tool answers, step by step. Parsing
+//! refuses unknown keys; validation refuses every rule the reference page
+//! lists. Either way the error names the field path, and a document with any
+//! error never starts a server.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use regex::Regex;
+use serde::Deserialize;
+use serde_json::Value;
+
+pub const API_VERSION: &str = "aip.io/v1alpha1";
+pub const KIND: &str = "FaultServer";
+pub const MAX_STEPS: usize = 100;
+pub const MAX_DELAY_MS: u64 = 300_000;
+pub const MAX_PENDING: u32 = 64;
+/// Largest `oversize` payload a script may ask for.
+pub const MAX_OVERSIZE_BYTES: usize = 64 * 1024 * 1024;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Document {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: Metadata,
+    pub spec: Spec,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Metadata {
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Spec {
+    #[serde(default = "default_max_pending")]
+    pub max_pending: u32,
+    #[serde(default)]
+    pub on_exhausted: OnExhausted,
+    pub tools: Vec<Tool>,
+    #[serde(default)]
+    pub require_bearer: Option<RequireBearer>,
+}
+
+fn default_max_pending() -> u32 {
+    MAX_PENDING
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnExhausted {
+    #[default]
+    ToolError,
+    JsonrpcError,
+    Close,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequireBearer {
+    pub sha256: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Tool {
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default = "object_schema")]
+    pub input_schema: Value,
+    pub responses: Vec<Response>,
+}
+
+fn object_schema() -> Value {
+    serde_json::json!({"type": "object"})
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Response {
+    #[serde(default, rename = "match")]
+    pub match_exact: Option<Value>,
+    #[serde(default)]
+    pub match_regex: Option<BTreeMap<String, String>>,
+    pub sequence: Vec<Step>,
+}
+
+/// One scripted answer. Exactly one outcome key is set.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Step {
+    #[serde(default, rename = "return")]
+    pub return_value: Option<Value>,
+    #[serde(default)]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub jsonrpc_error: Option<JsonRpcErrorStep>,
+    #[serde(default)]
+    pub http: Option<HttpStep>,
+    #[serde(default)]
+    pub drop: Option<bool>,
+    #[serde(default)]
+    pub stall_body: Option<StallBody>,
+    #[serde(default)]
+    pub raw_body: Option<String>,
+    #[serde(default)]
+    pub oversize: Option<Oversize>,
+    #[serde(default)]
+    pub sse_close_after_event: Option<SseCloseAfterEvent>,
+    #[serde(default)]
+    pub delay_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JsonRpcErrorStep {
+    pub code: i64,
+    pub message: String,
+    #[serde(default)]
+    pub data: Option<Value>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpStep {
+    pub status: u16,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub body: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StallBody {
+    pub after_bytes: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Oversize {
+    pub bytes: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SseCloseAfterEvent {
+    pub retry_ms: u64,
+}
+
+/// What a step does, once validated.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Return(Value),
+    Error(String),
+    JsonRpcError {
+        code: i64,
+        message: String,
+        data: Option<Value>,
+    },
+    Http {
+        status: u16,
+        headers: BTreeMap<String, String>,
+        body: Option<String>,
+    },
+    Drop,
+    StallBody(usize),
+    RawBody(String),
+    Oversize(usize),
+    SseCloseAfterEvent {
+        retry_ms: u64,
+    },
+}
+
+impl Outcome {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Outcome::Return(_) => "return",
+            Outcome::Error(_) => "error",
+            Outcome::JsonRpcError { .. } => "jsonrpc_error",
+            Outcome::Http { .. } => "http",
+            Outcome::Drop => "drop",
+            Outcome::StallBody(_) => "stall_body",
+            Outcome::RawBody(_) => "raw_body",
+            Outcome::Oversize(_) => "oversize",
+            Outcome::SseCloseAfterEvent { .. } => "sse_close_after_event",
+        }
+    }
+
+    /// Step kinds that only mean something on the HTTP transport.
+    pub fn http_only(&self) -> bool {
+        matches!(
+            self,
+            Outcome::Http { .. } | Outcome::SseCloseAfterEvent { .. }
+        )
+    }
+}
+
+/// The transport a script will be played on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    Stdio,
+    Http,
+}
+
+/// A validated script, ready to play.
+#[derive(Debug)]
+pub struct Script {
+    pub name: String,
+    pub max_pending: usize,
+    pub on_exhausted: OnExhausted,
+    /// Sorted by name.
+    pub tools: Vec<ScriptTool>,
+    /// Lowercase hex SHA-256 of the bearer token required, if any.
+    pub require_bearer: Option<String>,
+}
+
+#[derive(Debug)]
+pub struct ScriptTool {
+    pub name: String,
+    pub description: Option<String>,
+    pub input_schema: Value,
+    pub responses: Vec<ScriptResponse>,
+}
+
+#[derive(Debug)]
+pub struct ScriptResponse {
+    pub matcher: Matcher,
+    pub steps: Vec<ScriptStep>,
+}
+
+#[derive(Debug)]
+pub enum Matcher {
+    Any,
+    Exact(Value),
+    Regex(Vec<(String, Regex)>),
+}
+
+impl Matcher {
+    pub fn matches(&self, arguments: &Value) -> bool {
+        match self {
+            Matcher::Any => true,
+            Matcher::Exact(expected) => expected == arguments,
+            Matcher::Regex(fields) => fields.iter().all(|(field, re)| {
+                arguments
+                    .get(field)
+                    .is_some_and(|v| re.is_match(&field_text(v)))
+            }),
+        }
+    }
+}
+
+/// A field's text for matchRegex: strings as they are, anything else as
+/// compact JSON.
+fn field_text(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ScriptStep {
+    pub outcome: Outcome,
+    pub delay_ms: u64,
+}
+
+/// An invalid document: where and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ScriptError {
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for ScriptError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+fn fail<T>(path: impl Into<String>, message: impl Into<String>) -> Result<T, ScriptError> {
+    Err(ScriptError {
+        path: path.into(),
+        message: message.into(),
+    })
+}
+
+impl Script {
+    /// Parses and validates a YAML (or JSON) document for `transport`.
+    pub fn from_yaml(text: &str, transport: Transport) -> Result<Script, ScriptError> {
+        let options = serde_saphyr::options! { strict_booleans: true };
+        let value: Value =
+            serde_saphyr::from_str_with_options(text, options).map_err(|e| ScriptError {
+                path: String::new(),
+                message: format!("invalid YAML: {e}"),
+            })?;
+        let doc: Document = serde_path_to_error::deserialize(&value).map_err(|e| ScriptError {
+            path: e.path().to_string().trim_start_matches('.').to_owned(),
+            message: e.into_inner().to_string(),
+        })?;
+        Script::validate(doc, transport)
+    }
+
+    fn validate(doc: Document, transport: Transport) -> Result<Script, ScriptError> {
+        if doc.api_version != API_VERSION {
+            return fail(
+                "apiVersion",
+                format!("must be {API_VERSION:?}, found {:?}", doc.api_version),
+            );
+        }
+        if doc.kind != KIND {
+            return fail("kind", format!("must be {KIND:?}, found {:?}", doc.kind));
+        }
+        if doc.metadata.name.trim().is_empty() {
+            return fail("metadata.name", "must not be empty");
+        }
+        let spec = doc.spec;
+        if !(1..=MAX_PENDING).contains(&spec.max_pending) {
+            return fail(
+                "spec.maxPending",
+                format!("must be 1..{MAX_PENDING}, found {}", spec.max_pending),
+            );
+        }
+        if spec.tools.is_empty() {
+            return fail("spec.tools", "at least one tool is required");
+        }
+        let require_bearer = match spec.require_bearer {
+            None => None,
+            Some(b) => {
+                let ok = b.sha256.len() == 64 && b.sha256.bytes().all(|c| c.is_ascii_hexdigit());
+                if !ok {
+                    return fail(
+                        "spec.requireBearer.sha256",
+                        "must be 64 hex digits (the SHA-256 of the token)",
+                    );
+                }
+                Some(b.sha256.to_ascii_lowercase())
+            }
+        };
+        let mut names = BTreeSet::new();
+        let mut tools = Vec::with_capacity(spec.tools.len());
+        for (i, tool) in spec.tools.into_iter().enumerate() {
+            let path = format!("spec.tools[{i}]");
+            if tool.name.trim().is_empty() {
+                return fail(format!("{path}.name"), "must not be empty");
+            }
+            if !names.insert(tool.name.clone()) {
+                return fail(
+                    format!("{path}.name"),
+                    format!("duplicate tool name {:?}", tool.name),
+                );
+            }
+            tools.push(validate_tool(tool, &path, transport)?);
+        }
+        tools.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(Script {
+            name: doc.metadata.name,
+            max_pending: spec.max_pending as usize,
+            on_exhausted: spec.on_exhausted,
+            tools,
+            require_bearer,
+        })
+    }
+
+    pub fn tool(&self, name: &str) -> Option<(usize, &ScriptTool)> {
+        self.tools
+            .binary_search_by(|t| t.name.as_str().cmp(name))
+            .ok()
+            .map(|i| (i, &self.tools[i]))
+    }
+}
+
+fn validate_tool(tool: Tool, path: &str, transport: Transport) -> Result<ScriptTool, ScriptError> {
+    if tool.responses.is_empty() {
+        return fail(
+            format!("{path}.responses"),
+            "at least one response is required",
+        );
+    }
+    let mut responses = Vec::with_capacity(tool.responses.len());
+    for (r, response) in tool.responses.into_iter().enumerate() {
+        let path = format!("{path}.responses[{r}]");
+        let matcher = match (response.match_exact, response.match_regex) {
+            (Some(_), Some(_)) => return fail(&path, "give either match or matchRegex, not both"),
+            (Some(exact), None) => Matcher::Exact(exact),
+            (None, Some(fields)) => Matcher::Regex(compile_fields(fields, &path)?),
+            (None, None) => Matcher::Any,
+        };
+        let steps_path = format!("{path}.sequence");
+        if response.sequence.is_empty() || response.sequence.len() > MAX_STEPS {
+            return fail(
+                steps_path,
+                format!(
+                    "must have 1..{MAX_STEPS} steps, found {}",
+                    response.sequence.len()
+                ),
+            );
+        }
+        let steps = response
+            .sequence
+            .into_iter()
+            .enumerate()
+            .map(|(s, step)| validate_step(step, &format!("{steps_path}[{s}]"), transport))
+            .collect::<Result<Vec<_>, _>>()?;
+        responses.push(ScriptResponse { matcher, steps });
+    }
+    Ok(ScriptTool {
+        name: tool.name,
+        description: tool.description,
+        input_schema: tool.input_schema,
+        responses,
+    })
+}
+
+fn compile_fields(
+    fields: BTreeMap<String, String>,
+    path: &str,
+) -> Result<Vec<(String, Regex)>, ScriptError> {
+    if fields.is_empty() {
+        return fail(format!("{path}.matchRegex"), "must name at least one field");
+    }
+    fields
+        .into_iter()
+        .map(|(field, pattern)| {
+            regex::RegexBuilder::new(&pattern)
+                .size_limit(1 << 20)
+                .build()
+                .map(|re| (field.clone(), re))
+                .or_else(|e| {
+                    let message = format!("bad regex: {}", e.to_string().replace('\n', " "));
+                    fail(format!("{path}.matchRegex.{field}"), message)
+                })
+        })
+        .collect()
+}
+
+fn validate_step(step: Step, path: &str, transport: Transport) -> Result<ScriptStep, ScriptError> {
+    let delay_ms = step.delay_ms.unwrap_or(0);
+    if delay_ms > MAX_DELAY_MS {
+        return fail(
+            format!("{path}.delay_ms"),
+            format!("must be 0..{MAX_DELAY_MS}, found {delay_ms}"),
+        );
+    }
+    let mut outcomes: Vec<(&str, Outcome)> = Vec::new();
+    if let Some(v) = step.return_value {
+        outcomes.push(("return", Outcome::Return(v)));
+    }
+    if let Some(e) = step.error {
+        if e.trim().is_empty() {
+            return fail(format!("{path}.error"), "must not be empty");
+        }
+        outcomes.push(("error", Outcome::Error(e)));
+    }
+    if let Some(e) = step.jsonrpc_error {
+        if e.message.trim().is_empty() {
+            return fail(format!("{path}.jsonrpc_error.message"), "must not be empty");
+        }
+        outcomes.push((
+            "jsonrpc_error",
+            Outcome::JsonRpcError {
+                code: e.code,
+                message: e.message,
+                data: e.data,
+            },
+        ));
+    }
+    if let Some(h) = step.http {
+        if !(100..=599).contains(&h.status) {
+            return fail(
+                format!("{path}.http.status"),
+                format!("must be 100..599, found {}", h.status),
+            );
+        }
+        outcomes.push((
+            "http",
+            Outcome::Http {
+                status: h.status,
+                headers: h.headers,
+                body: h.body,
+            },
+        ));
+    }
+    if let Some(d) = step.drop {
+        if !d {
+            return fail(format!("{path}.drop"), "must be true (omit it otherwise)");
+        }
+        outcomes.push(("drop", Outcome::Drop));
+    }
+    if let Some(s) = step.stall_body {
+        outcomes.push(("stall_body", Outcome::StallBody(s.after_bytes)));
+    }
+    if let Some(r) = step.raw_body {
+        outcomes.push(("raw_body", Outcome::RawBody(r)));
+    }
+    if let Some(o) = step.oversize {
+        if o.bytes == 0 || o.bytes > MAX_OVERSIZE_BYTES {
+            return fail(
+                format!("{path}.oversize.bytes"),
+                format!("must be 1..{MAX_OVERSIZE_BYTES}, found {}", o.bytes),
+            );
+        }
+        outcomes.push(("oversize", Outcome::Oversize(o.bytes)));
+    }
+    if let Some(s) = step.sse_close_after_event {
+        outcomes.push((
+            "sse_close_after_event",
+            Outcome::SseCloseAfterEvent {
+                retry_ms: s.retry_ms,
+            },
+        ));
+    }
+    let outcome = match outcomes.len() {
+        0 => {
+            return fail(
+                path,
+                "a step needs exactly one outcome (return, error, jsonrpc_error, http, drop, stall_body, raw_body, oversize, sse_close_after_event)",
+            );
+        }
+        1 => outcomes.remove(0),
+        _ => {
+            let keys: Vec<&str> = outcomes.iter().map(|(k, _)| *k).collect();
+            return fail(
+                path,
+                format!(
+                    "a step has exactly one outcome, found {}",
+                    keys.join(" and ")
+                ),
+            );
+        }
+    };
+    if transport == Transport::Stdio && outcome.1.http_only() {
+        return fail(
+            format!("{path}.{}", outcome.0),
+            "only the HTTP transport can play this step",
+        );
+    }
+    Ok(ScriptStep {
+        outcome: outcome.1,
+        delay_ms,
+    })
+}

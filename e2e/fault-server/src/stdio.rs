@@ -1,0 +1,145 @@
+//! stdio transport: newline-delimited JSON-RPC, one message per line.
+//!
+//! One writer task owns stdout so lines never interleave. `drop` closes stdout
+//! and ends the server (a dead pipe is the stdio form of a dead socket);
+//! `stall_body` writes part of a line and then nothing more, ever.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::core::{CallContext, Core, Handled, Reply, Wire, error};
+
+enum Out {
+    Line(String),
+    Stall(Vec<u8>),
+    Close,
+}
+
+/// Serves until stdin ends, a `drop`/`close` step ends the pipe, or shutdown.
+pub async fn serve<R, W>(
+    core: Arc<Core>,
+    input: R,
+    output: W,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let (tx, rx) = mpsc::unbounded_channel();
+    let closed = CancellationToken::new();
+    let writer = tokio::spawn(write_loop(output, rx, closed.clone()));
+    let mut lines = BufReader::new(input).lines();
+    let mut ctx = CallContext {
+        session: "stdio".to_owned(),
+        ..CallContext::default()
+    };
+    loop {
+        let line = tokio::select! {
+            line = lines.next_line() => line?,
+            () = shutdown.cancelled() => break,
+            () = closed.cancelled() => break,
+        };
+        let Some(line) = line else { break };
+        if line.trim().is_empty() {
+            continue;
+        }
+        let message: Value = match serde_json::from_str(&line) {
+            Ok(v) => v,
+            Err(e) => {
+                let reply = error(&Value::Null, -32700, &format!("Parse error: {e}"), None);
+                let _ = tx.send(Out::Line(reply.to_string()));
+                continue;
+            }
+        };
+        if message.is_array() {
+            let reply = error(
+                &Value::Null,
+                -32600,
+                "Invalid Request: batches are not supported",
+                None,
+            );
+            let _ = tx.send(Out::Line(reply.to_string()));
+            continue;
+        }
+        if message.get("method").and_then(Value::as_str) == Some("initialize") {
+            let requested = message
+                .pointer("/params/protocolVersion")
+                .and_then(Value::as_str);
+            ctx.protocol_version = Some(Core::negotiate(requested).to_owned());
+        }
+        match core.handle(&message, &ctx) {
+            Handled::Now(Some(reply)) => {
+                let _ = tx.send(Out::Line(reply.to_string()));
+            }
+            Handled::Now(None) => {}
+            Handled::Later(pending) => {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    if let Ok(reply) = pending.await {
+                        if let Some(out) = to_out(reply) {
+                            let _ = tx.send(out);
+                        }
+                    }
+                });
+            }
+        }
+    }
+    drop(tx);
+    closed.cancel(); // releases a writer parked by a stall
+    let _ = writer.await;
+    Ok(())
+}
+
+fn to_out(reply: Reply) -> Option<Out> {
+    match reply {
+        Reply::Message(v) => Some(Out::Line(v.to_string())),
+        Reply::Canceled => None,
+        Reply::Wire(Wire::RawBody(text)) => Some(Out::Line(text)),
+        Reply::Wire(Wire::StallBody {
+            after_bytes,
+            response,
+        }) => {
+            let mut bytes = response.to_string().into_bytes();
+            bytes.truncate(after_bytes);
+            Some(Out::Stall(bytes))
+        }
+        // `close` on exhaustion, and `drop`; HTTP-only steps never load here.
+        Reply::Wire(_) => Some(Out::Close),
+    }
+}
+
+async fn write_loop<W: AsyncWrite + Unpin>(
+    mut out: W,
+    mut rx: mpsc::UnboundedReceiver<Out>,
+    closed: CancellationToken,
+) {
+    while let Some(item) = rx.recv().await {
+        let written = match item {
+            Out::Line(mut line) => {
+                line.push('\n');
+                out.write_all(line.as_bytes()).await.and(out.flush().await)
+            }
+            Out::Stall(bytes) => {
+                let _ = out.write_all(&bytes).await;
+                let _ = out.flush().await;
+                // Nothing more is ever written: the line never ends.
+                closed.cancelled().await;
+                return;
+            }
+            Out::Close => {
+                let _ = out.shutdown().await;
+                closed.cancel();
+                return;
+            }
+        };
+        if written.is_err() {
+            closed.cancel();
+            return;
+        }
+    }
+}
