@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use serde_json::{Value, json};
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::{Notify, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::log::{Attempt, AttemptLog, AttemptOutcome, canonical_sha256};
@@ -82,10 +82,16 @@ struct Queue {
     active: HashSet<(String, String)>,
 }
 
+/// The call being played: (session, request id as JSON text).
+pub type CallKey = (String, String);
+
 pub struct Core {
     pub script: Script,
     pub log: AttemptLog,
     queue: Mutex<Queue>,
+    /// Publishes the call being played, so that observers (tests, admin)
+    /// can wait for "running" as an event.
+    running: watch::Sender<Option<CallKey>>,
     /// Next step per (tool, response): survives sessions, reset by restart.
     cursors: Mutex<HashMap<(usize, usize), usize>>,
     wake: Notify,
@@ -97,9 +103,20 @@ impl Core {
             script,
             log,
             queue: Mutex::new(Queue::default()),
+            running: watch::Sender::new(None),
             cursors: Mutex::new(HashMap::new()),
             wake: Notify::new(),
         })
+    }
+
+    /// Watches which call is being played (None when idle).
+    pub fn running(&self) -> watch::Receiver<Option<CallKey>> {
+        self.running.subscribe()
+    }
+
+    /// The request-id form used in [`CallKey`]s.
+    pub fn call_key(session: &str, id: &Value) -> CallKey {
+        (session.to_owned(), id_key(id))
     }
 
     fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
@@ -295,6 +312,8 @@ impl Core {
                 .as_ref()
                 .map(|(_, t)| t.clone())
                 .unwrap_or_default();
+            tracing::debug!(session = %job.key.0, request_id = %job.key.1, tool = %job.tool, "call running");
+            self.running.send_replace(Some(job.key.clone()));
             let reply = tokio::select! {
                 r = self.play(&job, &token) => r,
                 () = shutdown.cancelled() => Reply::Canceled,
@@ -304,6 +323,7 @@ impl Core {
                 queue.running = None;
                 queue.active.remove(&job.key);
             }
+            self.running.send_replace(None);
             let _ = job.reply.send(reply);
         }
     }

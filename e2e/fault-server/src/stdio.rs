@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::core::{CallContext, Core, Handled, Reply, Wire, error};
@@ -33,6 +33,18 @@ where
     let (tx, rx) = mpsc::unbounded_channel();
     let closed = CancellationToken::new();
     let writer = tokio::spawn(write_loop(output, rx, closed.clone()));
+    // Queued calls are answered in the order the worker plays them, which
+    // is arrival order: one forwarder awaits them in that order, so replies
+    // cannot overtake one another on the way to stdout.
+    let (pending_tx, mut pending_rx) = mpsc::unbounded_channel::<oneshot::Receiver<Reply>>();
+    let forward_tx = tx.clone();
+    let forwarder = tokio::spawn(async move {
+        while let Some(pending) = pending_rx.recv().await {
+            if let Some(out) = pending.await.ok().and_then(to_out) {
+                let _ = forward_tx.send(out);
+            }
+        }
+    });
     let mut lines = BufReader::new(input).lines();
     let mut ctx = CallContext {
         session: "stdio".to_owned(),
@@ -78,17 +90,12 @@ where
             }
             Handled::Now(None) => {}
             Handled::Later(pending) => {
-                let tx = tx.clone();
-                tokio::spawn(async move {
-                    if let Ok(reply) = pending.await {
-                        if let Some(out) = to_out(reply) {
-                            let _ = tx.send(out);
-                        }
-                    }
-                });
+                let _ = pending_tx.send(pending);
             }
         }
     }
+    drop(pending_tx);
+    let _ = forwarder.await;
     drop(tx);
     closed.cancel(); // releases a writer parked by a stall
     let _ = writer.await;
