@@ -7,7 +7,7 @@ use std::io::Write;
 use std::sync::Mutex;
 use std::time::SystemTime;
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
@@ -16,7 +16,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 /// Why a tools/call ended the way it did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, EncodeLabelValue)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AttemptOutcome {
     /// A step that answers normally (`return`, `oversize`, or the result
@@ -31,6 +31,23 @@ pub enum AttemptOutcome {
     CanceledQueued,
     RejectedOverflow,
     RejectedDuplicate,
+}
+
+impl AttemptOutcome {
+    /// The word used in log lines and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptOutcome::Delivered => "delivered",
+            AttemptOutcome::FixtureError => "fixture_error",
+            AttemptOutcome::UnknownTool => "unknown_tool",
+            AttemptOutcome::Unmatched => "unmatched",
+            AttemptOutcome::Exhausted => "exhausted",
+            AttemptOutcome::CanceledRunning => "canceled_running",
+            AttemptOutcome::CanceledQueued => "canceled_queued",
+            AttemptOutcome::RejectedOverflow => "rejected_overflow",
+            AttemptOutcome::RejectedDuplicate => "rejected_duplicate",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -75,7 +92,8 @@ pub struct AttemptLog {
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct OutcomeLabel {
-    outcome: AttemptOutcome,
+    /// The same word as the log line's `outcome`.
+    outcome: String,
 }
 
 struct Sink {
@@ -118,11 +136,8 @@ impl AttemptLog {
 
     /// Appends one attempt, numbering it; returns its sequence number.
     pub fn record(&self, mut attempt: Attempt) -> u64 {
-        self.attempts
-            .get_or_create(&OutcomeLabel {
-                outcome: attempt.outcome,
-            })
-            .inc();
+        let outcome = attempt.outcome.as_str().to_owned();
+        self.attempts.get_or_create(&OutcomeLabel { outcome }).inc();
         let mut sink = self.sink.lock().unwrap_or_else(|e| e.into_inner());
         sink.seq += 1;
         attempt.seq = sink.seq;
