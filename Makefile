@@ -3,8 +3,9 @@
 SHARED ?= ../shared
 CARGO  ?= cargo
 AIP    := target/debug/aip
+PYENV  := target/pyenv
 
-.PHONY: all build test lint fmt clippy unit conformance bench demo clean
+.PHONY: all build test lint fmt clippy unit conformance pyenv bench demo clean
 
 all: build
 
@@ -23,7 +24,15 @@ fmt:
 clippy:
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
-unit: build
+## pyenv: a virtualenv with the Python MCP SDK, for the interop tests.
+pyenv: $(PYENV)/.installed
+
+$(PYENV)/.installed: e2e/fault-server/tests/requirements.txt
+	python3 -m venv $(PYENV)
+	$(PYENV)/bin/pip install --quiet --disable-pip-version-check -r e2e/fault-server/tests/requirements.txt
+	touch $@
+
+unit: build pyenv
 	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
 		$(CARGO) nextest run --workspace --locked --no-fail-fast; \
 	else \

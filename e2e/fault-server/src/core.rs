@@ -195,10 +195,10 @@ impl Core {
     }
 
     fn notification(&self, method: &str, params: &Value, ctx: &CallContext) {
-        if method == "notifications/cancelled" {
-            if let Some(id) = params.get("requestId") {
-                self.cancel(&(ctx.session.clone(), id_key(id)));
-            }
+        if method == "notifications/cancelled"
+            && let Some(id) = params.get("requestId")
+        {
+            self.cancel(&(ctx.session.clone(), id_key(id)));
         }
         // notifications/initialized and anything else: accepted, nothing to do.
     }
@@ -271,10 +271,10 @@ impl Core {
             self.log
                 .record(self.job_attempt(&job, AttemptOutcome::CanceledQueued));
             let _ = job.reply.send(Reply::Canceled);
-        } else if let Some((running, token)) = &queue.running {
-            if running == key {
-                token.cancel();
-            }
+        } else if let Some((running, token)) = &queue.running
+            && running == key
+        {
+            token.cancel();
         }
     }
 

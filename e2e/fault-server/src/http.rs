@@ -206,10 +206,8 @@ async fn post(state: &State, req: Request<Incoming>) -> Result<Response<HttpBody
             play(state, &session, reply, wants_sse)?
         }
     };
-    if is_initialize {
-        if let Ok(v) = HeaderValue::from_str(&session) {
-            response.headers_mut().insert("mcp-session-id", v);
-        }
+    if is_initialize && let Ok(v) = HeaderValue::from_str(&session) {
+        response.headers_mut().insert("mcp-session-id", v);
     }
     Ok(response)
 }

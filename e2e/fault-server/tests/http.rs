@@ -41,7 +41,7 @@ fn every_step_kind_on_the_wire() {
         ("mcp-session-id", session.as_str()),
         ("mcp-protocol-version", "2025-11-25"),
     ];
-    let mut next = |id: i64| post(server.addr, &h, &call(json!(id), "t", json!({})));
+    let next = |id: i64| post(server.addr, &h, &call(json!(id), "t", json!({})));
 
     let r = next(1);
     assert_eq!(

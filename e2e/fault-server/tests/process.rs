@@ -1,0 +1,71 @@
+//! The binary as an operator runs it: SIGTERM while a call is in flight ends
+//! the process promptly with the attempt log on disk.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::mpsc::channel;
+
+use common::{PATIENCE, post, read_attempts, script, temp_path};
+use serde_json::json;
+
+#[test]
+fn sigterm_ends_the_server_promptly_with_the_log_flushed() {
+    let dir = temp_path("sigterm");
+    let config = dir.join("s.yaml");
+    let log = dir.join("attempts.jsonl");
+    let _ = std::fs::remove_file(&log);
+    std::fs::write(&config, script("  tools:\n    - name: t\n      responses: [{sequence: [{return: done}, {return: late, delay_ms: 300000}]}]\n")).unwrap();
+    let mut server = Command::new(env!("CARGO_BIN_EXE_aip-fault-server"))
+        .arg("--config")
+        .arg(&config)
+        .args(["--http", "127.0.0.1:0", "--log"])
+        .arg(&log)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(server.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    let addr = line
+        .trim()
+        .rsplit("//")
+        .next()
+        .unwrap()
+        .trim_end_matches("/mcp")
+        .parse()
+        .unwrap();
+
+    let init = post(
+        addr,
+        &[],
+        &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {}}),
+    );
+    let session = init.header("mcp-session-id").unwrap().to_owned();
+    let call = |id| json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": "t", "arguments": {}}});
+    assert_eq!(
+        post(addr, &[("mcp-session-id", &session)], &call(1)).json()["result"]["content"][0]["text"],
+        "done"
+    );
+    // A second call is in flight (300 s delay) when the signal arrives.
+    let s = session.clone();
+    let in_flight = std::thread::spawn(move || post(addr, &[("mcp-session-id", &s)], &call(2)));
+
+    let status = Command::new("kill")
+        .args(["-TERM", &server.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let (tx, rx) = channel();
+    std::thread::spawn(move || tx.send(server.wait().unwrap()).unwrap());
+    let exit = rx
+        .recv_timeout(PATIENCE)
+        .expect("the server exits promptly after SIGTERM");
+    assert!(exit.success(), "{exit:?}");
+    let _ = in_flight.join();
+    let attempts = read_attempts(&log);
+    assert_eq!(attempts[0]["outcome"], "delivered");
+}
