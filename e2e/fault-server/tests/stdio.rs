@@ -349,3 +349,19 @@ fn earlier_failures_are_never_rewritten() {
         .collect();
     assert_ne!(hashes[0], hashes[1], "each call's arguments are hashed");
 }
+
+#[test]
+fn delay_holds_the_answer_back_by_at_least_its_length() {
+    let yaml = script(
+        "  tools:\n    - name: t\n      responses: [{sequence: [{return: late, delay_ms: 250}]}]\n",
+    );
+    let mut s = StdioServer::spawn("delay", &yaml);
+    s.initialize();
+    let started = std::time::Instant::now();
+    s.call(json!(1), "t", json!({}));
+    assert_eq!(s.recv()["result"]["content"][0]["text"], "late");
+    assert!(started.elapsed() >= std::time::Duration::from_millis(250));
+    let attempt = &s.attempts()[0];
+    assert_eq!(attempt["delay_ms"], 250);
+    assert!(attempt["latency_ms"].as_u64().unwrap() >= 250, "{attempt}");
+}
