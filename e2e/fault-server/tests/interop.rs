@@ -6,9 +6,10 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use serde_json::{Value, json};
 
@@ -81,19 +82,8 @@ fn python_sdk_over_stdio() {
 
 #[test]
 fn python_sdk_over_streamable_http() {
-    let mut server = Command::new(env!("CARGO_BIN_EXE_aip-fault-server"))
-        .arg("--config")
-        .arg(example())
-        .args(["--http", "127.0.0.1:0", "--log", "/dev/null"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(server.stderr.take().unwrap());
-    let mut line = String::new();
-    stderr.read_line(&mut line).unwrap();
-    let url = line.trim().rsplit(' ').next().unwrap().to_owned();
-    assert!(url.starts_with("http://127.0.0.1:"), "{line}");
-    let report = run_client(&["http", &url]);
+    let (mut server, addr) = common::spawn_http_binary(&example(), Path::new("/dev/null"));
+    let report = run_client(&["http", &format!("http://{addr}/mcp")]);
     let _ = server.kill();
     let _ = server.wait();
     check(&report);

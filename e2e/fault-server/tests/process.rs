@@ -5,11 +5,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::mpsc::channel;
 
-use common::{PATIENCE, post, read_attempts, script, temp_path};
+use common::{PATIENCE, post, read_attempts, script, spawn_http_binary, temp_path};
 use serde_json::json;
 
 #[test]
@@ -19,25 +18,7 @@ fn sigterm_ends_the_server_promptly_with_the_log_flushed() {
     let log = dir.join("attempts.jsonl");
     let _ = std::fs::remove_file(&log);
     std::fs::write(&config, script("  tools:\n    - name: t\n      responses: [{sequence: [{return: done}, {return: late, delay_ms: 300000}]}]\n")).unwrap();
-    let mut server = Command::new(env!("CARGO_BIN_EXE_aip-fault-server"))
-        .arg("--config")
-        .arg(&config)
-        .args(["--http", "127.0.0.1:0", "--log"])
-        .arg(&log)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(server.stderr.take().unwrap());
-    let mut line = String::new();
-    stderr.read_line(&mut line).unwrap();
-    let addr = line
-        .trim()
-        .rsplit("//")
-        .next()
-        .unwrap()
-        .trim_end_matches("/mcp")
-        .parse()
-        .unwrap();
+    let (mut server, addr) = spawn_http_binary(&config, &log);
 
     let init = post(
         addr,

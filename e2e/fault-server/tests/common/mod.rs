@@ -188,6 +188,33 @@ fn pump(reader: impl Read + Send + 'static) -> Receiver<String> {
     rx
 }
 
+/// The binary serving `config` over HTTP on a free loopback port, its
+/// attempt log appended to `log`. Returns the child and the address it
+/// announced on stderr.
+pub fn spawn_http_binary(config: &std::path::Path, log: &std::path::Path) -> (Child, SocketAddr) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_aip-fault-server"))
+        .arg("--config")
+        .arg(config)
+        .args(["--http", "127.0.0.1:0", "--log"])
+        .arg(log)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("aip-fault-server: listening on http://")
+        .and_then(|rest| rest.strip_suffix("/mcp"))
+        .unwrap_or_else(|| panic!("unexpected first line: {line}"))
+        .parse()
+        .unwrap();
+    // Keep reading so that later diagnostics never hit a closed pipe.
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    (child, addr)
+}
+
 // ----------------------------------------------------------------- http --
 
 pub struct HttpServer {
