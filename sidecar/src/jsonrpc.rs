@@ -1,0 +1,384 @@
+//! Strict JSON-RPC parsing and canonical re-serialization.
+//!
+//! A message is parsed once, strictly, and what is forwarded is the canonical
+//! serialization of exactly the tree that was checked, so that no message can
+//! mean one thing to the gateway and another to the server. Refused:
+//!
+//! - bodies over the size limit, invalid UTF-8 (the byte is named), trailing
+//!   bytes, anything that is not JSON (NaN, Infinity, comments, ...);
+//! - duplicate object keys, compared after unescaping and under Unicode simple
+//!   case folding, so `method`, `Method`, `\u006dethod` and `METHOD` collide,
+//!   and so do `arguments` and `argumentſ` (ſ folds to s): some servers
+//!   look keys up case-insensitively, and every parser picks a different
+//!   duplicate;
+//! - whole numbers beyond ±(2^53 − 1), where parsers disagree (Python keeps
+//!   them exact, JavaScript rounds them);
+//! - nesting deeper than the limit; batches; anything that is not a JSON-RPC
+//!   2.0 request, notification or response.
+
+use std::collections::HashSet;
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Number, Value};
+
+/// The largest whole number every common JSON parser reads exactly.
+pub const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
+
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_bytes: usize,
+    pub max_depth: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_bytes: 4 * 1024 * 1024,
+            max_depth: 64,
+        }
+    }
+}
+
+/// Why a message was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("message is {size} bytes; the limit is {limit}")]
+    TooLarge { size: usize, limit: usize },
+    #[error("invalid UTF-8 at byte {offset}")]
+    InvalidUtf8 { offset: usize },
+    #[error("invalid JSON at line {line} column {column}: {message}")]
+    Syntax { line: usize, column: usize, message: String },
+    #[error("duplicate key {key:?} at {path} (keys are compared after unescaping and case folding)")]
+    DuplicateKey { path: String, key: String },
+    #[error("number at {path} is beyond ±(2^53 − 1), where JSON parsers disagree")]
+    UnsafeNumber { path: String },
+    #[error("nesting deeper than {limit} at {path}")]
+    TooDeep { path: String, limit: usize },
+    #[error("batches are not supported")]
+    Batch,
+    #[error("invalid JSON-RPC message: {0}")]
+    Invalid(&'static str),
+}
+
+impl Refusal {
+    /// -32700 when the bytes are not acceptable JSON, -32600 when the JSON is
+    /// not an acceptable JSON-RPC message.
+    pub fn code(&self) -> i64 {
+        match self {
+            Refusal::TooLarge { .. }
+            | Refusal::InvalidUtf8 { .. }
+            | Refusal::Syntax { .. }
+            | Refusal::DuplicateKey { .. }
+            | Refusal::UnsafeNumber { .. }
+            | Refusal::TooDeep { .. } => -32700,
+            Refusal::Batch | Refusal::Invalid(_) => -32600,
+        }
+    }
+}
+
+/// What kind of JSON-RPC message this is.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Kind {
+    Request { id: Value, method: String },
+    Notification { method: String },
+    Response { id: Value },
+}
+
+/// A message that passed every check.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    pub value: Value,
+    pub kind: Kind,
+}
+
+impl Message {
+    pub fn method(&self) -> Option<&str> {
+        match &self.kind {
+            Kind::Request { method, .. } | Kind::Notification { method } => Some(method),
+            Kind::Response { .. } => None,
+        }
+    }
+
+    pub fn id(&self) -> Option<&Value> {
+        match &self.kind {
+            Kind::Request { id, .. } | Kind::Response { id } => Some(id),
+            Kind::Notification { .. } => None,
+        }
+    }
+
+    pub fn params(&self) -> Option<&Value> {
+        self.value.get("params")
+    }
+
+    /// The canonical bytes to forward: compact JSON, keys sorted, numbers as
+    /// parsed.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(&self.value).unwrap_or_default()
+    }
+}
+
+/// A refusal, with the request id when it could still be known.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refused {
+    pub refusal: Refusal,
+    pub id: Option<Value>,
+}
+
+impl Refused {
+    /// The JSON-RPC error response to send back.
+    pub fn response(&self) -> Value {
+        serde_json::json!({
+            "jsonrpc": "2.0",
+            "id": self.id.clone().unwrap_or(Value::Null),
+            "error": {"code": self.refusal.code(), "message": self.refusal.to_string()},
+        })
+    }
+}
+
+/// Parses one JSON-RPC message strictly.
+pub fn parse(bytes: &[u8], limits: Limits) -> Result<Message, Refused> {
+    let value = parse_value(bytes, limits).map_err(|refusal| Refused {
+        id: recover_id(bytes, &refusal),
+        refusal,
+    })?;
+    let kind = classify(&value).map_err(|refusal| Refused {
+        id: value.get("id").filter(|id| is_valid_id(id)).cloned(),
+        refusal,
+    })?;
+    Ok(Message { value, kind })
+}
+
+/// Parses any JSON value strictly (the same rules, without the JSON-RPC
+/// shape): used for upstream responses too.
+pub fn parse_value(bytes: &[u8], limits: Limits) -> Result<Value, Refusal> {
+    if bytes.len() > limits.max_bytes {
+        return Err(Refusal::TooLarge { size: bytes.len(), limit: limits.max_bytes });
+    }
+    if let Err(e) = std::str::from_utf8(bytes) {
+        return Err(Refusal::InvalidUtf8 { offset: e.valid_up_to() });
+    }
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let mut error = None;
+    let value = StrictSeed { depth: 0, limits, path: Path::Root, error: &mut error }
+        .deserialize(&mut de)
+        .and_then(|v| de.end().map(|()| v));
+    match (value, error) {
+        (_, Some(refusal)) => Err(refusal),
+        (Ok(v), None) => Ok(v),
+        (Err(e), None) => Err(Refusal::Syntax { line: e.line(), column: e.column(), message: syntax_message(&e) }),
+    }
+}
+
+fn syntax_message(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    // serde_json appends " at line L column C"; we report those separately.
+    match text.rfind(" at line ") {
+        Some(i) => text[..i].to_owned(),
+        None => text,
+    }
+}
+
+fn classify(value: &Value) -> Result<Kind, Refusal> {
+    let obj = match value {
+        Value::Object(obj) => obj,
+        Value::Array(_) => return Err(Refusal::Batch),
+        _ => return Err(Refusal::Invalid("a message must be a JSON object")),
+    };
+    if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return Err(Refusal::Invalid("\"jsonrpc\" must be \"2.0\""));
+    }
+    let id = match obj.get("id") {
+        None => None,
+        Some(id) if is_valid_id(id) => Some(id.clone()),
+        Some(_) => return Err(Refusal::Invalid("\"id\" must be a string or an integer")),
+    };
+    if let Some(method) = obj.get("method") {
+        let method = method.as_str().ok_or(Refusal::Invalid("\"method\" must be a string"))?;
+        if obj.contains_key("result") || obj.contains_key("error") {
+            return Err(Refusal::Invalid("a request cannot carry \"result\" or \"error\""));
+        }
+        if let Some(p) = obj.get("params") {
+            if !(p.is_object() || p.is_array()) {
+                return Err(Refusal::Invalid("\"params\" must be an object or an array"));
+            }
+        }
+        return Ok(match id {
+            Some(id) => Kind::Request { id, method: method.to_owned() },
+            None => Kind::Notification { method: method.to_owned() },
+        });
+    }
+    let id = id.ok_or(Refusal::Invalid("a message needs \"method\", or \"id\" with \"result\" or \"error\""))?;
+    match (obj.contains_key("result"), obj.contains_key("error")) {
+        (true, false) | (false, true) => Ok(Kind::Response { id }),
+        _ => Err(Refusal::Invalid("a response carries exactly one of \"result\" and \"error\"")),
+    }
+}
+
+/// MCP ids: a string or an integer (never null).
+fn is_valid_id(id: &Value) -> bool {
+    match id {
+        Value::String(_) => true,
+        Value::Number(n) => n.is_i64() || n.is_u64(),
+        _ => false,
+    }
+}
+
+/// After a refusal, the id if a lenient parse can still tell it and the
+/// refusal is not about the id itself.
+fn recover_id(bytes: &[u8], refusal: &Refusal) -> Option<Value> {
+    if let Refusal::DuplicateKey { path, key } = refusal {
+        if path == "$" && fold(key) == "id" {
+            return None;
+        }
+    }
+    if matches!(refusal, Refusal::TooLarge { .. } | Refusal::InvalidUtf8 { .. }) {
+        return None;
+    }
+    let value: Value = serde_json::from_slice(bytes).ok()?;
+    value.get("id").filter(|id| is_valid_id(id)).cloned()
+}
+
+/// Unicode simple case folding, char by char.
+pub fn fold(key: &str) -> String {
+    key.chars()
+        .map(|c| {
+            unicode_case_mapping::case_folded(c)
+                .and_then(|cp| char::from_u32(cp.get()))
+                .unwrap_or(c)
+        })
+        .collect()
+}
+
+/// Where in the document a value sits, for error messages (`$.params.arguments`).
+#[derive(Clone)]
+enum Path<'a> {
+    Root,
+    Key(&'a Path<'a>, &'a str),
+    Index(&'a Path<'a>, usize),
+}
+
+impl fmt::Display for Path<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Path::Root => f.write_str("$"),
+            Path::Key(parent, key) => write!(f, "{parent}.{key}"),
+            Path::Index(parent, i) => write!(f, "{parent}[{i}]"),
+        }
+    }
+}
+
+/// Deserializes a `Value`, recording the first strictness violation in
+/// `error` (and failing the parse so it stops there).
+struct StrictSeed<'a, 'p> {
+    depth: usize,
+    limits: Limits,
+    path: Path<'p>,
+    error: &'a mut Option<Refusal>,
+}
+
+impl StrictSeed<'_, '_> {
+    fn refuse<E: de::Error>(self, refusal: Refusal) -> Result<Value, E> {
+        let message = refusal.to_string();
+        *self.error = Some(refusal);
+        Err(E::custom(message))
+    }
+
+    fn number<E: de::Error>(self, n: Number, whole: Option<u64>) -> Result<Value, E> {
+        match whole {
+            Some(magnitude) if magnitude > MAX_SAFE_INTEGER => {
+                let path = self.path.to_string();
+                self.refuse(Refusal::UnsafeNumber { path })
+            }
+            _ => Ok(Value::Number(n)),
+        }
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for StrictSeed<'_, '_> {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for StrictSeed<'_, '_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Value, E> {
+        self.number(Number::from(v), Some(v.unsigned_abs()))
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Value, E> {
+        self.number(Number::from(v), Some(v))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
+        let Some(n) = Number::from_f64(v) else {
+            return Err(E::custom("number is not finite"));
+        };
+        // Every f64 beyond 2^53 is whole; whether it was written `1e20` or as
+        // digits, parsers do not agree on it.
+        let whole = (v.fract() == 0.0 && v.abs() > MAX_SAFE_INTEGER as f64).then_some(u64::MAX);
+        self.number(n, whole)
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        if self.depth >= self.limits.max_depth {
+            let path = self.path.to_string();
+            let limit = self.limits.max_depth;
+            return self.refuse(Refusal::TooDeep { path, limit });
+        }
+        let mut items = Vec::new();
+        loop {
+            let path = Path::Index(&self.path, items.len());
+            let seed = StrictSeed { depth: self.depth + 1, limits: self.limits, path, error: &mut *self.error };
+            match seq.next_element_seed(seed)? {
+                Some(v) => items.push(v),
+                None => return Ok(Value::Array(items)),
+            }
+        }
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        if self.depth >= self.limits.max_depth {
+            let path = self.path.to_string();
+            let limit = self.limits.max_depth;
+            return self.refuse(Refusal::TooDeep { path, limit });
+        }
+        let mut out = Map::new();
+        let mut seen = HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if !seen.insert(fold(&key)) {
+                let path = self.path.to_string();
+                return self.refuse(Refusal::DuplicateKey { path, key });
+            }
+            let path = Path::Key(&self.path, &key);
+            let seed = StrictSeed { depth: self.depth + 1, limits: self.limits, path, error: &mut *self.error };
+            let value = map.next_value_seed(seed)?;
+            out.insert(key, value);
+        }
+        Ok(Value::Object(out))
+    }
+}
