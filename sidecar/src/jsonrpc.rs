@@ -48,8 +48,14 @@ pub enum Refusal {
     #[error("invalid UTF-8 at byte {offset}")]
     InvalidUtf8 { offset: usize },
     #[error("invalid JSON at line {line} column {column}: {message}")]
-    Syntax { line: usize, column: usize, message: String },
-    #[error("duplicate key {key:?} at {path} (keys are compared after unescaping and case folding)")]
+    Syntax {
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    #[error(
+        "duplicate key {key:?} at {path} (keys are compared after unescaping and case folding)"
+    )]
     DuplicateKey { path: String, key: String },
     #[error("number at {path} is beyond ±(2^53 − 1), where JSON parsers disagree")]
     UnsafeNumber { path: String },
@@ -153,20 +159,34 @@ pub fn parse(bytes: &[u8], limits: Limits) -> Result<Message, Refused> {
 /// shape): used for upstream responses too.
 pub fn parse_value(bytes: &[u8], limits: Limits) -> Result<Value, Refusal> {
     if bytes.len() > limits.max_bytes {
-        return Err(Refusal::TooLarge { size: bytes.len(), limit: limits.max_bytes });
+        return Err(Refusal::TooLarge {
+            size: bytes.len(),
+            limit: limits.max_bytes,
+        });
     }
     if let Err(e) = std::str::from_utf8(bytes) {
-        return Err(Refusal::InvalidUtf8 { offset: e.valid_up_to() });
+        return Err(Refusal::InvalidUtf8 {
+            offset: e.valid_up_to(),
+        });
     }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let mut error = None;
-    let value = StrictSeed { depth: 0, limits, path: Path::Root, error: &mut error }
-        .deserialize(&mut de)
-        .and_then(|v| de.end().map(|()| v));
+    let value = StrictSeed {
+        depth: 0,
+        limits,
+        path: Path::Root,
+        error: &mut error,
+    }
+    .deserialize(&mut de)
+    .and_then(|v| de.end().map(|()| v));
     match (value, error) {
         (_, Some(refusal)) => Err(refusal),
         (Ok(v), None) => Ok(v),
-        (Err(e), None) => Err(Refusal::Syntax { line: e.line(), column: e.column(), message: syntax_message(&e) }),
+        (Err(e), None) => Err(Refusal::Syntax {
+            line: e.line(),
+            column: e.column(),
+            message: syntax_message(&e),
+        }),
     }
 }
 
@@ -194,9 +214,13 @@ fn classify(value: &Value) -> Result<Kind, Refusal> {
         Some(_) => return Err(Refusal::Invalid("\"id\" must be a string or an integer")),
     };
     if let Some(method) = obj.get("method") {
-        let method = method.as_str().ok_or(Refusal::Invalid("\"method\" must be a string"))?;
+        let method = method
+            .as_str()
+            .ok_or(Refusal::Invalid("\"method\" must be a string"))?;
         if obj.contains_key("result") || obj.contains_key("error") {
-            return Err(Refusal::Invalid("a request cannot carry \"result\" or \"error\""));
+            return Err(Refusal::Invalid(
+                "a request cannot carry \"result\" or \"error\"",
+            ));
         }
         if let Some(p) = obj.get("params") {
             if !(p.is_object() || p.is_array()) {
@@ -204,14 +228,23 @@ fn classify(value: &Value) -> Result<Kind, Refusal> {
             }
         }
         return Ok(match id {
-            Some(id) => Kind::Request { id, method: method.to_owned() },
-            None => Kind::Notification { method: method.to_owned() },
+            Some(id) => Kind::Request {
+                id,
+                method: method.to_owned(),
+            },
+            None => Kind::Notification {
+                method: method.to_owned(),
+            },
         });
     }
-    let id = id.ok_or(Refusal::Invalid("a message needs \"method\", or \"id\" with \"result\" or \"error\""))?;
+    let id = id.ok_or(Refusal::Invalid(
+        "a message needs \"method\", or \"id\" with \"result\" or \"error\"",
+    ))?;
     match (obj.contains_key("result"), obj.contains_key("error")) {
         (true, false) | (false, true) => Ok(Kind::Response { id }),
-        _ => Err(Refusal::Invalid("a response carries exactly one of \"result\" and \"error\"")),
+        _ => Err(Refusal::Invalid(
+            "a response carries exactly one of \"result\" and \"error\"",
+        )),
     }
 }
 
@@ -232,7 +265,10 @@ fn recover_id(bytes: &[u8], refusal: &Refusal) -> Option<Value> {
             return None;
         }
     }
-    if matches!(refusal, Refusal::TooLarge { .. } | Refusal::InvalidUtf8 { .. }) {
+    if matches!(
+        refusal,
+        Refusal::TooLarge { .. } | Refusal::InvalidUtf8 { .. }
+    ) {
         return None;
     }
     let value: Value = serde_json::from_slice(bytes).ok()?;
@@ -353,7 +389,12 @@ impl<'de> Visitor<'de> for StrictSeed<'_, '_> {
         let mut items = Vec::new();
         loop {
             let path = Path::Index(&self.path, items.len());
-            let seed = StrictSeed { depth: self.depth + 1, limits: self.limits, path, error: &mut *self.error };
+            let seed = StrictSeed {
+                depth: self.depth + 1,
+                limits: self.limits,
+                path,
+                error: &mut *self.error,
+            };
             match seq.next_element_seed(seed)? {
                 Some(v) => items.push(v),
                 None => return Ok(Value::Array(items)),
@@ -375,7 +416,12 @@ impl<'de> Visitor<'de> for StrictSeed<'_, '_> {
                 return self.refuse(Refusal::DuplicateKey { path, key });
             }
             let path = Path::Key(&self.path, &key);
-            let seed = StrictSeed { depth: self.depth + 1, limits: self.limits, path, error: &mut *self.error };
+            let seed = StrictSeed {
+                depth: self.depth + 1,
+                limits: self.limits,
+                path,
+                error: &mut *self.error,
+            };
             let value = map.next_value_seed(seed)?;
             out.insert(key, value);
         }

@@ -14,31 +14,85 @@ fn refuse(text: &str) -> (i64, Option<Value>, Refusal) {
 #[test]
 fn accepts_and_reserializes_canonically() {
     let m = parse(br#" { "params": {"name": "t", "arguments": {"b": 1, "a": "\u0041"}}, "method": "tools/call", "id": 7, "jsonrpc": "2.0" } "#, Limits::default()).unwrap();
-    assert_eq!(m.kind, Kind::Request { id: json!(7), method: "tools/call".into() });
+    assert_eq!(
+        m.kind,
+        Kind::Request {
+            id: json!(7),
+            method: "tools/call".into()
+        }
+    );
     assert_eq!(
         String::from_utf8(m.to_bytes()).unwrap(),
         r#"{"id":7,"jsonrpc":"2.0","method":"tools/call","params":{"arguments":{"a":"A","b":1},"name":"t"}}"#
     );
-    let n = parse(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#, Limits::default()).unwrap();
-    assert_eq!(n.kind, Kind::Notification { method: "notifications/initialized".into() });
-    let r = parse(br#"{"jsonrpc":"2.0","id":"s1","result":{}}"#, Limits::default()).unwrap();
+    let n = parse(
+        br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        Limits::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        n.kind,
+        Kind::Notification {
+            method: "notifications/initialized".into()
+        }
+    );
+    let r = parse(
+        br#"{"jsonrpc":"2.0","id":"s1","result":{}}"#,
+        Limits::default(),
+    )
+    .unwrap();
     assert_eq!(r.kind, Kind::Response { id: json!("s1") });
 }
 
 #[test]
 fn duplicate_keys_collide_after_unescaping_and_case_folding() {
     for (text, path, key) in [
-        (r#"{"jsonrpc":"2.0","id":1,"method":"a","method":"b"}"#, "$", "method"),
-        (r#"{"jsonrpc":"2.0","id":1,"method":"a","Method":"b"}"#, "$", "Method"),
-        (r#"{"jsonrpc":"2.0","id":1,"method":"a","\u006dethod":"b"}"#, "$", "method"),
-        (r#"{"jsonrpc":"2.0","id":1,"method":"a","METHOD":"b"}"#, "$", "METHOD"),
-        (r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{},"argumentſ":{"x":1}}}"#, "$.params", "argumentſ"),
-        (r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{"path":"a","PATH":"b"}}}"#, "$.params.arguments", "PATH"),
-        (r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"list":[{"k":1,"K":2}]}}"#, "$.params.list[0]", "K"),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"a","method":"b"}"#,
+            "$",
+            "method",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"a","Method":"b"}"#,
+            "$",
+            "Method",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"a","\u006dethod":"b"}"#,
+            "$",
+            "method",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"a","METHOD":"b"}"#,
+            "$",
+            "METHOD",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{},"argumentſ":{"x":1}}}"#,
+            "$.params",
+            "argumentſ",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{"path":"a","PATH":"b"}}}"#,
+            "$.params.arguments",
+            "PATH",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"list":[{"k":1,"K":2}]}}"#,
+            "$.params.list[0]",
+            "K",
+        ),
     ] {
         let (code, id, refusal) = refuse(text);
         assert_eq!(code, -32700, "{text}");
-        assert_eq!(refusal, Refusal::DuplicateKey { path: path.into(), key: key.into() }, "{text}");
+        assert_eq!(
+            refusal,
+            Refusal::DuplicateKey {
+                path: path.into(),
+                key: key.into()
+            },
+            "{text}"
+        );
         assert_eq!(id, Some(json!(1)), "the id is still known: {text}");
     }
     // A duplicated id cannot be echoed: which one would it be?
@@ -57,13 +111,36 @@ fn non_json_numbers_and_unsafe_integers_are_refused() {
     ] {
         assert!(matches!(refuse(text).2, Refusal::Syntax { .. }), "{text}");
     }
-    for number in ["9007199254740992", "-9007199254740992", "12345678901234567890123", "1e20", "18446744073709551615"] {
-        let text = format!(r#"{{"jsonrpc":"2.0","id":1,"method":"m","params":{{"x":[{number}]}}}}"#);
-        assert_eq!(refuse(&text).2, Refusal::UnsafeNumber { path: "$.params.x[0]".into() }, "{number}");
+    for number in [
+        "9007199254740992",
+        "-9007199254740992",
+        "12345678901234567890123",
+        "1e20",
+        "18446744073709551615",
+    ] {
+        let text =
+            format!(r#"{{"jsonrpc":"2.0","id":1,"method":"m","params":{{"x":[{number}]}}}}"#);
+        assert_eq!(
+            refuse(&text).2,
+            Refusal::UnsafeNumber {
+                path: "$.params.x[0]".into()
+            },
+            "{number}"
+        );
     }
-    for number in ["9007199254740991", "-9007199254740991", "1.5", "0.1", "-0", "1e15"] {
+    for number in [
+        "9007199254740991",
+        "-9007199254740991",
+        "1.5",
+        "0.1",
+        "-0",
+        "1e15",
+    ] {
         let text = format!(r#"{{"jsonrpc":"2.0","id":1,"method":"m","params":{{"x":{number}}}}}"#);
-        assert!(parse(text.as_bytes(), Limits::default()).is_ok(), "{number}");
+        assert!(
+            parse(text.as_bytes(), Limits::default()).is_ok(),
+            "{number}"
+        );
     }
 }
 
@@ -71,19 +148,54 @@ fn non_json_numbers_and_unsafe_integers_are_refused() {
 fn framing_problems_are_refused() {
     let (code, _, refusal) = refuse(r#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#);
     assert_eq!((code, refusal), (-32600, Refusal::Batch));
-    let (code, id, _) = refuse(r#"{"jsonrpc":"2.0","id":1,"method":"ping"} {"jsonrpc":"2.0","id":2,"method":"x"}"#);
+    let (code, id, _) =
+        refuse(r#"{"jsonrpc":"2.0","id":1,"method":"ping"} {"jsonrpc":"2.0","id":2,"method":"x"}"#);
     assert_eq!(code, -32700);
     assert_eq!(id, None, "trailing bytes: which message's id?");
-    assert!(parse(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\r\n\t ", Limits::default()).is_ok());
+    assert!(
+        parse(
+            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\r\n\t ",
+            Limits::default()
+        )
+        .is_ok()
+    );
     let mut bytes = br#"{"jsonrpc":"2.0","id":1,"method":"p"#.to_vec();
     bytes.extend_from_slice(&[0xff, b'"', b'}']);
     assert_eq!(refuse_bytes(&bytes), Refusal::InvalidUtf8 { offset: 35 });
-    let big = format!(r#"{{"jsonrpc":"2.0","id":1,"method":"m","params":{{"x":"{}"}}}}"#, "a".repeat(100));
-    let r = parse(big.as_bytes(), Limits { max_bytes: 64, max_depth: 64 }).unwrap_err();
-    assert_eq!(r.refusal, Refusal::TooLarge { size: big.len(), limit: 64 });
-    assert!(matches!(refuse("\u{feff}{}").2, Refusal::Syntax { .. }), "a BOM is not JSON");
-    assert!(matches!(refuse(r#"{"jsonrpc":"2.0","id":1,"method":"m",}"#).2, Refusal::Syntax { .. }));
-    assert!(matches!(refuse(r#"{"jsonrpc":"2.0","id":1,"method":"m\ud800"}"#).2, Refusal::Syntax { .. }), "lone surrogate");
+    let big = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"m","params":{{"x":"{}"}}}}"#,
+        "a".repeat(100)
+    );
+    let r = parse(
+        big.as_bytes(),
+        Limits {
+            max_bytes: 64,
+            max_depth: 64,
+        },
+    )
+    .unwrap_err();
+    assert_eq!(
+        r.refusal,
+        Refusal::TooLarge {
+            size: big.len(),
+            limit: 64
+        }
+    );
+    assert!(
+        matches!(refuse("\u{feff}{}").2, Refusal::Syntax { .. }),
+        "a BOM is not JSON"
+    );
+    assert!(matches!(
+        refuse(r#"{"jsonrpc":"2.0","id":1,"method":"m",}"#).2,
+        Refusal::Syntax { .. }
+    ));
+    assert!(
+        matches!(
+            refuse(r#"{"jsonrpc":"2.0","id":1,"method":"m\ud800"}"#).2,
+            Refusal::Syntax { .. }
+        ),
+        "lone surrogate"
+    );
 }
 
 fn refuse_bytes(bytes: &[u8]) -> Refusal {
@@ -92,11 +204,24 @@ fn refuse_bytes(bytes: &[u8]) -> Refusal {
 
 #[test]
 fn nesting_is_bounded() {
-    let limits = Limits { max_bytes: 1 << 20, max_depth: 8 };
-    let nested = |n: usize| format!(r#"{{"jsonrpc":"2.0","id":1,"method":"m","params":{{"x":{}1{}}}}}"#, "[".repeat(n), "]".repeat(n));
+    let limits = Limits {
+        max_bytes: 1 << 20,
+        max_depth: 8,
+    };
+    let nested = |n: usize| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"m","params":{{"x":{}1{}}}}}"#,
+            "[".repeat(n),
+            "]".repeat(n)
+        )
+    };
     assert!(parse(nested(6).as_bytes(), limits).is_ok());
     let r = parse(nested(7).as_bytes(), limits).unwrap_err();
-    assert!(matches!(r.refusal, Refusal::TooDeep { limit: 8, .. }), "{:?}", r.refusal);
+    assert!(
+        matches!(r.refusal, Refusal::TooDeep { limit: 8, .. }),
+        "{:?}",
+        r.refusal
+    );
     assert_eq!(r.id, Some(json!(1)));
     // Far beyond serde_json's own recursion limit: still our refusal, no crash.
     let r = parse(nested(10_000).as_bytes(), Limits::default()).unwrap_err();
@@ -112,13 +237,40 @@ fn json_rpc_shape_is_checked() {
         (r#"{"jsonrpc":"2.0","id":1.5,"method":"m"}"#, -32600),
         (r#"{"jsonrpc":"2.0","id":{},"method":"m"}"#, -32600),
         (r#"{"jsonrpc":"2.0","id":1,"method":5}"#, -32600),
-        (r#"{"jsonrpc":"2.0","id":1,"method":"m","params":"x"}"#, -32600),
-        (r#"{"jsonrpc":"2.0","id":1,"method":"m","result":{}}"#, -32600),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"m","params":"x"}"#,
+            -32600,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"m","result":{}}"#,
+            -32600,
+        ),
         (r#"{"jsonrpc":"2.0","id":1,"result":{},"error":{}}"#, -32600),
         (r#"{"jsonrpc":"2.0","id":1}"#, -32600),
         ("\"just a string\"", -32600),
     ] {
         assert_eq!(refuse(text).0, code, "{text}");
     }
-    assert_eq!(refuse(r#"{"jsonrpc":"2.0","id":"abc","method":5}"#).1, Some(json!("abc")));
+    assert_eq!(
+        refuse(r#"{"jsonrpc":"2.0","id":"abc","method":5}"#).1,
+        Some(json!("abc"))
+    );
+}
+
+/// Found by the differential test: without correctly rounded float parsing
+/// (serde_json's `float_roundtrip`), this decodes one ULP away from what
+/// Python and JavaScript read.
+#[test]
+fn floats_are_parsed_correctly_rounded() {
+    let m = parse(
+        br#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":-2.8559254e-33}}"#,
+        Limits::default(),
+    )
+    .unwrap();
+    assert_eq!(m.value["params"]["a"].as_f64(), Some(-2.8559254e-33));
+    assert!(
+        String::from_utf8(m.to_bytes())
+            .unwrap()
+            .contains("-2.8559254e-33")
+    );
 }
