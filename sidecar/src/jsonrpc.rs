@@ -222,10 +222,10 @@ fn classify(value: &Value) -> Result<Kind, Refusal> {
                 "a request cannot carry \"result\" or \"error\"",
             ));
         }
-        if let Some(p) = obj.get("params") {
-            if !(p.is_object() || p.is_array()) {
-                return Err(Refusal::Invalid("\"params\" must be an object or an array"));
-            }
+        if let Some(p) = obj.get("params")
+            && !(p.is_object() || p.is_array())
+        {
+            return Err(Refusal::Invalid("\"params\" must be an object or an array"));
         }
         return Ok(match id {
             Some(id) => Kind::Request {
@@ -260,10 +260,11 @@ fn is_valid_id(id: &Value) -> bool {
 /// After a refusal, the id if a lenient parse can still tell it and the
 /// refusal is not about the id itself.
 fn recover_id(bytes: &[u8], refusal: &Refusal) -> Option<Value> {
-    if let Refusal::DuplicateKey { path, key } = refusal {
-        if path == "$" && fold(key) == "id" {
-            return None;
-        }
+    if let Refusal::DuplicateKey { path, key } = refusal
+        && path == "$"
+        && fold(key) == "id"
+    {
+        return None;
     }
     if matches!(
         refusal,
