@@ -1,0 +1,303 @@
+//! ToolConnection documents: a remote MCP server (or, standalone only, a
+//! stdio command), shaped exactly like the future custom resource. Header
+//! values come from environment variables or files where the cluster will use
+//! Secrets; they are held as secrets that cannot be printed.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use secrecy::SecretString;
+use serde::Deserialize;
+
+use super::ConfigError;
+
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1_000_000;
+pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(30);
+pub const DEFAULT_HEALTH_DEADLINE: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ToolConnectionDoc {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: Metadata,
+    pub spec: ToolConnectionSpec,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Metadata {
+    pub name: String,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ToolConnectionSpec {
+    #[serde(default)]
+    pub url: Option<String>,
+    /// Standalone only: run this stdio MCP server as a child process.
+    #[serde(default)]
+    pub command: Option<Vec<String>>,
+    #[serde(default)]
+    pub headers: Vec<HeaderSpec>,
+    #[serde(default)]
+    pub bearer_token: Option<ValueSpec>,
+    #[serde(default)]
+    pub timeout_seconds: Option<u64>,
+    #[serde(default)]
+    pub max_response_bytes: Option<usize>,
+    #[serde(default)]
+    pub health_check: Option<HealthCheckSpec>,
+    #[serde(default)]
+    pub tool_prefix: Option<String>,
+    #[serde(default)]
+    pub client_capabilities: ClientCapabilities,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HeaderSpec {
+    pub name: String,
+    pub value_from: ValueSource,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ValueSpec {
+    pub value_from: ValueSource,
+}
+
+/// Where a secret value comes from. `secretKeyRef` is the Kubernetes form;
+/// standalone mode reads environment variables and files.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ValueSource {
+    #[serde(default)]
+    pub env: Option<String>,
+    #[serde(default)]
+    pub file: Option<String>,
+    #[serde(default)]
+    pub secret_key_ref: Option<SecretKeyRef>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretKeyRef {
+    pub name: String,
+    pub key: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HealthCheckSpec {
+    #[serde(default)]
+    pub interval_seconds: Option<u64>,
+    #[serde(default)]
+    pub timeout_seconds: Option<u64>,
+}
+
+/// Client capabilities offered to the upstream: none unless opted in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientCapabilities {
+    #[serde(default)]
+    pub sampling: bool,
+    #[serde(default)]
+    pub elicitation: bool,
+    #[serde(default)]
+    pub roots: bool,
+}
+
+/// A validated connection.
+#[derive(Debug, Clone)]
+pub struct Connection {
+    pub name: String,
+    pub endpoint: Endpoint,
+    /// Resolved header values, or why they could not be resolved (then the
+    /// connection needs credentials and nothing is sent upstream).
+    pub credentials: Result<Vec<(String, SecretString)>, String>,
+    pub timeout: Duration,
+    pub max_response_bytes: usize,
+    pub health_interval: Duration,
+    pub health_deadline: Duration,
+    /// Agent-facing tool names are `{prefix}{name}` (the prefix includes any
+    /// separator the author wants, e.g. `github_`).
+    pub tool_prefix: String,
+    pub capabilities: ClientCapabilities,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    Http { url: String },
+    Stdio { command: Vec<String> },
+}
+
+impl Connection {
+    pub fn from_doc(doc: ToolConnectionDoc, at: &str) -> Result<Connection, ConfigError> {
+        let fail = |field: &str, message: String| Err(ConfigError::at(at, field, message));
+        if doc.api_version != aip_policy::document::API_VERSION {
+            return fail(
+                "apiVersion",
+                format!("must be {:?}", aip_policy::document::API_VERSION),
+            );
+        }
+        if let Some(problem) = aip_policy::kubernetes::name_problem(&doc.metadata.name) {
+            return fail(
+                "metadata.name",
+                format!("is not a valid Kubernetes name: it {problem}"),
+            );
+        }
+        let spec = doc.spec;
+        let endpoint = match (spec.url, spec.command) {
+            (Some(url), None) => {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    return fail(
+                        "spec.url",
+                        format!("must be an http:// or https:// URL, found {url:?}"),
+                    );
+                }
+                Endpoint::Http { url }
+            }
+            (None, Some(command)) if !command.is_empty() => Endpoint::Stdio { command },
+            (None, Some(_)) => return fail("spec.command", "must name a program".to_owned()),
+            (Some(_), Some(_)) => {
+                return fail("spec", "give either url or command, not both".to_owned());
+            }
+            (None, None) => {
+                return fail(
+                    "spec",
+                    "a connection needs url (or, standalone, command)".to_owned(),
+                );
+            }
+        };
+        let timeout =
+            Duration::from_secs(spec.timeout_seconds.unwrap_or(DEFAULT_TIMEOUT.as_secs()));
+        if timeout.is_zero() || timeout > MAX_TIMEOUT {
+            return fail(
+                "spec.timeoutSeconds",
+                format!("must be 1..{}", MAX_TIMEOUT.as_secs()),
+            );
+        }
+        let max_response_bytes = spec
+            .max_response_bytes
+            .unwrap_or(DEFAULT_MAX_RESPONSE_BYTES);
+        if max_response_bytes < 1024 {
+            return fail("spec.maxResponseBytes", "must be at least 1024".to_owned());
+        }
+        let health = spec.health_check.unwrap_or(HealthCheckSpec {
+            interval_seconds: None,
+            timeout_seconds: None,
+        });
+        let health_interval = Duration::from_secs(
+            health
+                .interval_seconds
+                .unwrap_or(DEFAULT_HEALTH_INTERVAL.as_secs()),
+        );
+        let health_deadline = Duration::from_secs(
+            health
+                .timeout_seconds
+                .unwrap_or(DEFAULT_HEALTH_DEADLINE.as_secs()),
+        );
+        if health_interval.is_zero() || health_deadline.is_zero() {
+            return fail(
+                "spec.healthCheck",
+                "intervalSeconds and timeoutSeconds must be at least 1".to_owned(),
+            );
+        }
+        let tool_prefix = spec.tool_prefix.unwrap_or_default();
+        if !tool_prefix
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        {
+            return fail(
+                "spec.toolPrefix",
+                "may hold only letters, digits, '_', '-' and '.'".to_owned(),
+            );
+        }
+        for (i, h) in spec.headers.iter().enumerate() {
+            let lower = h.name.to_ascii_lowercase();
+            if h.name.is_empty()
+                || !h
+                    .name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+            {
+                return fail(
+                    &format!("spec.headers[{i}].name"),
+                    format!("{:?} is not a valid header name", h.name),
+                );
+            }
+            if matches!(
+                lower.as_str(),
+                "mcp-session-id"
+                    | "mcp-protocol-version"
+                    | "content-type"
+                    | "content-length"
+                    | "host"
+            ) {
+                return fail(
+                    &format!("spec.headers[{i}].name"),
+                    format!("{} is set by the gateway itself", h.name),
+                );
+            }
+        }
+        Ok(Connection {
+            name: doc.metadata.name,
+            endpoint,
+            credentials: resolve_credentials(&spec.headers, spec.bearer_token.as_ref()),
+            timeout,
+            max_response_bytes,
+            health_interval,
+            health_deadline,
+            tool_prefix,
+            capabilities: spec.client_capabilities,
+        })
+    }
+}
+
+fn resolve_credentials(
+    headers: &[HeaderSpec],
+    bearer: Option<&ValueSpec>,
+) -> Result<Vec<(String, SecretString)>, String> {
+    let mut out = Vec::new();
+    for (i, h) in headers.iter().enumerate() {
+        let value = resolve(&h.value_from).map_err(|e| format!("spec.headers[{i}]: {e}"))?;
+        out.push((h.name.clone(), value));
+    }
+    if let Some(b) = bearer {
+        let token = resolve(&b.value_from).map_err(|e| format!("spec.bearerToken: {e}"))?;
+        let value = format!("Bearer {}", secrecy::ExposeSecret::expose_secret(&token));
+        out.push(("authorization".to_owned(), SecretString::from(value)));
+    }
+    Ok(out)
+}
+
+/// Reads one secret value. Errors name the source, never the value.
+fn resolve(source: &ValueSource) -> Result<SecretString, String> {
+    match (&source.env, &source.file, &source.secret_key_ref) {
+        (Some(var), None, None) => match std::env::var(var) {
+            Ok(v) if !v.is_empty() => Ok(SecretString::from(v)),
+            _ => Err(format!("environment variable {var} is not set")),
+        },
+        (None, Some(path), None) => match std::fs::read_to_string(path) {
+            Ok(v) if !v.trim().is_empty() => Ok(SecretString::from(
+                v.trim_end_matches(['\r', '\n']).to_owned(),
+            )),
+            Ok(_) => Err(format!("file {path} is empty")),
+            Err(e) => Err(format!("cannot read file {path}: {}", e.kind())),
+        },
+        (None, None, Some(r)) => Err(format!(
+            "secretKeyRef {}/{} needs the operator; standalone mode reads env or file",
+            r.name, r.key
+        )),
+        _ => Err("valueFrom needs exactly one of env, file, secretKeyRef".to_owned()),
+    }
+}

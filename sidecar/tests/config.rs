@@ -1,0 +1,222 @@
+//! The standalone configuration file: multi-document YAML, field-path errors,
+//! secrets that never print, and reload that keeps the last good config.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use aip_policy::{CompileOptions, Decision};
+use aip_sidecar::config::{Endpoint, file};
+use secrecy::ExposeSecret;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+const POLICY: &str = "apiVersion: aip.io/v1alpha1
+kind: AgentPolicy
+metadata: {name: agent}
+spec:
+  allowed_tools: [inventory_get_item]
+";
+
+fn connection(name: &str, spec: &str) -> String {
+    format!(
+        "---\napiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {{name: {name}}}\nspec:\n{spec}"
+    )
+}
+
+fn parse(text: &str) -> Result<aip_sidecar::config::Config, Vec<String>> {
+    file::parse(text, &CompileOptions::default())
+        .map_err(|e| e.0.iter().map(ToString::to_string).collect())
+}
+
+#[test]
+fn a_policy_and_connections() {
+    let dir = std::env::temp_dir().join(format!("aip-sidecar-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, "file-secret-value\n").unwrap();
+    // HOME is always set; setting a variable of our own would need unsafe.
+    let home = std::env::var("HOME").unwrap();
+    let text = format!(
+        "{POLICY}{}{}",
+        connection(
+            "inventory",
+            &format!(
+                "  url: http://127.0.0.1:9/mcp\n  toolPrefix: inventory_\n  timeoutSeconds: 5\n  headers:\n    - name: X-Api-Key\n      valueFrom: {{env: HOME}}\n  bearerToken:\n    valueFrom: {{file: {}}}\n",
+                token_file.display()
+            )
+        ),
+        connection(
+            "local",
+            "  command: [aip-fault-server, --config, x.yaml, --stdio]\n"
+        ),
+    );
+    let config = parse(&text).unwrap();
+    assert_eq!(config.connections.len(), 2);
+    let inv = config.connection("inventory").unwrap();
+    assert_eq!(
+        inv.endpoint,
+        Endpoint::Http {
+            url: "http://127.0.0.1:9/mcp".into()
+        }
+    );
+    assert_eq!(inv.timeout, Duration::from_secs(5));
+    assert_eq!(inv.max_response_bytes, 1_000_000);
+    let creds = inv.credentials.as_ref().unwrap();
+    assert_eq!(creds[0].0, "X-Api-Key");
+    assert_eq!(creds[0].1.expose_secret(), home);
+    assert_eq!(creds[1].1.expose_secret(), "Bearer file-secret-value");
+    let printed = format!("{config:?}");
+    assert!(
+        !printed.contains(&home) && !printed.contains("file-secret-value"),
+        "secrets never print"
+    );
+    assert_eq!(
+        config.connection("local").unwrap().endpoint,
+        Endpoint::Stdio {
+            command: vec![
+                "aip-fault-server".into(),
+                "--config".into(),
+                "x.yaml".into(),
+                "--stdio".into()
+            ]
+        }
+    );
+    let v = config
+        .evaluator
+        .evaluate_call(&json!(1), "inventory_get_item", &json!({}));
+    assert_eq!(v.decision, Decision::Allow);
+}
+
+#[test]
+fn unresolvable_credentials_leave_the_connection_without_them() {
+    let text = format!(
+        "{POLICY}{}",
+        connection(
+            "c",
+            "  url: http://x/mcp\n  headers:\n    - name: X-Key\n      valueFrom: {env: AIP_TEST_SURELY_UNSET_VAR}\n"
+        )
+    );
+    let config = parse(&text).unwrap();
+    let err = config
+        .connection("c")
+        .unwrap()
+        .credentials
+        .as_ref()
+        .unwrap_err();
+    assert_eq!(
+        err,
+        "spec.headers[0]: environment variable AIP_TEST_SURELY_UNSET_VAR is not set"
+    );
+    let text = format!(
+        "{POLICY}{}",
+        connection(
+            "k",
+            "  url: http://x/mcp\n  bearerToken:\n    valueFrom: {secretKeyRef: {name: s, key: token}}\n"
+        )
+    );
+    let err = parse(&text)
+        .unwrap()
+        .connection("k")
+        .unwrap()
+        .credentials
+        .clone()
+        .unwrap_err();
+    assert!(
+        err.contains("secretKeyRef s/token needs the operator"),
+        "{err}"
+    );
+}
+
+#[test]
+fn errors_name_document_and_field() {
+    let text = format!(
+        "{}{}{}{}{}---\nkind: Secret\nmetadata: {{name: s}}\n",
+        POLICY.replace("allowed_tools", "allowed_toolz"),
+        connection("a", "  url: ftp://x\n"),
+        connection("b", "  url: http://x/mcp\n  timeoutSeconds: 61\n"),
+        connection("c", "  url: http://x/mcp\n  retries: 3\n"),
+        connection(
+            "a2",
+            "  url: http://x/mcp\n  headers:\n    - name: Mcp-Session-Id\n      valueFrom: {env: X}\n"
+        ),
+    );
+    assert_eq!(
+        parse(&text).unwrap_err(),
+        vec![
+            "document 1 (AgentPolicy agent): spec.allowed_toolz: unknown field; expected one of: mode, allowed_tools, allowed_methods, denied_methods, protected_paths, strict_args_default, tool_rules, dlp",
+            "document 2 (ToolConnection a): spec.url: must be an http:// or https:// URL, found \"ftp://x\"",
+            "document 3 (ToolConnection b): spec.timeoutSeconds: must be 1..60",
+            "document 4 (ToolConnection c): spec.retries: unknown field `retries`, expected one of `url`, `command`, `headers`, `bearerToken`, `timeoutSeconds`, `maxResponseBytes`, `healthCheck`, `toolPrefix`, `clientCapabilities`",
+            "document 5 (ToolConnection a2): spec.headers[0].name: Mcp-Session-Id is set by the gateway itself",
+            "document 6: kind: expected AgentPolicy or ToolConnection, found Some(\"Secret\")",
+        ]
+    );
+    assert_eq!(
+        parse(&format!("{POLICY}---\n{POLICY}")).unwrap_err(),
+        vec![
+            "document 2 (AgentPolicy agent): a configuration holds one AgentPolicy; this is the second"
+        ]
+    );
+}
+
+#[test]
+fn no_policy_means_every_tool_call_is_blocked() {
+    let config = parse(&connection("c", "  url: http://x/mcp\n")).unwrap();
+    let v = config
+        .evaluator
+        .evaluate_call(&json!(1), "anything", &json!({}));
+    assert_eq!(
+        (v.decision, v.error().unwrap().code),
+        (Decision::Block, -32001)
+    );
+}
+
+#[tokio::test]
+async fn reload_replaces_a_valid_config_and_keeps_the_old_on_errors() {
+    let dir = std::env::temp_dir().join(format!("aip-sidecar-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("gateway.yaml");
+    std::fs::write(&path, POLICY).unwrap();
+    let shutdown = CancellationToken::new();
+    let mut watched = file::watch(path.clone(), Duration::from_millis(20), shutdown.clone());
+    assert!(watched.errors.borrow().is_none());
+    let allowed = |watched: &file::Watched, tool: &str| {
+        watched
+            .config
+            .borrow()
+            .evaluator
+            .evaluate_call(&json!(1), tool, &json!({}))
+            .decision
+            == Decision::Allow
+    };
+    assert!(allowed(&watched, "inventory_get_item"));
+    let patience = Duration::from_secs(10);
+    // A valid change is picked up.
+    std::fs::write(
+        &path,
+        POLICY.replace("inventory_get_item", "inventory_list"),
+    )
+    .unwrap();
+    tokio::time::timeout(patience, watched.config.changed())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(allowed(&watched, "inventory_list"));
+    // An invalid change is refused with its errors; the old config stays.
+    std::fs::write(&path, POLICY.replace("allowed_tools", "allowed_toolz")).unwrap();
+    tokio::time::timeout(patience, watched.errors.changed())
+        .await
+        .unwrap()
+        .unwrap();
+    let errors = watched.errors.borrow().clone().unwrap();
+    assert!(
+        errors
+            .to_string()
+            .starts_with("document 1 (AgentPolicy agent): spec.allowed_toolz: unknown field"),
+        "{errors}"
+    );
+    assert!(!watched.config.has_changed().unwrap());
+    assert!(allowed(&watched, "inventory_list"));
+    shutdown.cancel();
+}
