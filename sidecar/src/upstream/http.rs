@@ -1,0 +1,536 @@
+//! A Streamable HTTP MCP client for one ToolConnection: a cached session
+//! (initialized single-flight), requests answered as JSON or SSE, SSE streams
+//! resumed with Last-Event-ID, and every failure classified.
+//!
+//! It never follows redirects, never sends a tools/call twice, and sends only
+//! the connection's own credentials.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::header::{HeaderMap, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode, Uri};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use secrecy::{ExposeSecret, SecretString};
+use serde_json::{Value, json};
+use tokio::sync::Mutex;
+
+use super::failure::{Failure, insufficient_scope};
+use super::sse;
+use crate::config::{Connection, Endpoint};
+use crate::jsonrpc::{self, Limits};
+
+/// The protocol version the gateway asks for, and those it accepts back.
+pub const PROTOCOL_VERSION: &str = "2025-11-25";
+pub const ACCEPTED_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26"];
+/// How long a best-effort cancellation of an abandoned request may take.
+const CANCEL_DEADLINE: Duration = Duration::from_millis(500);
+/// How many times one request may resume a closed SSE stream.
+const MAX_RESUMES: usize = 16;
+
+/// A live upstream session.
+#[derive(Debug, Clone)]
+pub struct Session {
+    pub id: Option<String>,
+    pub protocol_version: String,
+    generation: u64,
+}
+
+/// What came back for a request: the response, and any server messages
+/// (notifications, requests) that arrived before it on the same stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Exchange {
+    pub response: Value,
+    pub server_messages: Vec<Value>,
+    /// The session that carried the exchange.
+    pub session_id: Option<String>,
+}
+
+pub struct HttpUpstream {
+    connection: Arc<Connection>,
+    uri: Uri,
+    client: Client<HttpConnector, Full<Bytes>>,
+    session: Mutex<Option<Session>>,
+    generation: AtomicU64,
+    next_id: AtomicU64,
+}
+
+impl HttpUpstream {
+    pub fn new(connection: Arc<Connection>) -> Result<HttpUpstream, String> {
+        let Endpoint::Http { url } = &connection.endpoint else {
+            return Err(format!(
+                "connection {} is not an HTTP connection",
+                connection.name
+            ));
+        };
+        let uri: Uri = url
+            .parse()
+            .map_err(|e| format!("connection {}: bad url: {e}", connection.name))?;
+        if uri.scheme_str() != Some("http") {
+            return Err(format!(
+                "connection {}: only http:// upstreams are supported so far",
+                connection.name
+            ));
+        }
+        let client = Client::builder(TokioExecutor::new()).build_http();
+        Ok(HttpUpstream {
+            connection,
+            uri,
+            client,
+            session: Mutex::new(None),
+            generation: AtomicU64::new(0),
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    pub fn connection(&self) -> &Connection {
+        &self.connection
+    }
+
+    /// Sends one request (it must carry an id) and returns its response.
+    /// The connection's timeout covers handshake, call and body. The request
+    /// is sent at most once, whatever happens.
+    pub async fn request(&self, message: &Value) -> Result<Exchange, Failure> {
+        let mut used: Option<Session> = None;
+        let outcome = tokio::time::timeout(self.connection.timeout, async {
+            let session = self.session().await?;
+            used = Some(session.clone());
+            self.exchange(&session, message).await
+        })
+        .await
+        .unwrap_or(Err(Failure::Timeout));
+        if let (Err(Failure::Timeout), Some(session), Some(id)) =
+            (&outcome, &used, message.get("id"))
+        {
+            self.cancel_abandoned(session, id).await;
+        }
+        if let (Err(failure), Some(session)) = (&outcome, &used) {
+            let stale_session = *failure == Failure::HttpStatus(404) && session.id.is_some();
+            if failure.session_effect() == super::failure::SessionEffect::Discard || stale_session {
+                self.discard(session).await;
+            }
+        }
+        outcome
+    }
+
+    /// Tells the upstream that a request it may still be running was given
+    /// up (MCP: the sender of a timed-out request should cancel it). Best
+    /// effort, bounded, on the session that carried the request.
+    async fn cancel_abandoned(&self, session: &Session, id: &Value) {
+        let cancel = json!({
+            "jsonrpc": "2.0", "method": "notifications/cancelled",
+            "params": {"requestId": id, "reason": "the gateway's deadline passed"}
+        });
+        let _ = tokio::time::timeout(CANCEL_DEADLINE, self.post(Some(session), &cancel)).await;
+    }
+
+    /// Sends a notification (no response expected).
+    pub async fn notify(&self, message: &Value) -> Result<(), Failure> {
+        tokio::time::timeout(self.connection.timeout, async {
+            let session = self.session().await?;
+            let response = self.post(Some(&session), message).await?;
+            match response.status() {
+                s if s.is_success() => Ok(()),
+                s => Err(status_failure(s, response.headers())),
+            }
+        })
+        .await
+        .unwrap_or(Err(Failure::Timeout))
+    }
+
+    /// A health check: a fresh initialize, notifications/initialized and
+    /// tools/list within the connection's health deadline. The session it
+    /// makes becomes the cached one. Returns the tools listed.
+    pub async fn health_check(&self) -> Result<Vec<Value>, Failure> {
+        tokio::time::timeout(self.connection.health_deadline, async {
+            let session = self.initialize().await?;
+            *self.session.lock().await = Some(session.clone());
+            let list =
+                json!({"jsonrpc": "2.0", "id": self.fresh_id("list"), "method": "tools/list"});
+            let exchange = self.exchange(&session, &list).await?;
+            tools_of(&exchange.response)
+        })
+        .await
+        .unwrap_or(Err(Failure::Timeout))
+    }
+
+    /// The cached session, initializing one if there is none. The lock is
+    /// held while initializing, so concurrent callers wait for one handshake.
+    pub async fn session(&self) -> Result<Session, Failure> {
+        let mut slot = self.session.lock().await;
+        if let Some(s) = slot.as_ref() {
+            return Ok(s.clone());
+        }
+        let fresh = self.initialize().await?;
+        *slot = Some(fresh.clone());
+        Ok(fresh)
+    }
+
+    /// Drops `session` if it is still the cached one (a newer one is kept).
+    pub async fn discard(&self, session: &Session) {
+        let mut slot = self.session.lock().await;
+        if slot
+            .as_ref()
+            .is_some_and(|s| s.generation == session.generation)
+        {
+            *slot = None;
+        }
+    }
+
+    async fn initialize(&self) -> Result<Session, Failure> {
+        let capabilities = self.client_capabilities();
+        let init = json!({
+            "jsonrpc": "2.0", "id": self.fresh_id("init"), "method": "initialize",
+            "params": {
+                "protocolVersion": PROTOCOL_VERSION,
+                "capabilities": capabilities,
+                "clientInfo": {"name": "aip-sidecar", "version": env!("CARGO_PKG_VERSION")},
+            }
+        });
+        let bootstrap = Session {
+            id: None,
+            protocol_version: PROTOCOL_VERSION.to_owned(),
+            generation: 0,
+        };
+        let exchange = self
+            .exchange(&bootstrap, &init)
+            .await
+            .map_err(init_failure)?;
+        let result = exchange.response.get("result").ok_or_else(|| {
+            init_failure(Failure::Malformed(
+                "initialize was answered with an error".into(),
+            ))
+        })?;
+        let version = result
+            .get("protocolVersion")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if !ACCEPTED_VERSIONS.contains(&version) {
+            return Err(init_failure(Failure::Malformed(format!(
+                "unsupported protocol version {version:?}"
+            ))));
+        }
+        let session = Session {
+            id: exchange.session_id,
+            protocol_version: version.to_owned(),
+            generation: self.generation.fetch_add(1, Ordering::Relaxed) + 1,
+        };
+        let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        let response = self
+            .post(Some(&session), &initialized)
+            .await
+            .map_err(init_failure)?;
+        if !response.status().is_success() {
+            return Err(init_failure(status_failure(
+                response.status(),
+                response.headers(),
+            )));
+        }
+        Ok(session)
+    }
+
+    fn client_capabilities(&self) -> Value {
+        let c = self.connection.capabilities;
+        let mut caps = serde_json::Map::new();
+        if c.sampling {
+            caps.insert("sampling".into(), json!({}));
+        }
+        if c.elicitation {
+            caps.insert("elicitation".into(), json!({}));
+        }
+        if c.roots {
+            caps.insert("roots".into(), json!({"listChanged": false}));
+        }
+        Value::Object(caps)
+    }
+
+    fn fresh_id(&self, kind: &str) -> String {
+        format!(
+            "aip-{kind}-{}",
+            self.next_id.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    /// One POST and its response (JSON, or SSE read until the matching id,
+    /// resuming closed streams).
+    async fn exchange(&self, session: &Session, message: &Value) -> Result<Exchange, Failure> {
+        let id = message.get("id").cloned().unwrap_or(Value::Null);
+        let response = self
+            .post(Some(session).filter(|s| s.generation != 0), message)
+            .await?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(status_failure(status, response.headers()));
+        }
+        let session_id =
+            header(response.headers(), "mcp-session-id").or_else(|| session.id.clone());
+        let content_type = header(response.headers(), "content-type").unwrap_or_default();
+        let mut budget = self.connection.max_response_bytes;
+        let (response, server_messages) = if content_type.starts_with("text/event-stream") {
+            self.read_sse(response, &id, session_id.as_deref(), &mut budget)
+                .await?
+        } else {
+            let body =
+                read_limited(response, &mut budget, self.connection.max_response_bytes).await?;
+            (
+                parse_response(&body, &id, self.connection.max_response_bytes)?,
+                Vec::new(),
+            )
+        };
+        Ok(Exchange {
+            response,
+            server_messages,
+            session_id,
+        })
+    }
+
+    async fn read_sse(
+        &self,
+        mut response: Response<Incoming>,
+        id: &Value,
+        session_id: Option<&str>,
+        budget: &mut usize,
+    ) -> Result<(Value, Vec<Value>), Failure> {
+        let limit = self.connection.max_response_bytes;
+        let mut parser = sse::Parser::default();
+        let mut server_messages = Vec::new();
+        let mut retry = Duration::from_millis(1000);
+        for _ in 0..=MAX_RESUMES {
+            loop {
+                let frame = match response.body_mut().frame().await {
+                    None => break,
+                    Some(Err(e)) => return Err(Failure::Network(e.to_string())),
+                    Some(Ok(frame)) => frame,
+                };
+                let Some(chunk) = frame.data_ref() else {
+                    continue;
+                };
+                *budget = budget
+                    .checked_sub(chunk.len())
+                    .ok_or(Failure::TooLarge { limit })?;
+                for event in parser.push(chunk) {
+                    if let Some(ms) = event.retry_ms {
+                        retry = Duration::from_millis(ms);
+                    }
+                    if event.data.trim().is_empty() {
+                        continue; // a priming event
+                    }
+                    let message = jsonrpc::parse_value(
+                        event.data.as_bytes(),
+                        Limits {
+                            max_bytes: limit,
+                            max_depth: 64,
+                        },
+                    )
+                    .map_err(|e| Failure::Malformed(e.to_string()))?;
+                    if message.get("id") == Some(id) && message.get("method").is_none() {
+                        return check_response(message).map(|r| (r, server_messages));
+                    }
+                    server_messages.push(message);
+                }
+            }
+            // The stream closed without our response. With an event id that
+            // is polling, not failure: resume after the server's retry.
+            let Some(last) = parser.last_id().map(str::to_owned) else {
+                return Err(Failure::Network(
+                    "the stream closed before any event id".into(),
+                ));
+            };
+            tokio::time::sleep(retry).await;
+            response = self.resume(session_id, &last).await?;
+        }
+        Err(Failure::Network(format!(
+            "the stream was resumed {MAX_RESUMES} times without a response"
+        )))
+    }
+
+    async fn resume(
+        &self,
+        session_id: Option<&str>,
+        last_event_id: &str,
+    ) -> Result<Response<Incoming>, Failure> {
+        let mut request = Request::builder().method(Method::GET).uri(self.uri.clone());
+        request = request
+            .header("accept", "text/event-stream")
+            .header("last-event-id", last_event_id);
+        if let Some(s) = session_id {
+            request = request.header("mcp-session-id", s);
+        }
+        let request = self.with_credentials(request)?;
+        let request = request
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| Failure::Network(e.to_string()))?;
+        let response = self
+            .client
+            .request(request)
+            .await
+            .map_err(|e| Failure::Network(network_text(&e)))?;
+        if !response.status().is_success() {
+            // A resume that fails counts as the network failing.
+            return Err(match response.status() {
+                StatusCode::UNAUTHORIZED => Failure::AuthFailed,
+                s => Failure::Network(format!("resume refused with HTTP {}", s.as_u16())),
+            });
+        }
+        Ok(response)
+    }
+
+    async fn post(
+        &self,
+        session: Option<&Session>,
+        message: &Value,
+    ) -> Result<Response<Incoming>, Failure> {
+        let body = serde_json::to_vec(message).unwrap_or_default();
+        let mut request = Request::builder()
+            .method(Method::POST)
+            .uri(self.uri.clone())
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream");
+        if let Some(s) = session {
+            if let Some(id) = &s.id {
+                request = request.header("mcp-session-id", id);
+            }
+            request = request.header("mcp-protocol-version", &s.protocol_version);
+        }
+        let request = self.with_credentials(request)?;
+        let request = request
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| Failure::Network(e.to_string()))?;
+        self.client
+            .request(request)
+            .await
+            .map_err(|e| Failure::Network(network_text(&e)))
+    }
+
+    /// Adds the connection's own credential headers (marked sensitive).
+    fn with_credentials(
+        &self,
+        mut request: hyper::http::request::Builder,
+    ) -> Result<hyper::http::request::Builder, Failure> {
+        let credentials = self
+            .connection
+            .credentials
+            .as_ref()
+            .map_err(|e| Failure::CredentialsMissing(e.clone()))?;
+        for (name, value) in credentials {
+            request = request.header(name.as_str(), sensitive(value)?);
+        }
+        Ok(request)
+    }
+}
+
+fn sensitive(value: &SecretString) -> Result<HeaderValue, Failure> {
+    let mut v = HeaderValue::from_str(value.expose_secret()).map_err(|_| {
+        Failure::CredentialsMissing("a credential is not a valid header value".into())
+    })?;
+    v.set_sensitive(true);
+    Ok(v)
+}
+
+/// hyper's error chain, without anything that could echo a header.
+fn network_text(e: &hyper_util::client::legacy::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+fn header(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+fn status_failure(status: StatusCode, headers: &HeaderMap) -> Failure {
+    match status {
+        StatusCode::UNAUTHORIZED => Failure::AuthFailed,
+        StatusCode::FORBIDDEN => Failure::Forbidden {
+            scope: header(headers, "www-authenticate")
+                .as_deref()
+                .and_then(insufficient_scope),
+        },
+        s => Failure::HttpStatus(s.as_u16()),
+    }
+}
+
+/// Failures while initializing: 401/403 are credential evidence.
+fn init_failure(failure: Failure) -> Failure {
+    match failure {
+        Failure::AuthFailed => Failure::InitAuthFailed(401),
+        Failure::Forbidden { .. } => Failure::InitAuthFailed(403),
+        Failure::CredentialsMissing(e) => Failure::CredentialsMissing(e),
+        Failure::InitFailed(inner) => Failure::InitFailed(inner),
+        other => Failure::InitFailed(Box::new(other)),
+    }
+}
+
+async fn read_limited(
+    mut response: Response<Incoming>,
+    budget: &mut usize,
+    limit: usize,
+) -> Result<Vec<u8>, Failure> {
+    let declared =
+        header(response.headers(), "content-length").and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(Failure::TooLarge { limit });
+    }
+    let mut body = Vec::new();
+    while let Some(frame) = response.body_mut().frame().await {
+        let frame = frame.map_err(|e| Failure::Network(e.to_string()))?;
+        if let Some(chunk) = frame.data_ref() {
+            *budget = budget
+                .checked_sub(chunk.len())
+                .ok_or(Failure::TooLarge { limit })?;
+            body.extend_from_slice(chunk);
+        }
+    }
+    Ok(body)
+}
+
+fn parse_response(body: &[u8], id: &Value, limit: usize) -> Result<Value, Failure> {
+    let message = jsonrpc::parse_value(
+        body,
+        Limits {
+            max_bytes: limit,
+            max_depth: 64,
+        },
+    )
+    .map_err(|e| Failure::Malformed(e.to_string()))?;
+    if message.get("id") != Some(id) {
+        return Err(Failure::Malformed(
+            "no response with the request's id".into(),
+        ));
+    }
+    check_response(message)
+}
+
+/// A response must carry exactly one of result (an object) and error.
+fn check_response(message: Value) -> Result<Value, Failure> {
+    match (message.get("result"), message.get("error")) {
+        (Some(Value::Object(_)), None) => Ok(message),
+        (None, Some(Value::Object(e))) if e.get("code").is_some_and(Value::is_i64) => Ok(message),
+        _ => Err(Failure::Malformed(
+            "the response has no valid result or error".into(),
+        )),
+    }
+}
+
+/// The tools of a tools/list response.
+pub fn tools_of(response: &Value) -> Result<Vec<Value>, Failure> {
+    response
+        .pointer("/result/tools")
+        .and_then(Value::as_array)
+        .cloned()
+        .ok_or_else(|| Failure::Malformed("tools/list result has no tools array".into()))
+}
