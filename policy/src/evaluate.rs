@@ -429,6 +429,41 @@ fn check_tool(policy: &CompiledPolicy, call: &ToolCall<'_>) -> ToolOutcome {
     }
 }
 
+/// How a tool appears in tools/list: the tool-level part of the decision,
+/// before any arguments are known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listing {
+    /// Callable (subject to argument checks).
+    Listed,
+    /// Callable after a person approves each call.
+    Ask,
+    /// Blocked by a rule or absent from allowed_tools.
+    Hidden,
+}
+
+impl Evaluator {
+    /// The tool-level decision for listing. Monitor mode lists what enforce
+    /// mode would hide (its calls pass as violations); no policy hides all.
+    pub fn listing(&self, tool: &str) -> Listing {
+        let Some(policy) = &self.policy else {
+            return Listing::Hidden;
+        };
+        let entry = lookup_tool(policy, tool);
+        let rule = entry.and_then(|e| e.rule.as_ref());
+        let listing = match rule.map(|r| r.action) {
+            Some(Action::Ask) => return Listing::Ask,
+            Some(Action::Block) => Listing::Hidden,
+            Some(Action::Allow) => Listing::Listed,
+            None if entry.is_some_and(|e| e.listed) => Listing::Listed,
+            None => Listing::Hidden,
+        };
+        if listing == Listing::Hidden && policy.mode == Mode::Monitor {
+            return Listing::Listed;
+        }
+        listing
+    }
+}
+
 /// Finds a tool's entry by its normalized name. Every key is already normal
 /// and normalization is idempotent, so a raw name that is a key is its own
 /// normal form: only a miss has to be normalized and tried again.

@@ -34,7 +34,7 @@ pub use compile::{CompileOptions, DEFAULT_ALLOWED_METHODS, Evaluator};
 pub use dlp::{DlpEvent, Redacted, Redactor};
 pub use document::{AgentPolicy, FieldError, Mode, PolicyErrors};
 pub use errors::{RpcError, Subject, codes};
-pub use evaluate::{Approval, Cause, Decision, Verdict, arg_string};
+pub use evaluate::{Approval, Cause, Decision, Listing, Verdict, arg_string};
 pub use message::{MessageError, Request, ToolCall};
 pub use normalize::normalize_name;
 pub use ratelimit::{ManualClock, RateClock, RateLimit};

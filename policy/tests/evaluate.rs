@@ -496,3 +496,30 @@ mod audit {
         );
     }
 }
+
+mod listing {
+    use super::*;
+    use aip_policy::Listing;
+
+    #[test]
+    fn tool_level_listing_ignores_arguments() {
+        let e = policy(
+            "allowed_tools: [read]\ntool_rules:\n  - {tool: fetch, allow_args: {url: '^https://'}}\n  - {tool: rm, action: block}\n  - {tool: deploy, action: ask}",
+        );
+        assert_eq!(e.listing("read"), Listing::Listed);
+        assert_eq!(e.listing("READ"), Listing::Listed);
+        assert_eq!(
+            e.listing("fetch"),
+            Listing::Listed,
+            "argument rules do not hide a tool"
+        );
+        assert_eq!(e.listing("rm"), Listing::Hidden);
+        assert_eq!(e.listing("deploy"), Listing::Ask);
+        assert_eq!(e.listing("other"), Listing::Hidden);
+        assert_eq!(Evaluator::deny_all().listing("read"), Listing::Hidden);
+        let monitor = policy(
+            "mode: monitor\nallowed_tools: [read]\ntool_rules:\n  - {tool: rm, action: block}",
+        );
+        assert_eq!(monitor.listing("rm"), Listing::Listed);
+    }
+}

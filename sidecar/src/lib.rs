@@ -9,6 +9,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod approvals;
 pub mod config;
 pub mod jsonrpc;
 pub mod upstream;

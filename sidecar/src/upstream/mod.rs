@@ -5,3 +5,4 @@ pub mod http;
 pub mod sse;
 
 pub use failure::{ConnectionEffect, Failure, SessionEffect};
+pub mod health;

@@ -1,0 +1,201 @@
+//! One connection's live state: health (reference/connection-health.md),
+//! the tool catalog its health checks discover, and the tools gated by a 403.
+//! Only credential evidence changes the whole connection; a failed call
+//! otherwise belongs to the call that saw it.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use serde::Serialize;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use super::failure::{ConnectionEffect, Failure};
+use super::http::HttpUpstream;
+use crate::config::Connection;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum HealthState {
+    Unchecked,
+    Healthy,
+    Degraded,
+    Unreachable,
+    NeedsCredentials,
+}
+
+impl HealthState {
+    /// Whether the connection's tools are listed to agents.
+    pub fn listable(self) -> bool {
+        matches!(self, HealthState::Healthy | HealthState::Degraded)
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Health {
+    pub state: HealthState,
+    pub reason: Option<String>,
+    pub http_status: Option<u16>,
+    pub last_check: Option<String>,
+    pub last_transition: Option<String>,
+}
+
+/// A tool hidden and refused after a 403, until the credential changes.
+#[derive(Debug, Clone, Serialize)]
+pub struct Gate {
+    pub required_scope: Option<String>,
+    pub since: String,
+}
+
+pub struct ConnectionState {
+    pub upstream: HttpUpstream,
+    health: Mutex<Health>,
+    catalog: Mutex<Vec<Value>>,
+    gates: Mutex<BTreeMap<String, Gate>>,
+    /// Successful calls since the last health check: a failing probe with
+    /// calls still succeeding means Degraded, not Unreachable.
+    calls_ok: AtomicU64,
+}
+
+fn now() -> String {
+    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+}
+
+impl ConnectionState {
+    pub fn new(connection: Arc<Connection>) -> Result<ConnectionState, String> {
+        let initial = match &connection.credentials {
+            Ok(_) => (HealthState::Unchecked, None),
+            Err(e) => (
+                HealthState::NeedsCredentials,
+                Some(format!("credentials_unresolved: {e}")),
+            ),
+        };
+        Ok(ConnectionState {
+            upstream: HttpUpstream::new(connection)?,
+            health: Mutex::new(Health {
+                state: initial.0,
+                reason: initial.1,
+                http_status: None,
+                last_check: None,
+                last_transition: None,
+            }),
+            catalog: Mutex::new(Vec::new()),
+            gates: Mutex::new(BTreeMap::new()),
+            calls_ok: AtomicU64::new(0),
+        })
+    }
+
+    pub fn connection(&self) -> &Connection {
+        self.upstream.connection()
+    }
+
+    pub fn health(&self) -> Health {
+        lock(&self.health).clone()
+    }
+
+    /// The upstream tool definitions from the last successful check.
+    pub fn catalog(&self) -> Vec<Value> {
+        lock(&self.catalog).clone()
+    }
+
+    pub fn gates(&self) -> BTreeMap<String, Gate> {
+        lock(&self.gates).clone()
+    }
+
+    pub fn gate(&self, tool: &str) -> Option<Gate> {
+        lock(&self.gates).get(tool).cloned()
+    }
+
+    /// Runs one health check and applies its result.
+    pub async fn check(&self) {
+        let result = self.upstream.health_check().await;
+        let mut health = lock(&self.health);
+        health.last_check = Some(now());
+        let calls_ok = self.calls_ok.swap(0, Ordering::Relaxed);
+        match result {
+            Ok(tools) => {
+                *lock(&self.catalog) = tools;
+                // Leaving NeedsCredentials takes a changed credential, which
+                // arrives as a new connection, not a passing check.
+                if health.state != HealthState::NeedsCredentials {
+                    set(&mut health, HealthState::Healthy, None, None);
+                }
+            }
+            Err(failure) if failure.connection_effect() == ConnectionEffect::NeedsCredentials => {
+                set(
+                    &mut health,
+                    HealthState::NeedsCredentials,
+                    Some(failure.reason()),
+                    failure.http_status(),
+                );
+            }
+            Err(failure) => {
+                let state = if calls_ok > 0 {
+                    HealthState::Degraded
+                } else {
+                    HealthState::Unreachable
+                };
+                set(
+                    &mut health,
+                    state,
+                    Some(failure.reason()),
+                    failure.http_status(),
+                );
+            }
+        }
+    }
+
+    /// Health checks every interval until `shutdown`, the first at once.
+    pub async fn run_checks(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(self.connection().health_interval);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => self.check().await,
+                () = shutdown.cancelled() => return,
+            }
+        }
+    }
+
+    pub fn record_success(&self) {
+        self.calls_ok.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Applies what a failed call proves, and nothing more.
+    pub fn record_failure(&self, tool: &str, failure: &Failure) {
+        match failure.connection_effect() {
+            ConnectionEffect::None => {}
+            ConnectionEffect::NeedsCredentials => {
+                let mut health = lock(&self.health);
+                set(
+                    &mut health,
+                    HealthState::NeedsCredentials,
+                    Some(failure.reason()),
+                    failure.http_status(),
+                );
+            }
+            ConnectionEffect::GateTool { scope } => {
+                lock(&self.gates).insert(
+                    tool.to_owned(),
+                    Gate {
+                        required_scope: scope,
+                        since: now(),
+                    },
+                );
+            }
+        }
+    }
+}
+
+fn set(health: &mut Health, state: HealthState, reason: Option<&str>, http_status: Option<u16>) {
+    if health.state != state {
+        health.last_transition = Some(now());
+    }
+    health.state = state;
+    health.reason = reason.map(str::to_owned);
+    health.http_status = http_status;
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
