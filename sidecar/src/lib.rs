@@ -9,7 +9,11 @@
 
 #![forbid(unsafe_code)]
 
+pub mod admin;
+pub mod agent;
 pub mod approvals;
+pub mod audit;
 pub mod config;
+pub mod gate;
 pub mod jsonrpc;
 pub mod upstream;

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 use serde_json::Value;
@@ -146,12 +146,25 @@ impl ConnectionState {
         }
     }
 
-    /// Health checks every interval until `shutdown`, the first at once.
+    /// Health checks until `shutdown`: the first at once, then every
+    /// interval while healthy; after a failed check, sooner (1 s, doubling up
+    /// to the interval), so that an upstream that was still starting is
+    /// listed within moments rather than after a whole interval.
     pub async fn run_checks(self: Arc<Self>, shutdown: CancellationToken) {
-        let mut tick = tokio::time::interval(self.connection().health_interval);
+        let interval = self.connection().health_interval;
+        let mut retry = Duration::from_secs(1);
         loop {
+            self.check().await;
+            let wait = if self.health().state.listable() {
+                retry = Duration::from_secs(1);
+                interval
+            } else {
+                let wait = retry.min(interval);
+                retry = (retry * 2).min(interval);
+                wait
+            };
             tokio::select! {
-                _ = tick.tick() => self.check().await,
+                () = tokio::time::sleep(wait) => {}
                 () = shutdown.cancelled() => return,
             }
         }

@@ -1,0 +1,169 @@
+//! The admin port, separate from the agent's: /healthz, /readyz (a policy is
+//! loaded), /metrics, /connections (health per connection), and, standalone
+//! only, /approvals: `GET` lists pending asks and `POST /approvals/{id}` with
+//! `{"decision": "approve"|"deny"}` decides one. Approval routes need the
+//! bearer token from a file only the machine's operator can read.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::HeaderValue;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use secrecy::{ExposeSecret, SecretString};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::gate::Gateway;
+
+type Body = BoxBody<Bytes, Infallible>;
+
+pub struct Admin {
+    pub gateway: Arc<Gateway>,
+    /// Bearer token for the approval routes.
+    pub approval_token: SecretString,
+}
+
+pub async fn serve(
+    admin: Arc<Admin>,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => accepted?,
+            () = shutdown.cancelled() => return Ok(()),
+        };
+        let admin = admin.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| route(admin.clone(), req));
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+async fn route(admin: Arc<Admin>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+    let path = req.uri().path().to_owned();
+    Ok(match (req.method(), path.as_str()) {
+        (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
+        (&Method::GET, "/readyz") if admin.gateway.ready() => text(StatusCode::OK, "ready\n"),
+        (&Method::GET, "/readyz") => {
+            text(StatusCode::SERVICE_UNAVAILABLE, "no valid policy loaded\n")
+        }
+        (&Method::GET, "/connections") => {
+            json_response(StatusCode::OK, &connections(&admin.gateway))
+        }
+        (_, p) if p == "/approvals" || p.starts_with("/approvals/") => approvals(&admin, req).await,
+        _ => text(StatusCode::NOT_FOUND, "not found\n"),
+    })
+}
+
+fn connections(gateway: &Gateway) -> Value {
+    let list: Vec<Value> = gateway
+        .connections()
+        .iter()
+        .map(|c| {
+            let tools: Vec<Value> = c
+                .catalog()
+                .iter()
+                .filter_map(|t| t.get("name").cloned())
+                .collect();
+            json!({
+                "name": c.connection().name,
+                "health": c.health(),
+                "tools": tools,
+                "gated_tools": c.gates(),
+            })
+        })
+        .collect();
+    json!({ "connections": list })
+}
+
+async fn approvals(admin: &Admin, req: Request<Incoming>) -> Response<Body> {
+    if !authorized(admin, &req) {
+        let mut r = text(
+            StatusCode::UNAUTHORIZED,
+            "approval routes need the operator's bearer token\n",
+        );
+        r.headers_mut()
+            .insert("www-authenticate", HeaderValue::from_static("Bearer"));
+        return r;
+    }
+    let path = req.uri().path().to_owned();
+    match (req.method().clone(), path.strip_prefix("/approvals/")) {
+        (Method::GET, None) => json_response(
+            StatusCode::OK,
+            &json!({"pending": admin.gateway.approvals.list()}),
+        ),
+        (Method::POST, Some(id)) if !id.is_empty() => {
+            let body = match Limited::new(req.into_body(), 4096).collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(_) => return text(StatusCode::PAYLOAD_TOO_LARGE, "body too large\n"),
+            };
+            let decision: Option<String> = serde_json::from_slice::<Value>(&body)
+                .ok()
+                .and_then(|v| v.get("decision").and_then(Value::as_str).map(str::to_owned));
+            let approve = match decision.as_deref() {
+                Some("approve") => true,
+                Some("deny") => false,
+                _ => {
+                    return text(
+                        StatusCode::BAD_REQUEST,
+                        "body must be {\"decision\": \"approve\"} or {\"decision\": \"deny\"}\n",
+                    );
+                }
+            };
+            match admin.gateway.approvals.decide(id, approve) {
+                Ok(pending) => json_response(
+                    StatusCode::OK,
+                    &json!({"decided": pending, "approved": approve}),
+                ),
+                Err(e) => json_response(StatusCode::NOT_FOUND, &json!({"error": e.to_string()})),
+            }
+        }
+        _ => text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "GET /approvals or POST /approvals/{id}\n",
+        ),
+    }
+}
+
+/// Compares digests so the comparison does not leak the token by timing.
+fn authorized(admin: &Admin, req: &Request<Incoming>) -> bool {
+    let presented = req
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    Sha256::digest(presented.as_bytes())
+        == Sha256::digest(admin.approval_token.expose_secret().as_bytes())
+        && !presented.is_empty()
+}
+
+fn json_response(status: StatusCode, value: &Value) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from(value.to_string())).boxed());
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert("content-type", HeaderValue::from_static("application/json"));
+    r
+}
+
+fn text(status: StatusCode, body: &'static str) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())).boxed());
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        "content-type",
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}

@@ -1,0 +1,583 @@
+//! The per-message pipeline: parse -> decide -> route -> forward -> redact ->
+//! audit. One agent message goes through `Gateway::handle` top to bottom.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use aip_policy::{
+    AuditRecord, Decision, DlpRecord, Evaluator, Listing, Request, Verdict, normalize_name,
+};
+use serde_json::{Map, Value, json};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::approvals::LocalApprovals;
+use crate::audit::{Audit, UpstreamFailure, refusal_line};
+use crate::config::Config;
+use crate::jsonrpc::{self, Kind, Limits, Message};
+use crate::upstream::Failure;
+use crate::upstream::health::{ConnectionState, HealthState};
+
+/// Protocol versions the gateway speaks to agents, newest first.
+pub const AGENT_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26"];
+/// How long an ask waits for a person by default.
+pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Settings of the gateway itself (not of the policy).
+#[derive(Debug, Clone, Copy)]
+pub struct GatewayOptions {
+    pub approval_timeout: Duration,
+    pub limits: Limits,
+}
+
+impl Default for GatewayOptions {
+    fn default() -> Self {
+        GatewayOptions {
+            approval_timeout: DEFAULT_APPROVAL_TIMEOUT,
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// Who is talking: the agent's session at the gateway.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub session: String,
+}
+
+/// What to send back for one agent message.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply {
+    /// A JSON-RPC response.
+    Message(Value),
+    /// Nothing: a notification, an agent's reply, or a canceled call.
+    Nothing,
+}
+
+pub struct Gateway {
+    config: watch::Receiver<Arc<Config>>,
+    connections: RwLock<Vec<Arc<ConnectionState>>>,
+    pub approvals: Arc<LocalApprovals>,
+    audit: Audit,
+    limits: Limits,
+    approval_timeout: Duration,
+    next_id: AtomicU64,
+    in_flight: Mutex<HashMap<(String, String), CancellationToken>>,
+    shutdown: CancellationToken,
+    checks: Mutex<CancellationToken>,
+}
+
+/// Every discovered tool, and the normalized names more than one tool claims
+/// (those are hidden and refused: which one a caller meant is unknowable).
+struct Catalog {
+    entries: Vec<CatalogEntry>,
+    ambiguous: std::collections::HashSet<String>,
+}
+
+struct CatalogEntry {
+    agent_name: String,
+    connection: Arc<ConnectionState>,
+    /// The upstream's definition, name byte-identical to its tools/list.
+    definition: Value,
+}
+
+/// A tool as the agent sees it, and where it really lives.
+struct Route {
+    connection: Arc<ConnectionState>,
+    upstream_name: String,
+}
+
+impl Gateway {
+    pub fn new(
+        config: watch::Receiver<Arc<Config>>,
+        audit: Audit,
+        options: GatewayOptions,
+        shutdown: CancellationToken,
+    ) -> Arc<Gateway> {
+        let gateway = Arc::new(Gateway {
+            config,
+            connections: RwLock::new(Vec::new()),
+            approvals: LocalApprovals::new(),
+            audit,
+            limits: options.limits,
+            approval_timeout: options.approval_timeout,
+            next_id: AtomicU64::new(1),
+            in_flight: Mutex::new(HashMap::new()),
+            shutdown: shutdown.clone(),
+            checks: Mutex::new(CancellationToken::new()),
+        });
+        gateway.rebuild_connections();
+        tokio::spawn(gateway.clone().follow_config());
+        gateway
+    }
+
+    pub fn config(&self) -> Arc<Config> {
+        self.config.borrow().clone()
+    }
+
+    pub fn connections(&self) -> Vec<Arc<ConnectionState>> {
+        self.connections
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Ready once a policy is loaded.
+    pub fn ready(&self) -> bool {
+        self.config.borrow().policy.is_some()
+    }
+
+    async fn follow_config(self: Arc<Self>) {
+        let mut config = self.config.clone();
+        loop {
+            tokio::select! {
+                changed = config.changed() => if changed.is_err() { return },
+                () = self.shutdown.cancelled() => return,
+            }
+            self.rebuild_connections();
+        }
+    }
+
+    /// New connection states for the current config, each with its own
+    /// health checker (the previous checkers stop).
+    fn rebuild_connections(&self) {
+        let config = self.config();
+        let checks = self.shutdown.child_token();
+        let mut states = Vec::new();
+        for connection in &config.connections {
+            match ConnectionState::new(connection.clone()) {
+                Ok(state) => {
+                    let state = Arc::new(state);
+                    tokio::spawn(state.clone().run_checks(checks.clone()));
+                    states.push(state);
+                }
+                Err(e) => {
+                    tracing::error!(connection = %connection.name, error = %e, "connection not started")
+                }
+            }
+        }
+        *self.connections.write().unwrap_or_else(|e| e.into_inner()) = states;
+        let old = std::mem::replace(
+            &mut *self.checks.lock().unwrap_or_else(|e| e.into_inner()),
+            checks,
+        );
+        old.cancel();
+    }
+
+    /// Handles one message from the agent, as bytes.
+    pub async fn handle(&self, bytes: &[u8], caller: &Caller) -> Reply {
+        match self.parse(bytes) {
+            Ok(message) => self.handle_message(message, caller).await,
+            Err(refused) => self.refuse(&refused),
+        }
+    }
+
+    /// Parses strictly with the gateway's limits.
+    pub fn parse(&self, bytes: &[u8]) -> Result<Message, jsonrpc::Refused> {
+        jsonrpc::parse(bytes, self.limits)
+    }
+
+    /// Audits a refused message and builds its error reply.
+    pub fn refuse(&self, refused: &jsonrpc::Refused) -> Reply {
+        self.audit.record(&refusal_line(
+            &refused.refusal.to_string(),
+            refused.id.as_ref(),
+        ));
+        Reply::Message(refused.response())
+    }
+
+    /// Handles one strictly parsed message from the agent.
+    pub async fn handle_message(&self, message: Message, caller: &Caller) -> Reply {
+        let config = self.config();
+        let evaluator = config.evaluator.clone();
+        if let Kind::Response { .. } = message.kind {
+            // A reply to a server-initiated request: none are relayed yet, so
+            // there is nothing pending to match it to.
+            return Reply::Nothing;
+        }
+        let request = match Request::from_value(&message.value) {
+            Ok(r) => r,
+            Err(e) => return Reply::Message(error(message.id(), -32600, &e.to_string(), None)),
+        };
+        let mut verdict = evaluator.evaluate(&request);
+        if verdict.decision == Decision::Ask {
+            match self.ask(&message, &evaluator, verdict, caller).await {
+                Some(decided) => verdict = decided,
+                None => return Reply::Nothing, // withdrawn: never forwarded
+            }
+        }
+        self.audit.record(&AuditRecord::for_request(
+            &evaluator,
+            &request,
+            &verdict,
+            SystemTime::now(),
+        ));
+        if verdict.decision != Decision::Allow {
+            // Blocked notifications are dropped (audited above): a
+            // notification gets no reply.
+            return verdict.response().map_or(Reply::Nothing, Reply::Message);
+        }
+        let method = message.method().unwrap_or_default();
+        match (&message.kind, method) {
+            (Kind::Notification { .. }, "notifications/cancelled") => {
+                self.cancel(&message, caller);
+                Reply::Nothing
+            }
+            (Kind::Notification { .. }, _) => Reply::Nothing,
+            (Kind::Request { id, .. }, "initialize") => {
+                Reply::Message(result(id, initialize(&message)))
+            }
+            (Kind::Request { id, .. }, "ping") => Reply::Message(result(id, json!({}))),
+            (Kind::Request { id, .. }, "tools/list") => {
+                Reply::Message(result(id, self.tools_list(&evaluator)))
+            }
+            (Kind::Request { .. }, "tools/call") => {
+                self.tools_call(&message, &evaluator, caller).await
+            }
+            (Kind::Request { id, .. }, other) => Reply::Message(error(
+                Some(id),
+                -32601,
+                "Method not found",
+                Some(json!({"method": other})),
+            )),
+            (Kind::Response { .. }, _) => Reply::Nothing,
+        }
+    }
+
+    /// Holds an ask until a person decides, the agent cancels, or time runs
+    /// out. Other calls are never held up: each message has its own task.
+    /// None when the ask was withdrawn (the agent cancelled the call or its
+    /// session ended): the call is then never forwarded and never answered.
+    async fn ask(
+        &self,
+        message: &Message,
+        evaluator: &Evaluator,
+        verdict: Verdict,
+        caller: &Caller,
+    ) -> Option<Verdict> {
+        let tool = verdict.tool().unwrap_or_default().to_owned();
+        let connection = self
+            .route(&tool)
+            .map(|r| r.connection.connection().name.clone())
+            .unwrap_or_default();
+        let mut arguments = message
+            .params()
+            .and_then(|p| p.get("arguments"))
+            .cloned()
+            .unwrap_or(Value::Null);
+        if let Some(r) = evaluator.redactor() {
+            r.redact_strings(&mut arguments, &mut Vec::new());
+        }
+        let cancel = self.track(message, caller);
+        let answer = tokio::select! {
+            a = self.approvals.ask(&tool, &connection, arguments, self.approval_timeout) => Some(a),
+            () = cancel.cancelled() => None,
+        };
+        self.untrack(message, caller);
+        answer.map(|a| verdict.resolve(a))
+    }
+
+    fn track(&self, message: &Message, caller: &Caller) -> CancellationToken {
+        let token = CancellationToken::new();
+        if let Some(id) = message.id() {
+            let key = (caller.session.clone(), id.to_string());
+            self.in_flight
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key, token.clone());
+        }
+        token
+    }
+
+    fn untrack(&self, message: &Message, caller: &Caller) {
+        if let Some(id) = message.id() {
+            let key = (caller.session.clone(), id.to_string());
+            self.in_flight
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&key);
+        }
+    }
+
+    fn cancel(&self, message: &Message, caller: &Caller) {
+        let Some(id) = message.params().and_then(|p| p.get("requestId")) else {
+            return;
+        };
+        let key = (caller.session.clone(), id.to_string());
+        if let Some(token) = self
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+        {
+            token.cancel();
+        }
+    }
+
+    /// Ends everything a session had in flight (its asks are withdrawn).
+    pub fn end_session(&self, session: &str) {
+        for (key, token) in self
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            if key.0 == session {
+                token.cancel();
+            }
+        }
+    }
+
+    /// Every granted connection's tools, filtered by policy.
+    fn tools_list(&self, evaluator: &Evaluator) -> Value {
+        let mut listed: Vec<Value> = Vec::new();
+        let catalog = self.catalog();
+        for CatalogEntry {
+            agent_name,
+            connection,
+            mut definition,
+        } in catalog.entries
+        {
+            let hidden_by_name = catalog
+                .ambiguous
+                .contains(normalize_name(&agent_name).as_ref());
+            if hidden_by_name || !connection.health().state.listable() {
+                continue;
+            }
+            let upstream_name = definition
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
+            if connection.gate(&upstream_name).is_some() {
+                continue;
+            }
+            match evaluator.listing(&agent_name) {
+                Listing::Hidden => continue,
+                Listing::Ask => {
+                    let description = definition
+                        .get("description")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default();
+                    definition["description"] = json!(
+                        format!("[requires human approval] {description}")
+                            .trim_end()
+                            .to_owned()
+                    );
+                }
+                Listing::Listed => {}
+            }
+            definition["name"] = json!(agent_name);
+            listed.push(definition);
+        }
+        json!({ "tools": listed })
+    }
+
+    /// Every discovered tool under its agent-facing name.
+    fn catalog(&self) -> Catalog {
+        let mut entries = Vec::new();
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        for state in self.connections() {
+            let prefix = state.connection().tool_prefix.clone();
+            for definition in state.catalog() {
+                let Some(name) = definition.get("name").and_then(Value::as_str) else {
+                    continue;
+                };
+                let agent_name = format!("{prefix}{name}");
+                *seen
+                    .entry(normalize_name(&agent_name).into_owned())
+                    .or_default() += 1;
+                entries.push(CatalogEntry {
+                    agent_name,
+                    connection: state.clone(),
+                    definition,
+                });
+            }
+        }
+        let ambiguous = seen
+            .into_iter()
+            .filter(|(_, n)| *n > 1)
+            .map(|(k, _)| k)
+            .collect();
+        Catalog { entries, ambiguous }
+    }
+
+    /// Finds the one tool whose agent-facing name is exactly `name`.
+    fn route(&self, name: &str) -> Option<Route> {
+        let catalog = self.catalog();
+        if catalog.ambiguous.contains(normalize_name(name).as_ref()) {
+            return None;
+        }
+        catalog
+            .entries
+            .into_iter()
+            .find(|e| e.agent_name == name)
+            .map(|e| Route {
+                upstream_name: e
+                    .definition
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned(),
+                connection: e.connection,
+            })
+    }
+
+    async fn tools_call(&self, message: &Message, evaluator: &Evaluator, caller: &Caller) -> Reply {
+        let id = message.id().cloned().unwrap_or(Value::Null);
+        let params = message
+            .params()
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        let name = params
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        if params.contains_key("task") {
+            return Reply::Message(error(
+                Some(&id),
+                -32602,
+                "Task-augmented calls are not supported by this gateway",
+                None,
+            ));
+        }
+        let Some(route) = self.route(&name) else {
+            return Reply::Message(error(
+                Some(&id),
+                -32602,
+                &format!("Unknown tool: {name}"),
+                None,
+            ));
+        };
+        let connection = route.connection.connection().name.clone();
+        if let Some(refusal) = refuse_by_state(&route, &connection, &name) {
+            return Reply::Message(json!({"jsonrpc": "2.0", "id": id, "error": refusal}));
+        }
+        let upstream_id = format!("aip-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
+        let mut upstream_params = params;
+        upstream_params.insert("name".into(), json!(route.upstream_name));
+        let upstream_call = json!({"jsonrpc": "2.0", "id": upstream_id, "method": "tools/call", "params": upstream_params});
+        let cancel = self.track(message, caller);
+        let started = Instant::now();
+        let outcome = tokio::select! {
+            r = route.connection.upstream.request(&upstream_call) => Some(r),
+            () = cancel.cancelled() => None,
+        };
+        self.untrack(message, caller);
+        let Some(outcome) = outcome else {
+            let notice = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                "params": {"requestId": upstream_id, "reason": "canceled by the agent"}});
+            let _ = route.connection.upstream.notify(&notice).await;
+            return Reply::Nothing;
+        };
+        match outcome {
+            Ok(exchange) => {
+                route.connection.record_success();
+                let mut response = exchange.response;
+                response["id"] = id;
+                self.redact_response(&mut response, evaluator, &name);
+                Reply::Message(response)
+            }
+            Err(failure) => {
+                route
+                    .connection
+                    .record_failure(&route.upstream_name, &failure);
+                self.audit_failure(&connection, &name, &failure, started);
+                Reply::Message(
+                    json!({"jsonrpc": "2.0", "id": id, "error": failure.to_error(&connection, Some(&name))}),
+                )
+            }
+        }
+    }
+
+    /// DLP over everything the agent will read: result content, structured
+    /// content, embedded resources, and upstream error messages and data.
+    fn redact_response(&self, response: &mut Value, evaluator: &Evaluator, tool: &str) {
+        let Some(redactor) = evaluator.redactor() else {
+            return;
+        };
+        let mut events = Vec::new();
+        if let Some(result) = response.get_mut("result") {
+            events = redactor.redact_tool_result(result);
+        }
+        if let Some(error) = response.get_mut("error").and_then(Value::as_object_mut) {
+            for key in ["message", "data"] {
+                if let Some(v) = error.get_mut(key) {
+                    redactor.redact_strings(v, &mut events);
+                }
+            }
+        }
+        for line in DlpRecord::for_events(&events, Some(tool), SystemTime::now()) {
+            self.audit.record(&line);
+        }
+    }
+
+    fn audit_failure(&self, connection: &str, tool: &str, failure: &Failure, started: Instant) {
+        self.audit.upstream_failure(&UpstreamFailure {
+            connection,
+            tool,
+            class: failure.class(),
+            reason: failure.reason(),
+            http_status: failure.http_status(),
+            upstream_code: None,
+            dispatched: !matches!(failure, Failure::CredentialsMissing(_)),
+            duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        });
+    }
+}
+
+/// Calls that must not be sent: the connection is not usable, or the tool is
+/// gated by an earlier 403.
+fn refuse_by_state(route: &Route, connection: &str, tool: &str) -> Option<Value> {
+    if let Some(gate) = route.connection.gate(&route.upstream_name) {
+        return Some(
+            Failure::Forbidden {
+                scope: gate.required_scope,
+            }
+            .to_error(connection, Some(tool)),
+        );
+    }
+    let health = route.connection.health();
+    let failure = match health.state {
+        HealthState::Healthy | HealthState::Degraded => return None,
+        HealthState::NeedsCredentials => Failure::AuthFailed,
+        HealthState::Unchecked | HealthState::Unreachable => {
+            Failure::Network("the connection is not reachable".into())
+        }
+    };
+    Some(failure.to_error(connection, Some(tool)))
+}
+
+fn initialize(message: &Message) -> Value {
+    let requested = message
+        .params()
+        .and_then(|p| p.get("protocolVersion"))
+        .and_then(Value::as_str);
+    let version = AGENT_VERSIONS
+        .iter()
+        .find(|v| Some(**v) == requested)
+        .unwrap_or(&AGENT_VERSIONS[0]);
+    json!({
+        "protocolVersion": version,
+        "capabilities": {"tools": {"listChanged": false}},
+        "serverInfo": {"name": "aip-sidecar", "version": env!("CARGO_PKG_VERSION")},
+    })
+}
+
+fn result(id: &Value, result: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "result": result})
+}
+
+fn error(id: Option<&Value>, code: i64, message: &str, data: Option<Value>) -> Value {
+    let mut e = Map::new();
+    e.insert("code".into(), json!(code));
+    e.insert("message".into(), json!(message));
+    if let Some(d) = data {
+        e.insert("data".into(), d);
+    }
+    json!({"jsonrpc": "2.0", "id": id.cloned().unwrap_or(Value::Null), "error": e})
+}

@@ -1,0 +1,222 @@
+//! `aip-sidecar run --config FILE [--listen ADDR] [--admin ADDR] ...`
+
+#![forbid(unsafe_code)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aip_sidecar::admin::{self, Admin};
+use aip_sidecar::agent::http as agent_http;
+use aip_sidecar::audit::Audit;
+use aip_sidecar::config::file;
+use aip_sidecar::gate::{Gateway, GatewayOptions};
+use clap::{Parser, Subcommand};
+use secrecy::SecretString;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// The aip MCP gateway: enforces an AgentPolicy on every message between an
+/// agent and its MCP servers.
+#[derive(Parser)]
+#[command(name = "aip-sidecar", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// Diagnostics format on stderr.
+    #[arg(long, value_enum, default_value = "text", global = true)]
+    log_format: LogFormat,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve agents over Streamable HTTP, configured from a local file.
+    Run(RunArgs),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Multi-document YAML: one AgentPolicy and any ToolConnections.
+    #[arg(long)]
+    config: PathBuf,
+    /// Where agents connect (loopback).
+    #[arg(long, default_value = "127.0.0.1:8808")]
+    listen: String,
+    /// Health, readiness, connections and approvals.
+    #[arg(long, default_value = "127.0.0.1:8809")]
+    admin: String,
+    /// Audit lines go here (default: stdout).
+    #[arg(long)]
+    audit: Option<PathBuf>,
+    /// How long an ask waits for a person.
+    #[arg(long, default_value = "300")]
+    approval_timeout_seconds: u64,
+    /// The bearer token for the approval routes; created (mode 0600) with a
+    /// random token when it does not exist.
+    #[arg(long)]
+    approval_token_file: Option<PathBuf>,
+    /// How often to look for configuration changes.
+    #[arg(long, default_value = "1000")]
+    reload_ms: u64,
+    /// How long in-flight calls may take to finish after SIGTERM.
+    #[arg(long, default_value = "10")]
+    drain_seconds: u64,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(cli.log_format);
+    let Command::Run(args) = cli.command;
+    match run(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("aip-sidecar: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let shutdown = CancellationToken::new();
+    let watched = file::watch(
+        args.config.clone(),
+        Duration::from_millis(args.reload_ms),
+        shutdown.clone(),
+    );
+    if let Some(errors) = watched.errors.borrow().as_ref() {
+        for e in &errors.0 {
+            tracing::error!(file = %args.config.display(), error = %e, "configuration refused; every tool call is blocked until it is fixed");
+        }
+    }
+    let audit: Box<dyn Write + Send> = match &args.audit {
+        None => Box::new(std::io::stdout()),
+        Some(path) => Box::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)?,
+        ),
+    };
+    let options = GatewayOptions {
+        approval_timeout: Duration::from_secs(args.approval_timeout_seconds),
+        ..GatewayOptions::default()
+    };
+    let gateway = Gateway::new(
+        watched.config.clone(),
+        Audit::new(audit),
+        options,
+        shutdown.clone(),
+    );
+    let token_file = args
+        .approval_token_file
+        .clone()
+        .unwrap_or_else(default_token_file);
+    let approval_token = approval_token(&token_file)?;
+
+    let agent_listener = tokio::net::TcpListener::bind(&args.listen).await?;
+    let admin_listener = tokio::net::TcpListener::bind(&args.admin).await?;
+    eprintln!(
+        "aip-sidecar: agents at http://{}{} ; admin at http://{} ; approval token in {}",
+        agent_listener.local_addr()?,
+        agent_http::MCP_PATH,
+        admin_listener.local_addr()?,
+        token_file.display()
+    );
+    tokio::spawn(on_signal(shutdown.clone()));
+    let admin = Arc::new(Admin {
+        gateway: gateway.clone(),
+        approval_token,
+    });
+    tokio::spawn(admin::serve(admin, admin_listener, shutdown.clone()));
+    let tracker = TaskTracker::new();
+    agent_http::serve(gateway, agent_listener, shutdown.clone(), tracker.clone()).await?;
+    tracker.close();
+    if tokio::time::timeout(Duration::from_secs(args.drain_seconds), tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("in-flight calls did not finish within the drain bound");
+    }
+    Ok(())
+}
+
+fn default_token_file() -> PathBuf {
+    let base = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    base.join(format!("aip-sidecar-{}", std::process::id()))
+        .join("approval-token")
+}
+
+/// Reads the token file, or creates it (directory 0700, file 0600) with a
+/// random token.
+fn approval_token(path: &Path) -> anyhow::Result<SecretString> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    if let Ok(text) = std::fs::read_to_string(path) {
+        let token = text.trim().to_owned();
+        anyhow::ensure!(
+            !token.is_empty(),
+            "approval token file {} is empty",
+            path.display()
+        );
+        return Ok(SecretString::from(token));
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+    }
+    let token = format!(
+        "{:032x}{:032x}",
+        rand::random::<u128>(),
+        rand::random::<u128>()
+    );
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    writeln!(f, "{token}")?;
+    Ok(SecretString::from(token))
+}
+
+/// SIGTERM or SIGINT: stop accepting, let in-flight calls finish.
+async fn on_signal(shutdown: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    tracing::info!("signal received, draining");
+    shutdown.cancel();
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
