@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 use serde_json::Value;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::failure::{ConnectionEffect, Failure};
@@ -51,6 +52,9 @@ pub struct Gate {
 pub struct ConnectionState {
     pub upstream: HttpUpstream,
     health: Mutex<Health>,
+    /// Publishes the state on every change, for anything that must wait
+    /// for one (tests, readiness).
+    state: watch::Sender<HealthState>,
     catalog: Mutex<Vec<Value>>,
     gates: Mutex<BTreeMap<String, Gate>>,
     /// Successful calls since the last health check: a failing probe with
@@ -72,6 +76,7 @@ impl ConnectionState {
             ),
         };
         Ok(ConnectionState {
+            state: watch::Sender::new(initial.0),
             upstream: HttpUpstream::new(connection)?,
             health: Mutex::new(Health {
                 state: initial.0,
@@ -92,6 +97,11 @@ impl ConnectionState {
 
     pub fn health(&self) -> Health {
         lock(&self.health).clone()
+    }
+
+    /// Watches the health state.
+    pub fn subscribe(&self) -> watch::Receiver<HealthState> {
+        self.state.subscribe()
     }
 
     /// The upstream tool definitions from the last successful check.
@@ -119,11 +129,12 @@ impl ConnectionState {
                 // Leaving NeedsCredentials takes a changed credential, which
                 // arrives as a new connection, not a passing check.
                 if health.state != HealthState::NeedsCredentials {
-                    set(&mut health, HealthState::Healthy, None, None);
+                    set(&self.state, &mut health, HealthState::Healthy, None, None);
                 }
             }
             Err(failure) if failure.connection_effect() == ConnectionEffect::NeedsCredentials => {
                 set(
+                    &self.state,
                     &mut health,
                     HealthState::NeedsCredentials,
                     Some(failure.reason()),
@@ -137,6 +148,7 @@ impl ConnectionState {
                     HealthState::Unreachable
                 };
                 set(
+                    &self.state,
                     &mut health,
                     state,
                     Some(failure.reason()),
@@ -181,6 +193,7 @@ impl ConnectionState {
             ConnectionEffect::NeedsCredentials => {
                 let mut health = lock(&self.health);
                 set(
+                    &self.state,
                     &mut health,
                     HealthState::NeedsCredentials,
                     Some(failure.reason()),
@@ -200,9 +213,16 @@ impl ConnectionState {
     }
 }
 
-fn set(health: &mut Health, state: HealthState, reason: Option<&str>, http_status: Option<u16>) {
+fn set(
+    publish: &watch::Sender<HealthState>,
+    health: &mut Health,
+    state: HealthState,
+    reason: Option<&str>,
+    http_status: Option<u16>,
+) {
     if health.state != state {
         health.last_transition = Some(now());
+        publish.send_replace(state);
     }
     health.state = state;
     health.reason = reason.map(str::to_owned);

@@ -1,0 +1,277 @@
+//! A whole stack on loopback: the fault server as the upstream, the gateway
+//! with its agent-facing HTTP server, and a raw HTTP client playing the agent.
+
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aip_fault_server::core::Core;
+use aip_fault_server::log::AttemptLog;
+use aip_fault_server::script::{Script, Transport};
+use aip_policy::CompileOptions;
+use aip_sidecar::agent::http as agent_http;
+use aip_sidecar::audit::Audit;
+use aip_sidecar::config::file;
+use aip_sidecar::gate::{Gateway, GatewayOptions};
+use aip_sidecar::upstream::health::HealthState;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub const PATIENCE: Duration = Duration::from_secs(10);
+
+pub struct Stack {
+    pub fault: Arc<Core>,
+    pub fault_url: String,
+    pub gateway: Arc<Gateway>,
+    pub addr: SocketAddr,
+    pub audit: PathBuf,
+    shutdown: CancellationToken,
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+pub struct Setup<'a> {
+    /// FaultServer `spec:` body.
+    pub faults: &'a str,
+    /// AgentPolicy `spec:` body.
+    pub policy: &'a str,
+    /// Extra ToolConnection `spec:` lines.
+    pub connection: &'a str,
+    pub approval_timeout: Duration,
+    /// Wait for this health state before returning.
+    pub expect: HealthState,
+}
+
+impl Default for Setup<'_> {
+    fn default() -> Self {
+        Setup {
+            faults: "",
+            policy: "",
+            connection: "",
+            approval_timeout: Duration::from_secs(60),
+            expect: HealthState::Healthy,
+        }
+    }
+}
+
+impl Stack {
+    pub async fn start(setup: Setup<'_>) -> Stack {
+        let shutdown = CancellationToken::new();
+        let yaml = format!(
+            "apiVersion: aip.io/v1alpha1\nkind: FaultServer\nmetadata: {{name: up}}\nspec:\n{}",
+            setup.faults
+        );
+        let fault = Core::new(
+            Script::from_yaml(&yaml, Transport::Http).unwrap(),
+            AttemptLog::new(Box::new(std::io::sink()), true),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let fault_url = format!("http://{}/mcp", listener.local_addr().unwrap());
+        tokio::spawn(fault.clone().run(shutdown.clone()));
+        tokio::spawn(aip_fault_server::http::serve(
+            fault.clone(),
+            listener,
+            Default::default(),
+            shutdown.clone(),
+        ));
+
+        let config_text = format!(
+            "apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {{name: agent}}\nspec:\n{}\n---\napiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {{name: up}}\nspec:\n  url: {fault_url}\n  toolPrefix: up_\n  timeoutSeconds: 1\n  maxResponseBytes: 4096\n{}",
+            if setup.policy.is_empty() {
+                "  {}"
+            } else {
+                setup.policy
+            },
+            setup.connection
+        );
+        let options = CompileOptions {
+            home: Some("/home/agent".into()),
+            ..CompileOptions::default()
+        };
+        let config =
+            file::parse(&config_text, &options).unwrap_or_else(|e| panic!("{e}\n{config_text}"));
+        let (_config_tx, config_rx) = tokio::sync::watch::channel(Arc::new(config));
+        std::mem::forget(_config_tx); // the config never changes in these tests
+        let audit = std::env::temp_dir().join(format!(
+            "aip-gw-audit-{}-{}.jsonl",
+            std::process::id(),
+            rand_suffix()
+        ));
+        let sink = std::fs::File::create(&audit).unwrap();
+        let gateway = Gateway::new(
+            config_rx,
+            Audit::new(Box::new(sink)),
+            GatewayOptions {
+                approval_timeout: setup.approval_timeout,
+                ..GatewayOptions::default()
+            },
+            shutdown.clone(),
+        );
+        let mut health = gateway.connections()[0].subscribe();
+        tokio::time::timeout(PATIENCE, health.wait_for(|s| *s == setup.expect))
+            .await
+            .expect("the connection reaches the expected state")
+            .unwrap();
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(agent_http::serve(
+            gateway.clone(),
+            listener,
+            shutdown.clone(),
+            TaskTracker::new(),
+        ));
+        Stack {
+            fault,
+            fault_url,
+            gateway,
+            addr,
+            audit,
+            shutdown,
+        }
+    }
+
+    /// The upstream attempts, as the fault server logged them.
+    pub fn attempts(&self) -> Vec<Value> {
+        self.fault
+            .log
+            .lines()
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    pub fn audit_lines(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.audit)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    /// initialize + notifications/initialized; the session id.
+    pub async fn session(&self) -> String {
+        let r = self.post(&[], &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}).to_string()).await;
+        assert_eq!(r.status, 200, "{r:?}");
+        let session = r.header("mcp-session-id").unwrap().to_owned();
+        let n = self
+            .post(
+                &[("mcp-session-id", &session)],
+                r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            )
+            .await;
+        assert_eq!(n.status, 202);
+        session
+    }
+
+    pub async fn post(&self, headers: &[(&str, &str)], body: &str) -> RawResponse {
+        raw(self.addr, "POST", headers, body).await
+    }
+
+    /// A tools/call in `session`; the JSON-RPC response.
+    pub async fn call(&self, session: &str, id: Value, tool: &str, args: Value) -> Value {
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": tool, "arguments": args}});
+        let r = self
+            .post(&[("mcp-session-id", session)], &body.to_string())
+            .await;
+        assert_eq!(
+            r.status, 200,
+            "upstream failures are JSON-RPC errors in a 200: {r:?}"
+        );
+        r.json()
+    }
+
+    pub async fn request(&self, session: &str, id: Value, method: &str) -> Value {
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": method});
+        self.post(&[("mcp-session-id", session)], &body.to_string())
+            .await
+            .json()
+    }
+}
+
+fn rand_suffix() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+#[derive(Debug, Default)]
+pub struct RawResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl RawResponse {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {self:?}"))
+    }
+}
+
+/// One HTTP/1.1 exchange on a fresh connection.
+pub async fn raw(
+    addr: SocketAddr,
+    method: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> RawResponse {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut head = format!(
+        "{method} /mcp HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    if !headers
+        .iter()
+        .any(|(k, _)| k.eq_ignore_ascii_case("accept"))
+    {
+        head += "accept: application/json, text/event-stream\r\n";
+    }
+    for (k, v) in headers {
+        head += &format!("{k}: {v}\r\n");
+    }
+    head += "\r\n";
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(body.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(PATIENCE, stream.read_to_end(&mut raw))
+        .await
+        .expect("a response")
+        .unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .unwrap_or("")
+        .split(' ')
+        .nth(1)
+        .unwrap_or("0")
+        .parse()
+        .unwrap_or(0);
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    RawResponse {
+        status,
+        headers,
+        body: body.to_owned(),
+    }
+}

@@ -1,0 +1,363 @@
+//! The gateway on real loopback, between a raw HTTP agent and the fault
+//! server: every decision and error code with its exact error object,
+//! tools/list filtering, DLP, monitor mode, approvals, and the agent-facing
+//! transport rules.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use aip_sidecar::upstream::health::HealthState;
+use common::{PATIENCE, Setup, Stack, raw};
+use serde_json::{Value, json};
+
+const TOOLS: &str = "  tools:
+    - name: read
+      description: Read a thing.
+      responses: [{sequence: [{return: {owner: ops@acme.io, n: 1}}, {return: again}, {return: third}]}]
+    - name: write
+      responses: [{sequence: [{return: written}]}]
+    - name: deploy
+      description: Ship it.
+      responses: [{sequence: [{return: deployed}, {return: deployed twice}]}]
+    - name: fetch
+      responses: [{sequence: [{return: fetched}, {return: fetched 2}]}]
+    - name: leaky
+      responses: [{sequence: [{jsonrpc_error: {code: -32000, message: 'denied for ops@acme.io', data: {who: ops@acme.io}}}]}]
+";
+
+const POLICY: &str = "  allowed_tools: [up_read, up_leaky]
+  protected_paths: [/etc/shadow]
+  tool_rules:
+    - {tool: up_write, action: block}
+    - {tool: up_deploy, action: ask}
+    - {tool: up_fetch, rate_limit: 2/hour, allow_args: {url: '^https://'}}
+  dlp:
+    patterns:
+      - {name: Email, regex: '[a-zA-Z0-9._%+-]+@[a-zA-Z0-9.-]+\\.[a-zA-Z]{2,}'}
+";
+
+async fn stack() -> Stack {
+    Stack::start(Setup {
+        faults: TOOLS,
+        policy: POLICY,
+        ..Setup::default()
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tools_list_is_prefixed_and_filtered() {
+    let s = stack().await;
+    let session = s.session().await;
+    let list = s.request(&session, json!(1), "tools/list").await;
+    let tools = list["result"]["tools"].as_array().unwrap();
+    let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        vec!["up_deploy", "up_fetch", "up_leaky", "up_read"],
+        "write is blocked, so hidden"
+    );
+    let deploy = tools.iter().find(|t| t["name"] == "up_deploy").unwrap();
+    assert_eq!(deploy["description"], "[requires human approval] Ship it.");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_decision_and_error_code_with_its_exact_error_object() {
+    let s = stack().await;
+    let session = s.session().await;
+    let ok = s.call(&session, json!("a-1"), "up_read", json!({})).await;
+    assert_eq!(ok["id"], "a-1");
+    assert_eq!(
+        ok["result"]["structuredContent"],
+        json!({"owner": "[REDACTED:Email]", "n": 1})
+    );
+
+    let cases = [
+        (
+            "up_write",
+            json!({}),
+            json!({"code": -32001, "message": "Forbidden", "data": {"tool": "up_write", "reason": "Tool is blocked by policy"}}),
+        ),
+        (
+            "up_nope",
+            json!({}),
+            json!({"code": -32001, "message": "Forbidden", "data": {"tool": "up_nope", "reason": "Tool not in allowed_tools list"}}),
+        ),
+        (
+            "up_fetch",
+            json!({"url": "http://plain"}),
+            json!({"code": -32001, "message": "Forbidden", "data": {"tool": "up_fetch", "reason": "Argument 'url' does not match allow_args"}}),
+        ),
+        (
+            "up_read",
+            json!({"path": "/var/../etc/shadow"}),
+            json!({"code": -32007, "message": "Access denied: protected path", "data": {"tool": "up_read", "reason": "Argument 'path' refers to a protected path"}}),
+        ),
+    ];
+    for (i, (tool, args, error)) in cases.into_iter().enumerate() {
+        let r = s.call(&session, json!(i), tool, args).await;
+        assert_eq!(
+            r,
+            json!({"jsonrpc": "2.0", "id": i, "error": error}),
+            "{tool}"
+        );
+    }
+    // Rate limit 2/hour: the refused fetch above took a token too (the limit
+    // is checked first), so one more passes and the next is refused.
+    assert_eq!(
+        s.call(&session, json!(10), "up_fetch", json!({"url": "https://x"}))
+            .await["result"]["content"][0]["text"],
+        "fetched"
+    );
+    let limited = s
+        .call(&session, json!(11), "up_fetch", json!({"url": "https://x"}))
+        .await;
+    assert_eq!(limited["error"]["code"], -32002);
+    assert_eq!(limited["error"]["message"], "Rate limit exceeded");
+    // Method gate.
+    let m = s.request(&session, json!("m"), "resources/read").await;
+    assert_eq!(
+        m,
+        json!({"jsonrpc": "2.0", "id": "m", "error": {"code": -32006, "message": "Method not allowed",
+        "data": {"method": "resources/read", "reason": "Method not in allowed_methods"}}})
+    );
+    // Only the allowed calls reached the upstream.
+    let tools: Vec<Value> = s.attempts().iter().map(|a| a["tool"].clone()).collect();
+    assert_eq!(tools, vec![json!("read"), json!("fetch")]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_error_messages_and_data_are_redacted() {
+    let s = stack().await;
+    let session = s.session().await;
+    let r = s.call(&session, json!(1), "up_leaky", json!({})).await;
+    assert_eq!(
+        r["error"],
+        json!({"code": -32000, "message": "denied for [REDACTED:Email]", "data": {"who": "[REDACTED:Email]"}})
+    );
+    assert!(
+        s.audit_lines()
+            .iter()
+            .any(|l| l["event"] == "DLP_TRIGGERED" && l["dlp_match_count"] == 2)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitor_mode_forwards_what_enforce_would_block_and_records_it() {
+    let policy = POLICY.replace("  allowed_tools:", "  mode: monitor\n  allowed_tools:");
+    let s = Stack::start(Setup {
+        faults: TOOLS,
+        policy: &policy,
+        ..Setup::default()
+    })
+    .await;
+    let session = s.session().await;
+    let r = s.call(&session, json!(1), "up_write", json!({})).await;
+    assert_eq!(r["result"]["content"][0]["text"], "written");
+    let line = s
+        .audit_lines()
+        .into_iter()
+        .find(|l| l["tool"] == "up_write")
+        .unwrap();
+    assert_eq!(
+        (line["decision"].clone(), line["violation"].clone()),
+        (json!("ALLOW_MONITOR"), json!(true))
+    );
+    // Protected paths are enforced even in monitor mode.
+    let p = s
+        .call(&session, json!(2), "up_read", json!({"p": "/etc/shadow"}))
+        .await;
+    assert_eq!(p["error"]["code"], -32007);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ask_approved_and_denied_while_other_calls_complete() {
+    let s = std::sync::Arc::new(stack().await);
+    let session = s.session().await;
+    for (approve, expected) in [(true, json!({"text": "deployed"})), (false, json!(-32004))] {
+        let mut changes = s.gateway.approvals.subscribe();
+        let (s2, session2) = (s.clone(), session.clone());
+        let asking = tokio::spawn(async move {
+            s2.call(&session2, json!("ask"), "up_deploy", json!({"env": "prod"}))
+                .await
+        });
+        let pending = loop {
+            if let Some(p) = s.gateway.approvals.list().into_iter().next() {
+                break p;
+            }
+            tokio::time::timeout(PATIENCE, changes.changed())
+                .await
+                .unwrap()
+                .unwrap();
+        };
+        assert_eq!(pending.tool, "up_deploy");
+        assert_eq!(pending.connection, "up");
+        // Meanwhile another call of the same agent completes.
+        let other = s.call(&session, json!("other"), "up_read", json!({})).await;
+        assert!(other.get("result").is_some(), "{other}");
+        s.gateway.approvals.decide(&pending.id, approve).unwrap();
+        let r = asking.await.unwrap();
+        if approve {
+            assert_eq!(r["result"]["content"][0]["text"], "deployed");
+        } else {
+            assert_eq!(r["error"]["code"], expected);
+            assert_eq!(r["error"]["message"], "User denied");
+        }
+        let _ = expected;
+    }
+    let deploys = s
+        .attempts()
+        .iter()
+        .filter(|a| a["tool"] == "deploy")
+        .count();
+    assert_eq!(deploys, 1, "only the approved ask was forwarded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ask_times_out_with_the_approval_timeout_error() {
+    let s = Stack::start(Setup {
+        faults: TOOLS,
+        policy: POLICY,
+        approval_timeout: Duration::from_millis(200),
+        ..Setup::default()
+    })
+    .await;
+    let session = s.session().await;
+    let r = s.call(&session, json!(9), "up_deploy", json!({})).await;
+    assert_eq!(
+        r["error"],
+        json!({"code": -32005, "message": "User approval timeout",
+        "data": {"tool": "up_deploy", "reason": "No approval decision before the timeout"}})
+    );
+    assert!(s.attempts().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smuggling_shapes_never_reach_the_upstream() {
+    let s = stack().await;
+    let session = s.session().await;
+    let h = [("mcp-session-id", session.as_str())];
+    for (body, code) in [
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","Method":"tools/list","params":{"name":"up_read","arguments":{}}}"#,
+            -32700,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"up_read","arguments":{},"argumentſ":{"path":"/etc/shadow"}}}"#,
+            -32700,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"up_read","\u006eame":"up_write","arguments":{}}}"#,
+            -32700,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"up_read","arguments":{"n":12345678901234567890}}}"#,
+            -32700,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"up_read","arguments":{}}} {"x":1}"#,
+            -32700,
+        ),
+        (
+            r#"[{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"up_read","arguments":{}}}]"#,
+            -32600,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"up_read","arguments":{"x":NaN}}}"#,
+            -32700,
+        ),
+    ] {
+        let r = s.post(&h, body).await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.json()["error"]["code"], code, "{body}");
+    }
+    assert!(s.attempts().is_empty(), "nothing reached the upstream");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_answers_as_an_mcp_server_must() {
+    let s = stack().await;
+    let session = s.session().await;
+    let ping = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    assert_eq!(
+        s.post(&[("mcp-session-id", "nope")], ping).await.status,
+        404
+    );
+    assert_eq!(s.post(&[], ping).await.status, 400);
+    assert_eq!(
+        s.post(
+            &[
+                ("mcp-session-id", &session),
+                ("mcp-protocol-version", "1999-01-01")
+            ],
+            ping
+        )
+        .await
+        .status,
+        400
+    );
+    assert_eq!(
+        s.post(
+            &[
+                ("mcp-session-id", &session),
+                ("origin", "http://evil.example")
+            ],
+            ping
+        )
+        .await
+        .status,
+        403
+    );
+    let ok = s
+        .post(
+            &[
+                ("mcp-session-id", &session),
+                ("origin", "http://localhost:3000"),
+                ("mcp-protocol-version", "2025-06-18"),
+            ],
+            ping,
+        )
+        .await;
+    assert_eq!(ok.json(), json!({"jsonrpc": "2.0", "id": 1, "result": {}}));
+    let sse = s
+        .post(
+            &[
+                ("mcp-session-id", &session),
+                ("accept", "text/event-stream"),
+            ],
+            ping,
+        )
+        .await;
+    assert_eq!(sse.header("content-type"), Some("text/event-stream"));
+    assert_eq!(
+        raw(s.addr, "DELETE", &[("mcp-session-id", &session)], "")
+            .await
+            .status,
+        204
+    );
+    assert_eq!(
+        s.post(&[("mcp-session-id", &session)], ping).await.status,
+        404
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_valid_credentials_means_no_tools_and_nothing_sent() {
+    let s = Stack::start(Setup {
+        faults: TOOLS,
+        policy: POLICY,
+        connection: "  bearerToken:\n    valueFrom: {env: AIP_SURELY_UNSET_VARIABLE}\n",
+        expect: HealthState::NeedsCredentials,
+        ..Setup::default()
+    })
+    .await;
+    let session = s.session().await;
+    assert_eq!(
+        s.request(&session, json!(1), "tools/list").await["result"]["tools"],
+        json!([])
+    );
+    assert!(s.attempts().is_empty());
+}
