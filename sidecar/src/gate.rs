@@ -113,6 +113,27 @@ impl Gateway {
         gateway
     }
 
+    /// A gateway serving only the admin routes of the stdio wrap mode: it
+    /// shares `approvals` and brokers no connection.
+    pub fn with_approvals(
+        config: watch::Receiver<Arc<Config>>,
+        approvals: Arc<LocalApprovals>,
+        shutdown: CancellationToken,
+    ) -> Arc<Gateway> {
+        Arc::new(Gateway {
+            config,
+            connections: RwLock::new(Vec::new()),
+            approvals,
+            audit: Audit::new(Box::new(std::io::sink())),
+            limits: Limits::default(),
+            approval_timeout: DEFAULT_APPROVAL_TIMEOUT,
+            next_id: AtomicU64::new(1),
+            in_flight: Mutex::new(HashMap::new()),
+            shutdown,
+            checks: Mutex::new(CancellationToken::new()),
+        })
+    }
+
     pub fn config(&self) -> Arc<Config> {
         self.config.borrow().clone()
     }

@@ -17,3 +17,4 @@ pub mod config;
 pub mod gate;
 pub mod jsonrpc;
 pub mod upstream;
+pub mod wrap;

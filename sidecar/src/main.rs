@@ -34,6 +34,32 @@ struct Cli {
 enum Command {
     /// Serve agents over Streamable HTTP, configured from a local file.
     Run(RunArgs),
+    /// Wrap a stdio MCP server for a desktop MCP client:
+    /// `aip-sidecar stdio --policy FILE -- COMMAND ARGS...`
+    Stdio(StdioArgs),
+}
+
+#[derive(clap::Args)]
+struct StdioArgs {
+    /// The AgentPolicy (a file as for `run`; ToolConnections are ignored).
+    #[arg(long)]
+    policy: PathBuf,
+    /// Audit lines go here (default: stderr; stdout is the protocol).
+    #[arg(long)]
+    audit: Option<PathBuf>,
+    /// Serve the approval routes here (default: asks wait until they time out).
+    #[arg(long)]
+    admin: Option<String>,
+    #[arg(long)]
+    approval_token_file: Option<PathBuf>,
+    #[arg(long, default_value = "300")]
+    approval_timeout_seconds: u64,
+    /// Offer this client capability to the server (sampling, elicitation, roots).
+    #[arg(long = "allow-capability")]
+    allow_capabilities: Vec<String>,
+    /// The server to run, after `--`: passed as an argv, never split on spaces.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
 }
 
 #[derive(clap::Args)]
@@ -75,9 +101,13 @@ enum LogFormat {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(cli.log_format);
-    let Command::Run(args) = cli.command;
-    match run(args).await {
-        Ok(()) => ExitCode::SUCCESS,
+    let outcome = match cli.command {
+        Command::Run(args) => run(args).await.map(|()| 0),
+        Command::Stdio(args) => stdio(args).await,
+    };
+    match outcome {
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(e) => {
             eprintln!("aip-sidecar: {e:#}");
             ExitCode::FAILURE
@@ -147,6 +177,64 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         tracing::warn!("in-flight calls did not finish within the drain bound");
     }
     Ok(())
+}
+
+async fn stdio(args: StdioArgs) -> anyhow::Result<i32> {
+    let shutdown = CancellationToken::new();
+    let watched = file::watch(
+        args.policy.clone(),
+        Duration::from_secs(1),
+        shutdown.clone(),
+    );
+    if let Some(errors) = watched.errors.borrow().as_ref() {
+        for e in &errors.0 {
+            tracing::error!(file = %args.policy.display(), error = %e, "policy refused; every tool call is blocked until it is fixed");
+        }
+    }
+    let audit: Box<dyn Write + Send> = match &args.audit {
+        None => Box::new(std::io::stderr()),
+        Some(path) => Box::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)?,
+        ),
+    };
+    let approvals = aip_sidecar::approvals::LocalApprovals::new();
+    if let Some(addr) = &args.admin {
+        let token_file = args
+            .approval_token_file
+            .clone()
+            .unwrap_or_else(default_token_file);
+        let approval_token = approval_token(&token_file)?;
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        eprintln!(
+            "aip-sidecar: approvals at http://{}/approvals ; token in {}",
+            listener.local_addr()?,
+            token_file.display()
+        );
+        let gateway =
+            Gateway::with_approvals(watched.config.clone(), approvals.clone(), shutdown.clone());
+        let admin = Arc::new(Admin {
+            gateway,
+            approval_token,
+        });
+        tokio::spawn(admin::serve(admin, listener, shutdown.clone()));
+    }
+    let wrap = aip_sidecar::wrap::Wrap {
+        config: watched.config,
+        audit: Arc::new(Audit::new(audit)),
+        approvals,
+        approval_timeout: Duration::from_secs(args.approval_timeout_seconds),
+        allow_capabilities: args.allow_capabilities,
+    };
+    let code = wrap
+        .run(&args.command, tokio::io::stdin(), tokio::io::stdout())
+        .await?;
+    shutdown.cancel();
+    // stdin may still hold a blocking read; do not wait for it.
+    let _ = std::io::stderr().flush();
+    std::process::exit(code);
 }
 
 fn default_token_file() -> PathBuf {

@@ -1,0 +1,350 @@
+//! stdio wrap mode for desktop MCP clients:
+//! `aip-sidecar stdio --policy FILE -- COMMAND ARGS...` runs COMMAND (a real
+//! argv, never split on spaces) and sits between the client's stdin/stdout
+//! and the server's, where the AIP reference proxy is used today.
+//!
+//! Agent -> server: strict parse, policy, canonical bytes forwarded; asks wait
+//! (in their own task) for a decision on the admin port. Server -> agent:
+//! tools/list filtered, tool results and errors redacted. The client
+//! capabilities sampling, elicitation and roots are not offered to the
+//! server unless allowed.
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use aip_policy::{AuditRecord, Decision, Evaluator, Listing, Request};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::sync::{mpsc, watch};
+
+use crate::approvals::LocalApprovals;
+use crate::audit::{Audit, refusal_line};
+use crate::config::Config;
+use crate::jsonrpc::{self, Kind, Limits};
+
+pub struct Wrap {
+    pub config: watch::Receiver<Arc<Config>>,
+    pub audit: Arc<Audit>,
+    pub approvals: Arc<LocalApprovals>,
+    pub approval_timeout: Duration,
+    /// Client capabilities the server may be offered.
+    pub allow_capabilities: Vec<String>,
+}
+
+/// What the gateway remembers about a request it forwarded.
+#[derive(Debug, Clone)]
+enum Forwarded {
+    ToolsList,
+    ToolsCall(String),
+    Other,
+}
+
+type Pending = Arc<Mutex<HashMap<String, Forwarded>>>;
+
+impl Wrap {
+    /// Runs `command` and relays until either side ends. Returns the
+    /// server's exit code.
+    pub async fn run<R, W>(
+        self,
+        command: &[String],
+        agent_in: R,
+        agent_out: W,
+    ) -> anyhow::Result<i32>
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let (program, args) = command
+            .split_first()
+            .ok_or_else(|| anyhow::anyhow!("no command to wrap"))?;
+        let mut child = tokio::process::Command::new(program)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("cannot start {program}: {e}"))?;
+        let child_in = child
+            .stdin
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("no stdin"))?;
+        let child_out = child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+        let to_agent = writer(agent_out);
+        let to_server = writer(child_in);
+        let pending: Pending = Arc::default();
+        let this = Arc::new(self);
+        let upstream = tokio::spawn(this.clone().server_to_agent(
+            child_out,
+            to_agent.clone(),
+            pending.clone(),
+        ));
+        this.agent_to_server(agent_in, to_agent, to_server, pending)
+            .await;
+        // The client is gone: the server's stdin closes (dropped above) and
+        // it is expected to exit.
+        let status = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+        // Its stdout has ended or soon will: relay what is left, briefly.
+        let _ = tokio::time::timeout(Duration::from_secs(2), upstream).await;
+        Ok(match status {
+            Ok(Ok(s)) => s.code().unwrap_or(1),
+            _ => {
+                let _ = child.kill().await;
+                1
+            }
+        })
+    }
+
+    async fn agent_to_server<R: AsyncRead + Unpin>(
+        self: Arc<Self>,
+        agent_in: R,
+        to_agent: mpsc::UnboundedSender<String>,
+        to_server: mpsc::UnboundedSender<String>,
+        pending: Pending,
+    ) {
+        let mut lines = BufReader::new(agent_in).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let message = match jsonrpc::parse(line.as_bytes(), Limits::default()) {
+                Ok(m) => m,
+                Err(refused) => {
+                    self.audit.record(&refusal_line(
+                        &refused.refusal.to_string(),
+                        refused.id.as_ref(),
+                    ));
+                    let _ = to_agent.send(refused.response().to_string());
+                    continue;
+                }
+            };
+            let evaluator = self.config.borrow().evaluator.clone();
+            if let Kind::Response { .. } = message.kind {
+                // The agent answering the server (allowed capabilities only).
+                let mut value = message.value;
+                if let Some(r) = evaluator.redactor() {
+                    r.redact_strings(&mut value, &mut Vec::new());
+                }
+                let _ = to_server.send(value.to_string());
+                continue;
+            }
+            let Ok(request) = Request::from_value(&message.value) else {
+                continue;
+            };
+            let verdict = evaluator.evaluate(&request);
+            let mut value = message.value.clone();
+            if message.method() == Some("initialize") {
+                self.strip_capabilities(&mut value);
+            }
+            if let Some(id) = message.id() {
+                let forwarded = match message.method() {
+                    Some("tools/list") => Forwarded::ToolsList,
+                    Some("tools/call") => Forwarded::ToolsCall(
+                        verdict.tool().map(str::to_owned).unwrap_or_else(|| {
+                            message
+                                .params()
+                                .and_then(|p| p.get("name"))
+                                .and_then(Value::as_str)
+                                .unwrap_or_default()
+                                .to_owned()
+                        }),
+                    ),
+                    _ => Forwarded::Other,
+                };
+                lock(&pending).insert(id.to_string(), forwarded);
+            }
+            if verdict.decision == Decision::Ask {
+                // Asks wait in their own task: nothing else is held up.
+                let (this, to_agent, to_server, pending) = (
+                    self.clone(),
+                    to_agent.clone(),
+                    to_server.clone(),
+                    pending.clone(),
+                );
+                tokio::spawn(async move {
+                    let tool = verdict.tool().unwrap_or_default().to_owned();
+                    let mut args = value
+                        .pointer("/params/arguments")
+                        .cloned()
+                        .unwrap_or(Value::Null);
+                    if let Some(r) = evaluator.redactor() {
+                        r.redact_strings(&mut args, &mut Vec::new());
+                    }
+                    let answer = this
+                        .approvals
+                        .ask(&tool, "stdio", args, this.approval_timeout)
+                        .await;
+                    let verdict = verdict.resolve(answer);
+                    this.audit.record(&AuditRecord::for_request(
+                        &evaluator,
+                        &request_of(&value),
+                        &verdict,
+                        SystemTime::now(),
+                    ));
+                    this.deliver(&verdict, value, &to_agent, &to_server, &pending);
+                });
+                continue;
+            }
+            self.audit.record(&AuditRecord::for_request(
+                &evaluator,
+                &request,
+                &verdict,
+                SystemTime::now(),
+            ));
+            self.deliver(&verdict, value, &to_agent, &to_server, &pending);
+        }
+    }
+
+    fn deliver(
+        &self,
+        verdict: &aip_policy::Verdict,
+        value: Value,
+        to_agent: &mpsc::UnboundedSender<String>,
+        to_server: &mpsc::UnboundedSender<String>,
+        pending: &Pending,
+    ) {
+        if verdict.decision == Decision::Allow {
+            let _ = to_server.send(value.to_string());
+            return;
+        }
+        if let Some(id) = value.get("id") {
+            lock(pending).remove(&id.to_string());
+        }
+        if let Some(response) = verdict.response() {
+            let _ = to_agent.send(response.to_string());
+        }
+    }
+
+    /// Removes client capabilities the server may not use.
+    fn strip_capabilities(&self, initialize: &mut Value) {
+        if let Some(caps) = initialize
+            .pointer_mut("/params/capabilities")
+            .and_then(Value::as_object_mut)
+        {
+            caps.retain(|k, _| {
+                !matches!(k.as_str(), "sampling" | "elicitation" | "roots")
+                    || self.allow_capabilities.contains(k)
+            });
+        }
+    }
+
+    async fn server_to_agent(
+        self: Arc<Self>,
+        server_out: tokio::process::ChildStdout,
+        to_agent: mpsc::UnboundedSender<String>,
+        pending: Pending,
+    ) {
+        let mut lines = BufReader::new(server_out).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            let mut value = match jsonrpc::parse_value(line.as_bytes(), Limits::default()) {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the wrapped server wrote a line that is not acceptable JSON; dropped");
+                    continue;
+                }
+            };
+            let evaluator = self.config.borrow().evaluator.clone();
+            let is_response = value.get("method").is_none();
+            let forwarded = value
+                .get("id")
+                .filter(|_| is_response)
+                .and_then(|id| lock(&pending).remove(&id.to_string()));
+            match forwarded {
+                Some(Forwarded::ToolsList) => filter_tools(&mut value, &evaluator),
+                Some(Forwarded::ToolsCall(_)) | Some(Forwarded::Other) | None => {}
+            }
+            if let Some(r) = evaluator.redactor() {
+                let mut events = Vec::new();
+                if let Some(result) = value
+                    .get_mut("result")
+                    .filter(|_| matches!(forwarded, Some(Forwarded::ToolsCall(_))))
+                {
+                    events = r.redact_tool_result(result);
+                }
+                for key in ["error", "params"] {
+                    if let Some(v) = value.get_mut(key) {
+                        r.redact_strings(v, &mut events);
+                    }
+                }
+                let tool = match &forwarded {
+                    Some(Forwarded::ToolsCall(t)) => Some(t.as_str()),
+                    _ => None,
+                };
+                for line in aip_policy::DlpRecord::for_events(&events, tool, SystemTime::now()) {
+                    self.audit.record(&line);
+                }
+            }
+            let _ = to_agent.send(value.to_string());
+        }
+    }
+}
+
+fn request_of(value: &Value) -> Request<'_> {
+    Request::from_value(value).unwrap_or(Request {
+        id: None,
+        method: "",
+        params: None,
+    })
+}
+
+/// Drops tools the policy hides, marks those that ask.
+fn filter_tools(response: &mut Value, evaluator: &Evaluator) {
+    let Some(tools) = response
+        .pointer_mut("/result/tools")
+        .and_then(Value::as_array_mut)
+    else {
+        return;
+    };
+    tools.retain_mut(|tool| {
+        let name = tool
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        match evaluator.listing(&name) {
+            Listing::Hidden => false,
+            Listing::Listed => true,
+            Listing::Ask => {
+                let description = tool
+                    .get("description")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                tool["description"] = json!(
+                    format!("[requires human approval] {description}")
+                        .trim_end()
+                        .to_owned()
+                );
+                true
+            }
+        }
+    });
+}
+
+/// One task owns each output, so lines never interleave.
+fn writer<W: AsyncWrite + Unpin + Send + 'static>(mut out: W) -> mpsc::UnboundedSender<String> {
+    let (tx, mut rx) = mpsc::unbounded_channel::<String>();
+    tokio::spawn(async move {
+        while let Some(mut line) = rx.recv().await {
+            line.push('\n');
+            if out
+                .write_all(line.as_bytes())
+                .await
+                .and(out.flush().await)
+                .is_err()
+            {
+                return;
+            }
+        }
+        let _ = out.shutdown().await;
+    });
+    tx
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
