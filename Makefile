@@ -4,8 +4,9 @@ SHARED ?= ../shared
 CARGO  ?= cargo
 AIP    := target/debug/aip
 PYENV  := target/pyenv
+NPMENV := target/npm
 
-.PHONY: all build test lint fmt clippy unit conformance pyenv bench demo clean
+.PHONY: all build test lint fmt clippy unit conformance pyenv npmenv interop-deps bench demo clean
 
 all: build
 
@@ -32,7 +33,18 @@ $(PYENV)/.installed: e2e/fault-server/tests/requirements.txt
 	$(PYENV)/bin/pip install --quiet --disable-pip-version-check -r e2e/fault-server/tests/requirements.txt
 	touch $@
 
-unit: build pyenv
+## npmenv: @modelcontextprotocol/server-everything (pinned), for interop tests.
+npmenv: $(NPMENV)/.installed
+
+$(NPMENV)/.installed: sidecar/tests/interop/package.json
+	mkdir -p $(NPMENV)
+	cp sidecar/tests/interop/package.json $(NPMENV)/package.json
+	cd $(NPMENV) && npm install --silent --no-audit --no-fund
+	touch $@
+
+interop-deps: pyenv npmenv
+
+unit: build interop-deps
 	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
 		$(CARGO) nextest run --workspace --locked --no-fail-fast; \
 	else \

@@ -49,6 +49,10 @@ pub struct Setup<'a> {
     pub approval_timeout: Duration,
     /// Wait for this health state before returning.
     pub expect: HealthState,
+    /// Point the connection here instead of at the fault server.
+    pub url: Option<String>,
+    /// The connection's tool prefix.
+    pub prefix: &'a str,
 }
 
 impl Default for Setup<'_> {
@@ -59,6 +63,8 @@ impl Default for Setup<'_> {
             connection: "",
             approval_timeout: Duration::from_secs(60),
             expect: HealthState::Healthy,
+            url: None,
+            prefix: "up_",
         }
     }
 }
@@ -66,9 +72,14 @@ impl Default for Setup<'_> {
 impl Stack {
     pub async fn start(setup: Setup<'_>) -> Stack {
         let shutdown = CancellationToken::new();
-        let yaml = format!(
-            "apiVersion: aip.io/v1alpha1\nkind: FaultServer\nmetadata: {{name: up}}\nspec:\n{}",
+        // With an external upstream the fault server idles; it still needs a tool.
+        let faults = if setup.faults.is_empty() {
+            "  tools: [{name: unused, responses: [{sequence: [{return: 1}]}]}]\n"
+        } else {
             setup.faults
+        };
+        let yaml = format!(
+            "apiVersion: aip.io/v1alpha1\nkind: FaultServer\nmetadata: {{name: up}}\nspec:\n{faults}"
         );
         let fault = Core::new(
             Script::from_yaml(&yaml, Transport::Http).unwrap(),
@@ -84,14 +95,22 @@ impl Stack {
             shutdown.clone(),
         ));
 
+        let policy = if setup.policy.is_empty() {
+            "  {}"
+        } else {
+            setup.policy
+        };
+        let url = setup.url.clone().unwrap_or_else(|| fault_url.clone());
+        // Real servers get real limits; the fault server gets tight ones so
+        // timeouts and size limits are quick to reach.
+        let (timeout, max_bytes) = if setup.url.is_some() {
+            (10, 1_000_000)
+        } else {
+            (1, 4096)
+        };
         let config_text = format!(
-            "apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {{name: agent}}\nspec:\n{}\n---\napiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {{name: up}}\nspec:\n  url: {fault_url}\n  toolPrefix: up_\n  timeoutSeconds: 1\n  maxResponseBytes: 4096\n{}",
-            if setup.policy.is_empty() {
-                "  {}"
-            } else {
-                setup.policy
-            },
-            setup.connection
+            "apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {{name: agent}}\nspec:\n{policy}\n---\napiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {{name: up}}\nspec:\n  url: {url}\n  toolPrefix: {}\n  timeoutSeconds: {timeout}\n  maxResponseBytes: {max_bytes}\n{}",
+            setup.prefix, setup.connection
         );
         let options = CompileOptions {
             home: Some("/home/agent".into()),

@@ -1,0 +1,260 @@
+//! Interoperability with code nobody here wrote: the Python MCP SDK (PyPI)
+//! as the agent, and `@modelcontextprotocol/server-everything` (npm) as the
+//! server — through the gateway over Streamable HTTP, and through the stdio
+//! wrap mode over stdio. `make interop-deps` installs both (pinned).
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use common::{Setup, Stack};
+use serde_json::{Value, json};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn python() -> PathBuf {
+    let p = std::env::var_os("AIP_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("target/pyenv/bin/python"));
+    assert!(
+        p.exists(),
+        "no Python with the mcp SDK at {}: run `make interop-deps`",
+        p.display()
+    );
+    p
+}
+
+fn everything() -> PathBuf {
+    let p = repo()
+        .join("target/npm/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    assert!(
+        p.exists(),
+        "server-everything is not installed at {}: run `make interop-deps`",
+        p.display()
+    );
+    p
+}
+
+/// Runs the Python client; its JSON report.
+fn client(calls: &Value, transport: &[&str]) -> Value {
+    let out = Command::new(python())
+        .arg(repo().join("sidecar/tests/interop/client.py"))
+        .arg(calls.to_string())
+        .args(transport)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "client failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// server-everything over Streamable HTTP on a free port.
+struct Everything(Child, String);
+
+impl Everything {
+    fn start() -> Everything {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut child = Command::new("node")
+            .arg(everything())
+            .arg("streamableHttp")
+            .env("PORT", port.to_string())
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        while stderr.read_line(&mut line).unwrap() > 0 {
+            if line.contains("listening on port") {
+                break;
+            }
+            line.clear();
+        }
+        std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+        Everything(child, format!("http://127.0.0.1:{port}/mcp"))
+    }
+}
+
+impl Drop for Everything {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+const EVERYTHING_POLICY: &str = "  allowed_tools: [ev_echo, ev_get-sum, echo, get-sum]
+  tool_rules:
+    - {tool: ev_get-env, action: block}
+    - {tool: get-env, action: block}
+  dlp:
+    patterns:
+      - {name: Secret, regex: 'sk-[a-z0-9]{8}'}
+";
+
+fn check_everything(report: &Value, prefix: &str) {
+    let tools: Vec<&str> = report["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        tools,
+        vec![format!("{prefix}echo"), format!("{prefix}get-sum")],
+        "only what the policy allows is listed"
+    );
+    let results = report["results"].as_array().unwrap();
+    let echoed = results[0]["content"][0]["text"].as_str().unwrap();
+    assert!(echoed.contains("hello [REDACTED:Secret]"), "{echoed}");
+    assert!(!echoed.contains("sk-abcdefgh"));
+    assert!(
+        results[1]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains('5'),
+        "{}",
+        results[1]
+    );
+    assert_eq!(results[2]["error"]["code"], -32001, "{}", results[2]);
+    assert_eq!(results[2]["error"]["message"], "Forbidden");
+}
+
+fn everything_calls(prefix: &str) -> Value {
+    json!([
+        [format!("{prefix}echo"), {"message": "hello sk-abcdefgh"}],
+        [format!("{prefix}get-sum"), {"a": 2, "b": 3}],
+        [format!("{prefix}get-env"), {}],
+    ])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_sdk_through_the_gateway_to_server_everything_over_http() {
+    let everything = Everything::start();
+    let s = Stack::start(Setup {
+        policy: EVERYTHING_POLICY,
+        url: Some(everything.1.clone()),
+        prefix: "ev_",
+        ..Setup::default()
+    })
+    .await;
+    let url = format!("http://{}/mcp", s.addr);
+    let report =
+        tokio::task::spawn_blocking(move || client(&everything_calls("ev_"), &["http", &url]))
+            .await
+            .unwrap();
+    assert_eq!(report["server"], "aip-sidecar");
+    check_everything(&report, "ev_");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_sdk_through_the_gateway_to_the_fault_server_over_http() {
+    let faults = "  tools:\n    - name: get_item\n      responses: [{sequence: [{error: busy}, {return: {qty: 3}}]}]\n";
+    let s = Stack::start(Setup {
+        faults,
+        policy: "  allowed_tools: [up_get_item]\n",
+        ..Setup::default()
+    })
+    .await;
+    let url = format!("http://{}/mcp", s.addr);
+    let calls = json!([
+        ["up_get_item", {}],
+        ["up_get_item", {}],
+        ["up_get_item", {}]
+    ]);
+    let report = tokio::task::spawn_blocking(move || client(&calls, &["http", &url]))
+        .await
+        .unwrap();
+    assert_eq!(report["tools"], json!(["up_get_item"]));
+    let r = report["results"].as_array().unwrap();
+    assert_eq!(r[0]["isError"], true);
+    assert_eq!(r[1]["structuredContent"], json!({"qty": 3}));
+    assert_eq!(r[2]["isError"], true, "exhausted: {}", r[2]);
+    assert_eq!(s.attempts().len(), 3, "one upstream call per call");
+}
+
+fn policy_file(name: &str, spec: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("aip-interop-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, format!("apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {{name: desktop}}\nspec:\n{spec}")).unwrap();
+    path
+}
+
+#[test]
+fn python_sdk_through_the_stdio_wrap_to_server_everything() {
+    let policy = policy_file("everything.yaml", EVERYTHING_POLICY);
+    let sidecar = env!("CARGO_BIN_EXE_aip-sidecar");
+    let everything = everything();
+    let report = client(
+        &everything_calls(""),
+        &[
+            "stdio",
+            sidecar,
+            "stdio",
+            "--policy",
+            policy.to_str().unwrap(),
+            "--audit",
+            "/dev/null",
+            "--",
+            "node",
+            everything.to_str().unwrap(),
+            "stdio",
+        ],
+    );
+    check_everything(&report, "");
+}
+
+#[test]
+fn the_stdio_wrap_works_with_the_fault_server_and_an_argv_with_spaces() {
+    let dir = std::env::temp_dir().join(format!("aip-interop-faults {}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("script with spaces.yaml");
+    std::fs::write(&script, "apiVersion: aip.io/v1alpha1\nkind: FaultServer\nmetadata: {name: f}\nspec:\n  tools:\n    - name: get_item\n      responses: [{sequence: [{return: {owner: ops@acme.io}}]}]\n    - name: drop_db\n      responses: [{sequence: [{return: dropped}]}]\n").unwrap();
+    let policy = policy_file(
+        "faults.yaml",
+        "  allowed_tools: [get_item]\n  dlp:\n    patterns:\n      - {name: Email, regex: '[a-z]+@[a-z.]+'}\n",
+    );
+    let fault_server = repo().join("target/debug/aip-fault-server");
+    assert!(
+        fault_server.exists(),
+        "build the workspace first (make build)"
+    );
+    let report = client(
+        &json!([["get_item", {}], ["drop_db", {}]]),
+        &[
+            "stdio",
+            env!("CARGO_BIN_EXE_aip-sidecar"),
+            "stdio",
+            "--policy",
+            policy.to_str().unwrap(),
+            "--audit",
+            "/dev/null",
+            "--",
+            fault_server.to_str().unwrap(),
+            "--config",
+            script.to_str().unwrap(),
+            "--stdio",
+            "--log",
+            "/dev/null",
+        ],
+    );
+    assert_eq!(report["tools"], json!(["get_item"]));
+    assert_eq!(
+        report["results"][0]["structuredContent"],
+        json!({"owner": "[REDACTED:Email]"})
+    );
+    assert_eq!(report["results"][1]["error"]["code"], -32001);
+}

@@ -1,0 +1,51 @@
+"""An unmodified Python MCP SDK client (PyPI `mcp`) for the interop tests.
+
+Usage: client.py CALLS_JSON http URL
+       client.py CALLS_JSON stdio COMMAND ARGS...
+
+CALLS_JSON is a list of [tool, arguments]. Prints one JSON report: the
+server name, the tools listed, and each call's result or JSON-RPC error.
+"""
+import asyncio
+import json
+import sys
+
+from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+
+async def exercise(read, write, calls):
+    async with ClientSession(read, write) as session:
+        init = await session.initialize()
+        tools = await session.list_tools()
+        results = []
+        for name, arguments in calls:
+            try:
+                result = await session.call_tool(name, arguments)
+                results.append(result.model_dump(mode="json", by_alias=True, exclude_none=True))
+            except Exception as exc:  # JSON-RPC errors surface as exceptions
+                error = getattr(exc, "error", None)
+                if error is not None and hasattr(error, "model_dump"):
+                    results.append({"error": error.model_dump(mode="json", exclude_none=True)})
+                else:
+                    results.append({"error": {"message": str(exc)}})
+        return {
+            "server": init.server_info.name if hasattr(init, "server_info") else init.serverInfo.name,
+            "tools": [t.name for t in tools.tools],
+            "results": results,
+        }
+
+
+async def main():
+    calls = json.loads(sys.argv[1])
+    if sys.argv[2] == "http":
+        async with streamable_http_client(sys.argv[3]) as streams:
+            report = await exercise(streams[0], streams[1], calls)
+    else:
+        params = StdioServerParameters(command=sys.argv[3], args=sys.argv[4:])
+        async with stdio_client(params) as (read, write):
+            report = await exercise(read, write, calls)
+    print(json.dumps(report))
+
+
+asyncio.run(main())
