@@ -59,6 +59,17 @@ async fn route(admin: Arc<Admin>, req: Request<Incoming>) -> Result<Response<Bod
         (&Method::GET, "/readyz") => {
             text(StatusCode::SERVICE_UNAVAILABLE, "no valid policy loaded\n")
         }
+        (&Method::GET, "/metrics") => {
+            let mut r =
+                Response::new(Full::new(Bytes::from(admin.gateway.metrics.encode())).boxed());
+            r.headers_mut().insert(
+                "content-type",
+                HeaderValue::from_static(
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                ),
+            );
+            r
+        }
         (&Method::GET, "/connections") => {
             json_response(StatusCode::OK, &connections(&admin.gateway))
         }

@@ -17,6 +17,7 @@ use crate::approvals::LocalApprovals;
 use crate::audit::{Audit, UpstreamFailure, refusal_line};
 use crate::config::Config;
 use crate::jsonrpc::{self, Kind, Limits, Message};
+use crate::metrics::{ConnectionLabels, DecisionLabels, FailureLabels, Metrics};
 use crate::upstream::Failure;
 use crate::upstream::health::{ConnectionState, HealthState};
 
@@ -57,6 +58,7 @@ pub enum Reply {
 }
 
 pub struct Gateway {
+    pub metrics: Metrics,
     config: watch::Receiver<Arc<Config>>,
     connections: RwLock<Vec<Arc<ConnectionState>>>,
     pub approvals: Arc<LocalApprovals>,
@@ -97,6 +99,7 @@ impl Gateway {
         shutdown: CancellationToken,
     ) -> Arc<Gateway> {
         let gateway = Arc::new(Gateway {
+            metrics: Metrics::default(),
             config,
             connections: RwLock::new(Vec::new()),
             approvals: LocalApprovals::new(),
@@ -121,6 +124,7 @@ impl Gateway {
         shutdown: CancellationToken,
     ) -> Arc<Gateway> {
         Arc::new(Gateway {
+            metrics: Metrics::default(),
             config,
             connections: RwLock::new(Vec::new()),
             approvals,
@@ -202,6 +206,7 @@ impl Gateway {
 
     /// Audits a refused message and builds its error reply.
     pub fn refuse(&self, refused: &jsonrpc::Refused) -> Reply {
+        self.metrics.refused_messages.inc();
         self.audit.record(&refusal_line(
             &refused.refusal.to_string(),
             refused.id.as_ref(),
@@ -235,6 +240,15 @@ impl Gateway {
             &verdict,
             SystemTime::now(),
         ));
+        let called = (message.method() == Some("tools/call"))
+            .then(|| {
+                message
+                    .params()
+                    .and_then(|p| p.get("name"))
+                    .and_then(Value::as_str)
+            })
+            .flatten();
+        self.count_decision(&verdict, called);
         if verdict.decision != Decision::Allow {
             // Blocked notifications are dropped (audited above): a
             // notification gets no reply.
@@ -265,6 +279,21 @@ impl Gateway {
             )),
             (Kind::Response { .. }, _) => Reply::Nothing,
         }
+    }
+
+    fn count_decision(&self, verdict: &Verdict, called: Option<&str>) {
+        // Only catalogued names become label values.
+        let tool = match called {
+            Some(t) if self.route(t).is_some() => t.to_owned(),
+            Some(_) => "other".to_owned(),
+            None => String::new(),
+        };
+        let labels = DecisionLabels {
+            decision: verdict.audit_decision().to_owned(),
+            tool,
+            mode: verdict.mode.as_str().to_owned(),
+        };
+        self.metrics.decisions.get_or_create(&labels).inc();
     }
 
     /// Holds an ask until a person decides, the agent cancels, or time runs
@@ -489,6 +518,13 @@ impl Gateway {
             () = cancel.cancelled() => None,
         };
         self.untrack(message, caller);
+        let connection_labels = ConnectionLabels {
+            connection: connection.clone(),
+        };
+        self.metrics
+            .upstream_latency
+            .get_or_create(&connection_labels)
+            .observe(started.elapsed().as_secs_f64());
         let Some(outcome) = outcome else {
             let notice = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
                                 "params": {"requestId": upstream_id, "reason": "canceled by the agent"}});
@@ -538,6 +574,11 @@ impl Gateway {
     }
 
     fn audit_failure(&self, connection: &str, tool: &str, failure: &Failure, started: Instant) {
+        let labels = FailureLabels {
+            connection: connection.to_owned(),
+            class: failure.class().to_owned(),
+        };
+        self.metrics.upstream_failures.get_or_create(&labels).inc();
         self.audit.upstream_failure(&UpstreamFailure {
             connection,
             tool,

@@ -16,5 +16,6 @@ pub mod audit;
 pub mod config;
 pub mod gate;
 pub mod jsonrpc;
+pub mod metrics;
 pub mod upstream;
 pub mod wrap;

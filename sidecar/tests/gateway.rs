@@ -361,3 +361,33 @@ async fn no_valid_credentials_means_no_tools_and_nothing_sent() {
     );
     assert!(s.attempts().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_decisions_failures_and_latency_with_bounded_labels() {
+    let faults =
+        "  tools:\n    - name: read\n      responses: [{sequence: [{return: ok}, {drop: true}]}]\n";
+    let s = Stack::start(Setup {
+        faults,
+        policy: "  allowed_tools: [up_read]\n",
+        ..Setup::default()
+    })
+    .await;
+    let session = s.session().await;
+    s.call(&session, json!(1), "up_read", json!({})).await;
+    s.call(&session, json!(2), "up_read", json!({})).await;
+    s.call(&session, json!(3), "made_up_tool_name_12345", json!({}))
+        .await;
+    let text = s.gateway.metrics.encode();
+    for expected in [
+        r#"aip_sidecar_decisions_total{decision="ALLOW",tool="up_read",mode="enforce"} 2"#,
+        r#"aip_sidecar_decisions_total{decision="BLOCK",tool="other",mode="enforce"} 1"#,
+        r#"aip_sidecar_upstream_failures_total{connection="up",class="network"} 1"#,
+        r#"aip_sidecar_upstream_call_seconds_count{connection="up"} 2"#,
+    ] {
+        assert!(text.contains(expected), "missing {expected}:\n{text}");
+    }
+    assert!(
+        !text.contains("made_up_tool_name"),
+        "agent input never becomes a label"
+    );
+}
