@@ -6,7 +6,7 @@ AIP    := target/debug/aip
 PYENV  := target/pyenv
 NPMENV := target/npm
 
-.PHONY: all build test lint fmt clippy unit conformance pyenv npmenv interop-deps bench demo clean
+.PHONY: all build test lint fmt clippy unit conformance pyenv npmenv interop-deps bench demo demo-policy clean
 
 all: build
 
@@ -61,9 +61,14 @@ bench:
 	$(CARGO) bench --locked -p aip-policy --bench engine
 	python3 scripts/bench-table.py target/criterion
 
-## demo: a scripted walk through the example policies (no cluster needed).
-demo: build
-	@scripts/demo.sh $(AIP)
+## demo: the gateway in front of a scripted MCP server, driven by the Python
+## MCP SDK: allowed, blocked, redacted, approved, and a failure that stays put.
+demo: build pyenv
+	@scripts/demo.sh
+
+## demo-policy: the aip CLI walking through the example policies.
+demo-policy: build
+	@scripts/demo-policy.sh $(AIP)
 
 clean:
 	$(CARGO) clean

@@ -1,55 +1,53 @@
 #!/usr/bin/env bash
-# A walk through the example policies with the `aip` CLI: validation errors,
-# allow, block, ask, protected paths, monitor mode, DLP, and conversion to a
-# Kubernetes object. No cluster, no network.
+# `make demo`: the aip gateway in front of a scripted MCP server, driven by
+# the unmodified Python MCP SDK. No cluster, no network beyond loopback.
 set -euo pipefail
-AIP=${1:-target/debug/aip}
 cd "$(dirname "$0")/.."
+BIN=${BIN:-target/debug}
+PYTHON=${PYTHON:-target/pyenv/bin/python}
 
-step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
-call() { # call POLICY TOOL ARGS-JSON [extra aip args...]
-  local policy=$1 tool=$2 args=$3; shift 3
-  local req="{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{\"name\":\"$tool\",\"arguments\":$args}}"
-  echo "\$ aip policy eval $policy  # tools/call $tool $args $*"
-  "$AIP" policy eval "$policy" --request "$req" "$@"
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() { "$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_for() { # wait_for URL: until it answers (bounded)
+  for _ in $(seq 1 100); do
+    if "$PYTHON" -c "import sys,urllib.request; urllib.request.urlopen(sys.argv[1], timeout=1)" "$1" 2>/dev/null; then return 0; fi
+    sleep 0.1
+  done
+  echo "timed out waiting for $1" >&2; return 1
 }
 
-step "Validate the example policies (the last one is broken on purpose)"
-"$AIP" policy check examples/filesystem-readonly.yaml examples/github-agent.yaml examples/monitor-rollout.yaml
-"$AIP" policy check examples/invalid-policy.yaml || echo "(exit $? — every error names its field)"
+upstream_port=$(free_port); agent_port=$(free_port); admin_port=$(free_port)
+sed "s|UPSTREAM_URL|http://127.0.0.1:${upstream_port}/mcp|" examples/gateway/gateway.yaml > "$work/gateway.yaml"
 
-step "A read inside /workspace is allowed"
-call examples/filesystem-readonly.yaml read_file '{"path":"/workspace/README.md"}'
+"$BIN/aip-fault-server" --config examples/gateway/faults.yaml --http "127.0.0.1:${upstream_port}" \
+  --log "$work/upstream-attempts.jsonl" 2>/dev/null &
+pids+=($!)
+wait_for "http://127.0.0.1:${upstream_port}/healthz"
 
-step "Writing is blocked by a tool rule"
-call examples/filesystem-readonly.yaml write_file '{"path":"/workspace/x","content":"hi"}'
+RUST_LOG=warn "$BIN/aip-sidecar" run --config "$work/gateway.yaml" \
+  --listen "127.0.0.1:${agent_port}" --admin "127.0.0.1:${admin_port}" \
+  --audit "$work/audit.jsonl" --approval-token-file "$work/approval-token" 2>/dev/null &
+pids+=($!)
+wait_for "http://127.0.0.1:${admin_port}/readyz"
+# Until its first health check passes, a connection lists no tools.
+for _ in $(seq 1 100); do
+  if "$PYTHON" -c "import json,sys,urllib.request; c=json.load(urllib.request.urlopen(sys.argv[1]))['connections']; sys.exit(0 if c and c[0]['health']['state']=='Healthy' else 1)" "http://127.0.0.1:${admin_port}/connections"; then break; fi
+  sleep 0.1
+done
 
-step "A read outside the allowed directories fails argument validation"
-call examples/filesystem-readonly.yaml read_file '{"path":"/etc/passwd"}'
+echo "aip gateway on http://127.0.0.1:${agent_port}/mcp, in front of a scripted inventory server"
+"$PYTHON" scripts/demo_agent.py "http://127.0.0.1:${agent_port}/mcp" "http://127.0.0.1:${admin_port}" "$work/approval-token"
 
-step "Credentials are protected however the path is spelled"
-call examples/filesystem-readonly.yaml list_directory "{\"path\":\"/workspace/..${HOME:-/root}/./.ssh\"}"
-call examples/filesystem-readonly.yaml search_files '{"path":"file:///workspace","pattern":"~/%2Eaws/credentials"}'
-
-step "Case and Unicode tricks do not get around a block (fullwidth letters)"
-call examples/github-agent.yaml 'ｄｅｌｅｔｅ_repository' '{"owner":"acme","repo":"api"}'
-
-step "Merging needs a person: ASK, then the answers"
-call examples/github-agent.yaml merge_pull_request '{"owner":"acme","merge_method":"squash"}'
-call examples/github-agent.yaml merge_pull_request '{"owner":"acme","merge_method":"squash"}' --approval deny
-call examples/github-agent.yaml merge_pull_request '{"owner":"acme","merge_method":"squash"}' --approval timeout
-
-step "Monitor mode forwards what enforce mode would block, and records it"
-call examples/monitor-rollout.yaml run_query '{"query":"DELETE FROM users"}'
-
-step "...but methods outside allowed_methods stay blocked"
-echo "\$ aip policy eval examples/monitor-rollout.yaml  # resources/read"
-"$AIP" policy eval examples/monitor-rollout.yaml --request '{"jsonrpc":"2.0","id":"r7","method":"resources/read","params":{"uri":"file:///etc/passwd"}}'
-
-step "DLP redacts tool results before the agent sees them"
-"$AIP" policy redact examples/github-agent.yaml \
-  --result '{"content":[{"type":"text","text":"token ghp_0123456789abcdefghijABCDEFGHIJ012345 by ops@acme.io"}]}'
-
-step "The same file, ready for kubectl apply"
-"$AIP" policy convert examples/github-agent.yaml --namespace agents | head -12
-echo "..."
+if [ -t 1 ]; then printf '\n\033[1m== What the gateway recorded\033[0m\n'; else printf '\n== What the gateway recorded\n'; fi
+echo "   audit lines:    $(wc -l < "$work/audit.jsonl") (decisions, DLP events, upstream failures; arguments redacted)"
+grep -h '"event":"UPSTREAM_FAILURE"\|"decision":"BLOCK"' "$work/audit.jsonl" | sed 's/^/   /' | cut -c1-200
+echo "   upstream calls: $(wc -l < "$work/upstream-attempts.jsonl") (each agent call reached the server at most once)"
+"$PYTHON" -c "import json,sys,urllib.request; print('   connection:', json.dumps(json.load(urllib.request.urlopen(sys.argv[1]))['connections'][0]['health']))" "http://127.0.0.1:${admin_port}/connections"
