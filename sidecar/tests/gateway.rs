@@ -391,3 +391,49 @@ async fn metrics_count_decisions_failures_and_latency_with_bounded_labels() {
         "agent input never becomes a label"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agents_credentials_never_reach_the_upstream_only_the_connections() {
+    use sha2::{Digest, Sha256};
+    let faults = "  tools:\n    - name: read\n      responses: [{sequence: [{return: ok}]}]\n";
+    let token_file = std::env::temp_dir().join(format!("aip-gw-token-{}", std::process::id()));
+    std::fs::write(&token_file, "connection-token\n").unwrap();
+    let connection = format!(
+        "  bearerToken:\n    valueFrom: {{file: {}}}\n",
+        token_file.display()
+    );
+    let s = Stack::start(Setup {
+        faults,
+        policy: "  allowed_tools: [up_read]\n",
+        connection: &connection,
+        ..Setup::default()
+    })
+    .await;
+    let session = s.session().await;
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "up_read", "arguments": {}}});
+    let r = s
+        .post(
+            &[
+                ("mcp-session-id", &session),
+                ("authorization", "Bearer agent-secret"),
+                ("cookie", "sid=agent-cookie"),
+            ],
+            &body.to_string(),
+        )
+        .await;
+    assert_eq!(r.json()["result"]["content"][0]["text"], "ok");
+    let sent = &s.attempts()[0]["auth_sha256"];
+    assert_eq!(
+        *sent,
+        json!(hex::encode(Sha256::digest(b"Bearer connection-token"))),
+        "the connection's own credential was sent"
+    );
+    assert_ne!(
+        *sent,
+        json!(hex::encode(Sha256::digest(b"Bearer agent-secret")))
+    );
+    let audit = std::fs::read_to_string(&s.audit).unwrap();
+    for secret in ["agent-secret", "agent-cookie", "connection-token"] {
+        assert!(!audit.contains(secret), "{secret} reached the audit log");
+    }
+}
