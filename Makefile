@@ -59,6 +59,7 @@ conformance: build
 ## bench: the engine benchmarks, then the performance table with targets.
 bench:
 	$(CARGO) bench --locked -p aip-policy --bench engine
+	$(CARGO) bench --locked -p aip-sidecar --bench gateway
 	python3 scripts/bench-table.py target/criterion
 
 ## demo: the gateway in front of a scripted MCP server, driven by the Python

@@ -26,12 +26,34 @@ ROWS = [
 ]
 
 NOT_YET = [
-    ("added latency per tools/call, stdio wrap, p50", "65-85 us", "<= 25 us", "issue #4 (sidecar)"),
-    ("pipelined calls through the gateway", "30-43k/s", ">= 100k/s", "issue #4 (sidecar)"),
-    ("gateway peak RSS", "13.4 MB", "<= 8 MB", "issue #4 (sidecar)"),
     ("config propagation, CR change to 1000 sidecars acked", "(Istio p90 2.9 s)", "p99 <= 250 ms", "issue #6 (operator)"),
     ("operator memory, 10k policies + 10k pods", "-", "<= 150 MB", "issue #6 (operator)"),
 ]
+
+
+def sidecar_rows(path):
+    """Rows from target/bench/sidecar.json (the gateway benchmark)."""
+    try:
+        g = json.loads(pathlib.Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    stdio, http, rss = g["stdio"], g["http"], g["rss"]
+    def row(label, ref, target_text, got_text, ratio, ok):
+        return (label, ref, target_text, got_text, ratio, "", "meets" if ok else "MISSES")
+    return [
+        row("added latency per tools/call, stdio wrap, p50", "65-85 us", "<= 25.0 us",
+            f"{stdio['added_p50_us']:.1f} us", f"{stdio['added_p50_us'] / 25:.2f}x", stdio["added_p50_us"] <= 25),
+        row("pipelined calls through the gateway (stdio wrap)", "30-43k/s", ">= 100k/s",
+            f"{stdio['wrapped_calls_per_s'] / 1000:.1f}k/s", f"{stdio['wrapped_calls_per_s'] / 100000:.2f}x",
+            stdio["wrapped_calls_per_s"] >= 100000),
+        row("gateway peak RSS (HTTP, 32 clients)", "13.4 MB", "<= 8 MB",
+            f"{rss['peak_under_load_kib'] / 1024:.1f} MB", f"{rss['peak_under_load_kib'] / 1024 / 8:.2f}x",
+            rss["peak_under_load_kib"] <= 8 * 1024),
+        ("  - same, idle", "", "", f"{rss['idle_kib'] / 1024:.1f} MB", "", "", ""),
+        ("  - added latency over HTTP, p50 / p99", "", "", f"{http['added_p50_us']:.0f} us / {http['gateway_p99_us'] - http['direct_p99_us']:.0f} us", "", "", ""),
+        ("  - calls through the gateway over HTTP (direct)", "", "",
+         f"{http['gateway_calls_per_s'] / 1000:.1f}k/s ({http['direct_calls_per_s'] / 1000:.1f}k/s)", "", "", ""),
+    ]
 
 
 def fmt(ns):
@@ -65,6 +87,12 @@ def main():
         verdict = "meets" if got <= target else "MISSES"
         lines.append((label, fmt(ref), "<= " + fmt(target), fmt(got),
                       f"{got / target:.2f}x", f"{ref / got:.0f}x faster", verdict))
+    gateway = sidecar_rows(root.parent / "bench" / "sidecar.json")
+    if gateway is None:
+        missing = True
+        lines.append(("gateway rows", "", "", "not run", "", "", "cargo bench -p aip-sidecar --bench gateway"))
+    else:
+        lines.extend(gateway)
     for label, ref, target, where in NOT_YET:
         lines.append((label, ref, target, "not built yet", "", "", where))
     widths = [max(len(str(r[i])) for r in [header] + lines) for i in range(len(header))]
@@ -74,7 +102,7 @@ def main():
     for r in lines:
         print(row(r))
     print()
-    print("measured = criterion median of this run; aip-go = figures from the design brief.")
+    print("measured = criterion median (engine) or the gateway benchmark of this run; aip-go = figures from the design brief.")
     return 1 if missing else 0
 
 

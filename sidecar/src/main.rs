@@ -97,14 +97,32 @@ enum LogFormat {
     Json,
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(cli.log_format);
-    let outcome = match cli.command {
-        Command::Run(args) => run(args).await.map(|()| 0),
-        Command::Stdio(args) => stdio(args).await,
+    // The gateway uses every core; the stdio wrap relays one client on one
+    // thread, which avoids a cross-thread wake-up per message.
+    let runtime = match &cli.command {
+        Command::Run(_) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build(),
+        Command::Stdio(_) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
     };
+    let runtime = match runtime {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("aip-sidecar: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let outcome = runtime.block_on(async {
+        match cli.command {
+            Command::Run(args) => run(args).await.map(|()| 0),
+            Command::Stdio(args) => stdio(args).await,
+        }
+    });
     match outcome {
         Ok(0) => ExitCode::SUCCESS,
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
@@ -228,9 +246,8 @@ async fn stdio(args: StdioArgs) -> anyhow::Result<i32> {
         approval_timeout: Duration::from_secs(args.approval_timeout_seconds),
         allow_capabilities: args.allow_capabilities,
     };
-    let code = wrap
-        .run(&args.command, tokio::io::stdin(), tokio::io::stdout())
-        .await?;
+    let (input, output) = aip_sidecar::wrap::agent_stdio();
+    let code = wrap.run(&args.command, input, output).await?;
     shutdown.cancel();
     // stdin may still hold a blocking read; do not wait for it.
     let _ = std::io::stderr().flush();

@@ -75,8 +75,8 @@ impl Wrap {
             .stdout
             .take()
             .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
-        let to_agent = writer(agent_out);
-        let to_server = writer(child_in);
+        let (to_agent, agent_writer) = writer(agent_out);
+        let (to_server, server_writer) = writer(child_in);
         let pending: Pending = Arc::default();
         let this = Arc::new(self);
         let upstream = tokio::spawn(this.clone().server_to_agent(
@@ -86,11 +86,14 @@ impl Wrap {
         ));
         this.agent_to_server(agent_in, to_agent, to_server, pending)
             .await;
-        // The client is gone: the server's stdin closes (dropped above) and
-        // it is expected to exit.
-        let status = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
-        // Its stdout has ended or soon will: relay what is left, briefly.
-        let _ = tokio::time::timeout(Duration::from_secs(2), upstream).await;
+        // The client is done. Drain in order, each step bounded: what it sent
+        // reaches the server (whose stdin then closes), the server exits,
+        // its last answers are relayed, and all of them are written out.
+        let bound = Duration::from_secs(5);
+        let _ = tokio::time::timeout(bound, server_writer).await;
+        let status = tokio::time::timeout(bound, child.wait()).await;
+        let _ = tokio::time::timeout(bound, upstream).await;
+        let _ = tokio::time::timeout(bound, agent_writer).await;
         Ok(match status {
             Ok(Ok(s)) => s.code().unwrap_or(1),
             _ => {
@@ -325,24 +328,61 @@ fn filter_tools(response: &mut Value, evaluator: &Evaluator) {
     });
 }
 
-/// One task owns each output, so lines never interleave.
-fn writer<W: AsyncWrite + Unpin + Send + 'static>(mut out: W) -> mpsc::UnboundedSender<String> {
+/// One task owns each output, so lines never interleave. Whatever is queued
+/// goes out in one write. It ends (and its handle completes) once every
+/// sender is gone and every line is written.
+fn writer<W: AsyncWrite + Unpin + Send + 'static>(
+    mut out: W,
+) -> (mpsc::UnboundedSender<String>, tokio::task::JoinHandle<()>) {
+    const BATCH: usize = 256 * 1024;
     let (tx, mut rx) = mpsc::unbounded_channel::<String>();
-    tokio::spawn(async move {
-        while let Some(mut line) = rx.recv().await {
-            line.push('\n');
-            if out
-                .write_all(line.as_bytes())
-                .await
-                .and(out.flush().await)
-                .is_err()
-            {
+    let handle = tokio::spawn(async move {
+        let mut buf = Vec::with_capacity(16 * 1024);
+        while let Some(line) = rx.recv().await {
+            buf.extend_from_slice(line.as_bytes());
+            buf.push(b'\n');
+            while buf.len() < BATCH {
+                let Ok(more) = rx.try_recv() else { break };
+                buf.extend_from_slice(more.as_bytes());
+                buf.push(b'\n');
+            }
+            if out.write_all(&buf).await.and(out.flush().await).is_err() {
                 return;
             }
+            buf.clear();
         }
         let _ = out.shutdown().await;
     });
-    tx
+    (tx, handle)
+}
+
+/// The process's stdin and stdout for the wrap: non-blocking pipes on the
+/// event loop when they are pipes (the usual case), tokio's blocking-pool
+/// handles otherwise (a terminal, a file).
+pub fn agent_stdio() -> (
+    Box<dyn AsyncRead + Unpin + Send>,
+    Box<dyn AsyncWrite + Unpin + Send>,
+) {
+    use std::os::fd::AsFd;
+    let input: Box<dyn AsyncRead + Unpin + Send> = std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .ok()
+        .and_then(|fd| tokio::net::unix::pipe::Receiver::from_file(std::fs::File::from(fd)).ok())
+        .map_or_else(
+            || Box::new(tokio::io::stdin()) as Box<dyn AsyncRead + Unpin + Send>,
+            |r| Box::new(r),
+        );
+    let output: Box<dyn AsyncWrite + Unpin + Send> = std::io::stdout()
+        .as_fd()
+        .try_clone_to_owned()
+        .ok()
+        .and_then(|fd| tokio::net::unix::pipe::Sender::from_file(std::fs::File::from(fd)).ok())
+        .map_or_else(
+            || Box::new(tokio::io::stdout()) as Box<dyn AsyncWrite + Unpin + Send>,
+            |w| Box::new(w),
+        );
+    (input, output)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -52,6 +52,7 @@ pub async fn serve(
             accepted = listener.accept() => accepted?,
             () = shutdown.cancelled() => return Ok(()),
         };
+        let _ = stream.set_nodelay(true);
         let state = state.clone();
         tracker.spawn(async move {
             let service = service_fn(move |req| route(state.clone(), req));

@@ -78,7 +78,10 @@ impl HttpUpstream {
                 connection.name
             ));
         }
-        let client = Client::builder(TokioExecutor::new()).build_http();
+        // Small JSON-RPC messages must not wait for Nagle's algorithm.
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new()).build(connector);
         Ok(HttpUpstream {
             connection,
             uri,

@@ -1,0 +1,481 @@
+//! End-to-end gateway figures for docs/performance.md (`make bench`):
+//! per-call latency p50/p99 and pipelined throughput, directly to an upstream
+//! and through the real `aip-sidecar` binary, over Streamable HTTP and over
+//! the stdio wrap; the sidecar's peak RSS idle and under load.
+//!
+//! The upstreams are minimal MCP responders (in this process for HTTP; this
+//! executable re-run with `--null-stdio-server` for stdio), the same on both
+//! sides of each comparison, so the numbers measure the gateway.
+//! Results go to target/bench/sidecar.json for scripts/bench-table.py.
+
+#![allow(clippy::unwrap_used)]
+
+use std::convert::Infallible;
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::{Value, json};
+
+const SEQUENTIAL_CALLS: usize = 3000;
+const CONCURRENT_CLIENTS: usize = 32;
+const THROUGHPUT_WINDOW: Duration = Duration::from_secs(3);
+const STDIO_CALLS: usize = 2000;
+
+fn main() {
+    if std::env::args().any(|a| a == "--null-stdio-server") {
+        return null_stdio_server();
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let results = runtime.block_on(run());
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(
+        out.join("sidecar.json"),
+        serde_json::to_string_pretty(&results).unwrap(),
+    )
+    .unwrap();
+    println!("{}", serde_json::to_string_pretty(&results).unwrap());
+}
+
+async fn run() -> Value {
+    let upstream = null_upstream().await;
+    let direct_url = format!("http://{upstream}/mcp");
+    let gateway = Gateway::start(&direct_url).await;
+    let gateway_url = format!("http://{}/mcp", gateway.agent);
+    let idle_rss = gateway.rss_kib();
+
+    let direct = latency(&direct_url, "read").await;
+    let via = latency(&gateway_url, "up_read").await;
+    let direct_tput = throughput(&direct_url, "read").await;
+    let via_tput = throughput(&gateway_url, "up_read").await;
+    let peak_rss = gateway.peak_rss_kib();
+    drop(gateway);
+
+    let stdio = stdio_figures();
+    json!({
+        "http": {
+            "direct_p50_us": direct.0, "direct_p99_us": direct.1,
+            "gateway_p50_us": via.0, "gateway_p99_us": via.1,
+            "added_p50_us": via.0 - direct.0,
+            "direct_calls_per_s": direct_tput, "gateway_calls_per_s": via_tput,
+        },
+        "stdio": stdio,
+        "rss": {"idle_kib": idle_rss, "peak_under_load_kib": peak_rss},
+    })
+}
+
+// ------------------------------------------------------------ upstream --
+
+/// Answers initialize with a session, notifications with 202, and every
+/// tools/call with a small result, as fast as it can.
+async fn null_upstream() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(answer);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+async fn answer(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let message: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let Some(id) = message.get("id") else {
+        let mut r = Response::new(Full::new(Bytes::new()));
+        *r.status_mut() = hyper::StatusCode::ACCEPTED;
+        return Ok(r);
+    };
+    let result = match message["method"].as_str() {
+        Some("initialize") => {
+            json!({"protocolVersion": "2025-11-25", "capabilities": {"tools": {}}, "serverInfo": {"name": "null", "version": "1"}})
+        }
+        Some("tools/list") => {
+            json!({"tools": [{"name": "read", "inputSchema": {"type": "object"}}]})
+        }
+        _ => json!({"content": [{"type": "text", "text": "ok"}], "isError": false}),
+    };
+    let mut r = Response::new(Full::new(Bytes::from(
+        json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string(),
+    )));
+    r.headers_mut()
+        .insert("content-type", "application/json".parse().unwrap());
+    r.headers_mut()
+        .insert("mcp-session-id", "bench".parse().unwrap());
+    Ok(r)
+}
+
+// ------------------------------------------------------------- gateway --
+
+struct Gateway {
+    child: Child,
+    agent: SocketAddr,
+    dir: PathBuf,
+}
+
+impl Gateway {
+    async fn start(upstream: &str) -> Gateway {
+        let dir = std::env::temp_dir().join(format!("aip-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("gateway.yaml");
+        std::fs::write(&config, format!(
+            "apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {{name: bench}}\nspec:\n  allowed_tools: [up_read]\n  dlp:\n    patterns:\n      - {{name: Email, regex: '[a-z]+@[a-z]+\\.[a-z]{{2,}}'}}\n---\napiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {{name: up}}\nspec:\n  url: {upstream}\n  toolPrefix: up_\n"
+        )).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_aip-sidecar"))
+            .args([
+                "run",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin",
+                "127.0.0.1:0",
+                "--audit",
+                "/dev/null",
+            ])
+            .arg("--config")
+            .arg(&config)
+            .arg("--approval-token-file")
+            .arg(dir.join("token"))
+            .env("RUST_LOG", "error")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stderr.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        // "aip-sidecar: agents at http://ADDR/mcp ; admin at http://ADDR ; ..."
+        let agent: SocketAddr = line
+            .split("http://")
+            .nth(1)
+            .unwrap()
+            .split('/')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let admin = line
+            .split("http://")
+            .nth(2)
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .to_owned();
+        let client: Client<HttpConnector, Full<Bytes>> =
+            Client::builder(TokioExecutor::new()).build_http();
+        for _ in 0..200 {
+            let uri: hyper::Uri = format!("http://{admin}/connections").parse().unwrap();
+            if let Ok(r) = client.get(uri).await {
+                let body = r.into_body().collect().await.unwrap().to_bytes();
+                if String::from_utf8_lossy(&body).contains("\"Healthy\"") {
+                    return Gateway { child, agent, dir };
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("the gateway never reported its connection healthy");
+    }
+
+    fn status_kib(&self, field: &str) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        status
+            .lines()
+            .find(|l| l.starts_with(field))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+
+    fn rss_kib(&self) -> u64 {
+        self.status_kib("VmRSS:")
+    }
+
+    fn peak_rss_kib(&self) -> u64 {
+        self.status_kib("VmHWM:")
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+// -------------------------------------------------------------- client --
+
+struct McpClient {
+    client: Client<HttpConnector, Full<Bytes>>,
+    uri: hyper::Uri,
+    session: String,
+}
+
+impl McpClient {
+    async fn connect(url: &str) -> McpClient {
+        let client = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(64)
+            .build_http();
+        let uri: hyper::Uri = url.parse().unwrap();
+        let mut c = McpClient {
+            client,
+            uri,
+            session: String::new(),
+        };
+        let (_, session) = c.post(&json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}}})).await;
+        c.session = session.unwrap_or_default();
+        c.post(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await;
+        c
+    }
+
+    async fn post(&self, message: &Value) -> (Bytes, Option<String>) {
+        let mut request = Request::post(self.uri.clone())
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream");
+        if !self.session.is_empty() {
+            request = request
+                .header("mcp-session-id", &self.session)
+                .header("mcp-protocol-version", "2025-11-25");
+        }
+        let response = self
+            .client
+            .request(
+                request
+                    .body(Full::new(Bytes::from(message.to_string())))
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        let session = response
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        (
+            response.into_body().collect().await.unwrap().to_bytes(),
+            session,
+        )
+    }
+
+    async fn call(&self, id: u64, tool: &str) {
+        let (body, _) = self.post(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": tool, "arguments": {"path": "/workspace/readme.md"}}})).await;
+        assert!(
+            body.windows(8).any(|w| w == b"\"result\""),
+            "{}",
+            String::from_utf8_lossy(&body)
+        );
+    }
+}
+
+/// (p50, p99) in microseconds of sequential calls on one keep-alive connection.
+async fn latency(url: &str, tool: &str) -> (f64, f64) {
+    let client = McpClient::connect(url).await;
+    for i in 0..200 {
+        client.call(i, tool).await; // warm up
+    }
+    let mut samples = Vec::with_capacity(SEQUENTIAL_CALLS);
+    for i in 0..SEQUENTIAL_CALLS as u64 {
+        let start = Instant::now();
+        client.call(i, tool).await;
+        samples.push(start.elapsed().as_secs_f64() * 1e6);
+    }
+    percentiles(samples)
+}
+
+fn percentiles(mut samples: Vec<f64>) -> (f64, f64) {
+    samples.sort_by(f64::total_cmp);
+    let at = |q: f64| samples[((samples.len() as f64 - 1.0) * q) as usize];
+    (
+        (at(0.50) * 10.0).round() / 10.0,
+        (at(0.99) * 10.0).round() / 10.0,
+    )
+}
+
+/// Calls per second with many concurrent clients, each keeping its calls in
+/// flight back to back.
+async fn throughput(url: &str, tool: &str) -> f64 {
+    let deadline = Instant::now() + THROUGHPUT_WINDOW;
+    let mut tasks = Vec::new();
+    for _ in 0..CONCURRENT_CLIENTS {
+        let (url, tool) = (url.to_owned(), tool.to_owned());
+        tasks.push(tokio::spawn(async move {
+            let client = McpClient::connect(&url).await;
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                client.call(n, &tool).await;
+                n += 1;
+            }
+            n
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    (total as f64 / THROUGHPUT_WINDOW.as_secs_f64()).round()
+}
+
+// --------------------------------------------------------------- stdio --
+
+/// A stdio MCP server that answers every request at once.
+fn null_stdio_server() {
+    let stdin = std::io::stdin();
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    for line in stdin.lock().lines() {
+        let Ok(line) = line else { return };
+        let Ok(message) = serde_json::from_str::<Value>(&line) else {
+            continue;
+        };
+        let Some(id) = message.get("id") else {
+            continue;
+        };
+        let result = match message["method"].as_str() {
+            Some("initialize") => {
+                json!({"protocolVersion": "2025-11-25", "capabilities": {"tools": {}}, "serverInfo": {"name": "null", "version": "1"}})
+            }
+            _ => json!({"content": [{"type": "text", "text": "ok"}], "isError": false}),
+        };
+        let _ = writeln!(
+            out,
+            "{}",
+            json!({"jsonrpc": "2.0", "id": id, "result": result})
+        );
+        let _ = out.flush();
+    }
+}
+
+/// Per-call round trip and pipelined throughput over stdio, directly to the
+/// null server and through `aip-sidecar stdio`.
+fn stdio_figures() -> Value {
+    let dir = std::env::temp_dir().join(format!("aip-bench-stdio-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let policy = dir.join("policy.yaml");
+    std::fs::write(&policy, "apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {name: s}\nspec:\n  allowed_tools: [read]\n").unwrap();
+    let me = std::env::current_exe().unwrap();
+    let mut direct = Command::new(&me);
+    direct.arg("--null-stdio-server");
+    let mut wrapped = Command::new(env!("CARGO_BIN_EXE_aip-sidecar"));
+    wrapped
+        .args(["stdio", "--policy"])
+        .arg(&policy)
+        .args(["--audit", "/dev/null", "--"])
+        .arg(&me)
+        .arg("--null-stdio-server");
+    // This machine is noisy: alternate the two, three rounds, keep medians.
+    let mut runs = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        runs.0.push(stdio_run(&mut direct));
+        runs.1.push(stdio_run(&mut wrapped));
+    }
+    let (d50, d99, dtput) = median_run(runs.0);
+    let (w50, w99, wtput) = median_run(runs.1);
+    let _ = std::fs::remove_dir_all(&dir);
+    json!({
+        "direct_p50_us": d50, "direct_p99_us": d99, "wrapped_p50_us": w50, "wrapped_p99_us": w99,
+        "added_p50_us": ((w50 - d50) * 10.0).round() / 10.0,
+        "direct_calls_per_s": dtput, "wrapped_calls_per_s": wtput,
+    })
+}
+
+/// Each figure's median over the runs.
+fn median_run(runs: Vec<(f64, f64, f64)>) -> (f64, f64, f64) {
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    (
+        median(runs.iter().map(|r| r.0).collect()),
+        median(runs.iter().map(|r| r.1).collect()),
+        median(runs.iter().map(|r| r.2).collect()),
+    )
+}
+
+fn stdio_run(command: &mut Command) -> (f64, f64, f64) {
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    let mut output = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    let mut roundtrip = |input: &mut std::process::ChildStdin,
+                         output: &mut BufReader<std::process::ChildStdout>,
+                         msg: &str| {
+        writeln!(input, "{msg}").unwrap();
+        input.flush().unwrap();
+        line.clear();
+        output.read_line(&mut line).unwrap();
+    };
+    roundtrip(
+        &mut input,
+        &mut output,
+        r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"b","version":"1"}}}"#,
+    );
+    writeln!(
+        input,
+        r#"{{"jsonrpc":"2.0","method":"notifications/initialized"}}"#
+    )
+    .unwrap();
+    let call = |id: usize| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"read","arguments":{{"path":"/workspace/readme.md"}}}}}}"#
+        )
+    };
+    let mut samples = Vec::with_capacity(STDIO_CALLS);
+    for i in 1..=STDIO_CALLS {
+        let start = Instant::now();
+        roundtrip(&mut input, &mut output, &call(i));
+        samples.push(start.elapsed().as_secs_f64() * 1e6);
+    }
+    // Pipelined: write a batch of calls, then read all their answers.
+    let batch = 20_000;
+    let start = Instant::now();
+    let writer = std::thread::spawn(move || {
+        for i in 0..batch {
+            writeln!(input, "{}", call(STDIO_CALLS + 1 + i)).unwrap();
+        }
+        input.flush().unwrap();
+        input
+    });
+    for _ in 0..batch {
+        line.clear();
+        output.read_line(&mut line).unwrap();
+    }
+    let tput = (batch as f64 / start.elapsed().as_secs_f64()).round();
+    drop(writer.join().unwrap());
+    let _ = child.kill();
+    let _ = child.wait();
+    let (p50, p99) = percentiles(samples);
+    (p50, p99, tput)
+}
