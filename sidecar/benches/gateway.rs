@@ -187,6 +187,8 @@ impl Gateway {
             .next()
             .unwrap()
             .to_owned();
+        // From here on the guard reaps the child on every path, panics included.
+        let gateway = Gateway { child, agent, dir };
         let client: Client<HttpConnector, Full<Bytes>> =
             Client::builder(TokioExecutor::new()).build_http();
         for _ in 0..200 {
@@ -194,7 +196,7 @@ impl Gateway {
             if let Ok(r) = client.get(uri).await {
                 let body = r.into_body().collect().await.unwrap().to_bytes();
                 if String::from_utf8_lossy(&body).contains("\"Healthy\"") {
-                    return Gateway { child, agent, dir };
+                    return gateway;
                 }
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
