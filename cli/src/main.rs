@@ -3,6 +3,7 @@
 
 #![forbid(unsafe_code)]
 
+mod approvals;
 mod conformance;
 mod load;
 mod policy_cmds;
@@ -21,6 +22,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Pending asks of a standalone gateway: list, approve, deny.
+    #[command(subcommand)]
+    Approvals(approvals::Command),
     /// Work with AgentPolicy files.
     #[command(subcommand)]
     Policy(PolicyCommand),
@@ -94,6 +98,7 @@ fn main() -> ExitCode {
             policy_cmds::redact(&file, result.as_deref(), text.as_deref())
         }
         Command::Conformance { paths, json } => conformance::run(&paths, json),
+        Command::Approvals(command) => approvals::run(command),
     };
     match outcome {
         Ok(true) => ExitCode::SUCCESS,

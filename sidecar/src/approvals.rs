@@ -96,11 +96,15 @@ impl LocalApprovals {
         }
     }
 
+    /// Pending asks, oldest first.
     pub fn list(&self) -> Vec<Pending> {
-        lock(&self.pending)
+        let mut list: Vec<Pending> = lock(&self.pending)
             .values()
             .map(|e| e.view.clone())
-            .collect()
+            .collect();
+        // RFC 3339 UTC timestamps of one format sort as text.
+        list.sort_by(|a, b| a.created.cmp(&b.created).then_with(|| a.id.cmp(&b.id)));
+        list
     }
 
     /// Releases (or refuses) exactly the one call waiting on `id`.

@@ -1,0 +1,151 @@
+//! `aip approvals` against a real admin port holding a real pending ask.
+
+#![allow(clippy::unwrap_used)]
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aip_policy::Approval;
+use aip_sidecar::admin::{self, Admin};
+use aip_sidecar::config::Config;
+use aip_sidecar::gate::Gateway;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+fn aip(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_aip"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_approve_and_deny_through_the_admin_port() {
+    let shutdown = CancellationToken::new();
+    let (_tx, config) = tokio::sync::watch::channel(Arc::new(Config::empty()));
+    let approvals = aip_sidecar::approvals::LocalApprovals::new();
+    let gateway = Gateway::with_approvals(config, approvals.clone(), shutdown.clone());
+    let admin = Arc::new(Admin {
+        gateway,
+        approval_token: secrecy::SecretString::from("t0ken".to_owned()),
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(admin::serve(admin, listener, shutdown.clone()));
+    let dir = std::env::temp_dir().join(format!("aip-cli-approvals-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, "t0ken\n").unwrap();
+    let target = [
+        "--admin",
+        url.as_str(),
+        "--token-file",
+        token_file.to_str().unwrap(),
+    ];
+
+    let mut changes = approvals.subscribe();
+    for (verb, expected) in [("approve", Approval::Approved), ("deny", Approval::Denied)] {
+        let a = approvals.clone();
+        let waiting = tokio::spawn(async move {
+            a.ask(
+                "up_deploy",
+                "up",
+                json!({"env": "prod"}),
+                Duration::from_secs(60),
+            )
+            .await
+        });
+        while approvals.list().is_empty() {
+            tokio::time::timeout(Duration::from_secs(10), changes.changed())
+                .await
+                .unwrap()
+                .unwrap();
+        }
+        let owned = target.map(str::to_owned);
+        let listed = tokio::task::spawn_blocking(move || {
+            let mut args = vec!["approvals".to_owned(), "list".to_owned()];
+            args.extend(owned);
+            Command::new(env!("CARGO_BIN_EXE_aip"))
+                .args(&args)
+                .output()
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        let text = String::from_utf8_lossy(&listed.stdout).into_owned();
+        assert!(
+            listed.status.success(),
+            "{}",
+            String::from_utf8_lossy(&listed.stderr)
+        );
+        assert!(
+            text.contains("up_deploy") && text.contains(r#"{"env":"prod"}"#),
+            "{text}"
+        );
+        let id = approvals.list()[0].id.clone();
+        let args: Vec<String> = ["approvals", verb, id.as_str()]
+            .iter()
+            .map(|s| s.to_string())
+            .chain(target.map(str::to_owned))
+            .collect();
+        let decided = tokio::task::spawn_blocking(move || {
+            Command::new(env!("CARGO_BIN_EXE_aip"))
+                .args(&args)
+                .output()
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        assert!(decided.status.success());
+        assert!(
+            String::from_utf8_lossy(&decided.stdout).starts_with(if verb == "approve" {
+                "approved"
+            } else {
+                "denied"
+            })
+        );
+        assert_eq!(waiting.await.unwrap(), expected);
+        // Deciding again finds nothing: one ask, one decision.
+        let args: Vec<String> = ["approvals", verb, id.as_str()]
+            .iter()
+            .map(|s| s.to_string())
+            .chain(target.map(str::to_owned))
+            .collect();
+        let again = tokio::task::spawn_blocking(move || {
+            Command::new(env!("CARGO_BIN_EXE_aip"))
+                .args(&args)
+                .output()
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        assert_eq!(again.status.code(), Some(1));
+        assert!(
+            String::from_utf8_lossy(&again.stderr).contains("no pending approval"),
+            "{}",
+            String::from_utf8_lossy(&again.stderr)
+        );
+    }
+    // A wrong token is refused.
+    std::fs::write(&token_file, "wrong\n").unwrap();
+    let refused = tokio::task::spawn_blocking(move || {
+        aip(&[
+            "approvals",
+            "list",
+            "--admin",
+            url.as_str(),
+            "--token-file",
+            token_file.to_str().unwrap(),
+        ])
+    })
+    .await
+    .unwrap();
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("HTTP 401"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    shutdown.cancel();
+}
