@@ -60,6 +60,28 @@ pub struct ToolConnectionSpec {
     pub tool_prefix: Option<String>,
     #[serde(default)]
     pub client_capabilities: ClientCapabilities,
+    #[serde(default)]
+    pub tls: Option<TlsSpec>,
+}
+
+/// How an https upstream is verified.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TlsSpec {
+    /// PEM bundle of the CAs to trust (instead of the built-in web roots).
+    #[serde(default)]
+    pub ca_file: Option<String>,
+    /// Verify the certificate for this name instead of the URL's host.
+    #[serde(default)]
+    pub server_name: Option<String>,
+}
+
+/// Resolved TLS settings.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tls {
+    /// PEM text of the trusted CAs; None: the built-in web roots.
+    pub ca_pem: Option<String>,
+    pub server_name: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -132,6 +154,7 @@ pub struct Connection {
     /// separator the author wants, e.g. `github_`).
     pub tool_prefix: String,
     pub capabilities: ClientCapabilities,
+    pub tls: Tls,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -249,7 +272,46 @@ impl Connection {
                 );
             }
         }
+        let tls = match spec.tls {
+            None => Tls::default(),
+            Some(t) => {
+                if !matches!(&endpoint, Endpoint::Http { url } if url.starts_with("https://")) {
+                    return fail("spec.tls", "applies to https:// URLs only".to_owned());
+                }
+                let ca_pem = match &t.ca_file {
+                    None => None,
+                    Some(path) => match std::fs::read_to_string(path) {
+                        Ok(pem) if pem.contains("-----BEGIN CERTIFICATE-----") => Some(pem),
+                        Ok(_) => {
+                            return fail(
+                                "spec.tls.caFile",
+                                format!("{path} holds no PEM certificate"),
+                            );
+                        }
+                        Err(e) => {
+                            return fail(
+                                "spec.tls.caFile",
+                                format!("cannot read {path}: {}", e.kind()),
+                            );
+                        }
+                    },
+                };
+                if let Some(name) = &t.server_name {
+                    if rustls_pki_types::ServerName::try_from(name.as_str()).is_err() {
+                        return fail(
+                            "spec.tls.serverName",
+                            format!("{name:?} is not a valid DNS name or IP address"),
+                        );
+                    }
+                }
+                Tls {
+                    ca_pem,
+                    server_name: t.server_name,
+                }
+            }
+        };
         Ok(Connection {
+            tls,
             name: doc.metadata.name,
             endpoint,
             credentials: resolve_credentials(&spec.headers, spec.bearer_token.as_ref()),

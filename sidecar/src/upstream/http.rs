@@ -14,6 +14,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode, Uri};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -55,7 +56,7 @@ pub struct Exchange {
 pub struct HttpUpstream {
     connection: Arc<Connection>,
     uri: Uri,
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     session: Mutex<Option<Session>>,
     generation: AtomicU64,
     next_id: AtomicU64,
@@ -72,16 +73,7 @@ impl HttpUpstream {
         let uri: Uri = url
             .parse()
             .map_err(|e| format!("connection {}: bad url: {e}", connection.name))?;
-        if uri.scheme_str() != Some("http") {
-            return Err(format!(
-                "connection {}: only http:// upstreams are supported so far",
-                connection.name
-            ));
-        }
-        // Small JSON-RPC messages must not wait for Nagle's algorithm.
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new()).build(connector);
+        let client = Client::builder(TokioExecutor::new()).build(connector(&connection)?);
         Ok(HttpUpstream {
             connection,
             uri,
@@ -426,6 +418,47 @@ impl HttpUpstream {
         }
         Ok(request)
     }
+}
+
+/// http:// or https:// (rustls: the connection's CA bundle or the built-in
+/// web roots, its server name or the URL's host), without Nagle's delay for
+/// small JSON-RPC messages.
+fn connector(connection: &Connection) -> Result<HttpsConnector<HttpConnector>, String> {
+    let mut http = HttpConnector::new();
+    http.set_nodelay(true);
+    http.enforce_http(false);
+    let builder = hyper_rustls::HttpsConnectorBuilder::new();
+    let builder = match &connection.tls.ca_pem {
+        None => builder.with_webpki_roots(),
+        Some(pem) => {
+            use rustls_pki_types::pem::PemObject;
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in rustls_pki_types::CertificateDer::pem_slice_iter(pem.as_bytes()) {
+                let cert =
+                    cert.map_err(|e| format!("connection {}: bad CA PEM: {e}", connection.name))?;
+                roots.add(cert).map_err(|e| {
+                    format!("connection {}: bad CA certificate: {e}", connection.name)
+                })?;
+            }
+            let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+            let config = rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .map_err(|e| format!("connection {}: {e}", connection.name))?
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            builder.with_tls_config(config)
+        }
+    };
+    let builder = builder.https_or_http();
+    let builder = match &connection.tls.server_name {
+        None => builder,
+        Some(name) => {
+            let name = rustls_pki_types::ServerName::try_from(name.clone())
+                .map_err(|e| format!("connection {}: server name: {e}", connection.name))?;
+            builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name))
+        }
+    };
+    Ok(builder.enable_http1().wrap_connector(http))
 }
 
 fn sensitive(value: &SecretString) -> Result<HeaderValue, Failure> {
