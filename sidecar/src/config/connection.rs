@@ -296,13 +296,13 @@ impl Connection {
                         }
                     },
                 };
-                if let Some(name) = &t.server_name {
-                    if rustls_pki_types::ServerName::try_from(name.as_str()).is_err() {
-                        return fail(
-                            "spec.tls.serverName",
-                            format!("{name:?} is not a valid DNS name or IP address"),
-                        );
-                    }
+                if let Some(name) = &t.server_name
+                    && rustls_pki_types::ServerName::try_from(name.as_str()).is_err()
+                {
+                    return fail(
+                        "spec.tls.serverName",
+                        format!("{name:?} is not a valid DNS name or IP address"),
+                    );
                 }
                 Tls {
                     ca_pem,
