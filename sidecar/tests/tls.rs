@@ -18,10 +18,13 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+/// A certificate chain and its private key.
+type Identity = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
+
 struct Pki {
     ca_pem: String,
-    /// (certificate chain, key) for a server name.
-    server: Box<dyn Fn(&str) -> (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+    /// Issues an identity for a server name.
+    server: Box<dyn Fn(&str) -> Identity>,
 }
 
 fn pki() -> Pki {
