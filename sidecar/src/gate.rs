@@ -53,6 +53,10 @@ pub struct Caller {
 pub enum Reply {
     /// A JSON-RPC response.
     Message(Value),
+    /// Server notifications (progress, logging) that arrived before the
+    /// response, already redacted, then the response. Sent as SSE events when
+    /// the client accepts SSE; otherwise only the response is sent.
+    Stream(Vec<Value>, Value),
     /// Nothing: a notification, an agent's reply, or a canceled call.
     Nothing,
 }
@@ -537,7 +541,12 @@ impl Gateway {
                 let mut response = exchange.response;
                 response["id"] = id;
                 self.redact_response(&mut response, evaluator, &name);
-                Reply::Message(response)
+                let notes = self.relayable(exchange.server_messages, evaluator, &connection);
+                if notes.is_empty() {
+                    Reply::Message(response)
+                } else {
+                    Reply::Stream(notes, response)
+                }
             }
             Err(failure) => {
                 route
@@ -549,6 +558,41 @@ impl Gateway {
                 )
             }
         }
+    }
+
+    /// The server messages of a call's stream that reach the agent:
+    /// notifications, redacted. Server-initiated requests are not relayed (no
+    /// client capabilities are offered), so they are dropped and logged.
+    fn relayable(
+        &self,
+        messages: Vec<Value>,
+        evaluator: &Evaluator,
+        connection: &str,
+    ) -> Vec<Value> {
+        let mut out = Vec::new();
+        for mut message in messages {
+            if message.get("id").is_some() {
+                let method = message
+                    .get("method")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                tracing::warn!(
+                    connection,
+                    method,
+                    "server request on a call's stream dropped: no client capabilities are offered"
+                );
+                continue;
+            }
+            if let (Some(r), Some(params)) = (evaluator.redactor(), message.get_mut("params")) {
+                let mut events = Vec::new();
+                r.redact_strings(params, &mut events);
+                for line in DlpRecord::for_events(&events, None, SystemTime::now()) {
+                    self.audit.record(&line);
+                }
+            }
+            out.push(message);
+        }
+        out
     }
 
     /// DLP over everything the agent will read: result content, structured

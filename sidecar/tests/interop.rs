@@ -258,3 +258,33 @@ fn the_stdio_wrap_works_with_the_fault_server_and_an_argv_with_spaces() {
     );
     assert_eq!(report["results"][1]["error"]["code"], -32001);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_notifications_reach_the_agent_through_the_gateway() {
+    let everything = Everything::start();
+    let policy = "  allowed_tools: [ev_trigger-long-running-operation]\n";
+    let s = Stack::start(Setup {
+        policy,
+        url: Some(everything.1.clone()),
+        prefix: "ev_",
+        ..Setup::default()
+    })
+    .await;
+    let url = format!("http://{}/mcp", s.addr);
+    let calls = json!([["ev_trigger-long-running-operation", {"duration": 0.3, "steps": 3}, {"progress": true}]]);
+    let report = tokio::task::spawn_blocking(move || client(&calls, &["http", &url]))
+        .await
+        .unwrap();
+    let result = &report["results"][0];
+    assert!(
+        result["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("completed"),
+        "{result}"
+    );
+    let updates = result["progress_updates"].as_array().unwrap();
+    assert_eq!(updates.len(), 3, "{result}");
+    assert_eq!(updates[2]["progress"], 3.0);
+    assert_eq!(updates[2]["total"], 3.0);
+}

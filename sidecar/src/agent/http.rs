@@ -97,7 +97,8 @@ async fn post(state: &State, req: Request<Incoming>) -> Response<Body> {
     };
     let (session_header, version_header) =
         (header("mcp-session-id"), header("mcp-protocol-version"));
-    let sse = wants_sse(header("accept").as_deref());
+    let accept = header("accept");
+    let (sse, accepts) = (wants_sse(accept.as_deref()), accepts_sse(accept.as_deref()));
     if let Some(v) = &version_header
         && !AGENT_VERSIONS.contains(&v.as_str())
     {
@@ -119,7 +120,7 @@ async fn post(state: &State, req: Request<Incoming>) -> Response<Body> {
     };
     let message = match state.gateway.parse(&body) {
         Ok(m) => m,
-        Err(refused) => return reply(state.gateway.refuse(&refused), sse),
+        Err(refused) => return reply(state.gateway.refuse(&refused), sse, accepts),
     };
     let is_initialize = message.method() == Some("initialize");
     let session = if is_initialize {
@@ -139,23 +140,23 @@ async fn post(state: &State, req: Request<Incoming>) -> Response<Body> {
     let outcome = state.gateway.handle_message(message, &caller).await;
     if is_initialize {
         let version = match &outcome {
-            Reply::Message(v) => v
+            Reply::Message(v) | Reply::Stream(_, v) => v
                 .pointer("/result/protocolVersion")
                 .and_then(Value::as_str)
                 .map(str::to_owned),
             Reply::Nothing => None,
         };
         let Some(version) = version else {
-            return reply(outcome, sse); // initialize refused: no session
+            return reply(outcome, sse, accepts); // initialize refused: no session
         };
         lock(&state.sessions).insert(session.clone(), version);
-        let mut response = reply(outcome, sse);
+        let mut response = reply(outcome, sse, accepts);
         if let Ok(v) = HeaderValue::from_str(&session) {
             response.headers_mut().insert("mcp-session-id", v);
         }
         return response;
     }
-    reply(outcome, sse)
+    reply(outcome, sse, accepts)
 }
 
 fn delete(state: &State, req: &Request<Incoming>) -> Response<Body> {
@@ -172,9 +173,11 @@ fn delete(state: &State, req: &Request<Incoming>) -> Response<Body> {
     }
 }
 
-fn reply(outcome: Reply, sse: bool) -> Response<Body> {
+fn reply(outcome: Reply, sse: bool, accepts_sse: bool) -> Response<Body> {
     match outcome {
         Reply::Message(v) => rpc(StatusCode::OK, &v, sse),
+        Reply::Stream(notes, response) if accepts_sse => events(&notes, &response),
+        Reply::Stream(_, response) => rpc(StatusCode::OK, &response, sse),
         Reply::Nothing => empty(StatusCode::ACCEPTED),
     }
 }
@@ -197,6 +200,26 @@ fn is_loopback_origin(origin: &str) -> bool {
         || host
             .parse::<std::net::Ipv4Addr>()
             .is_ok_and(|a| a.is_loopback())
+}
+
+/// Notifications, then the response, as one SSE stream.
+fn events(notes: &[Value], response: &Value) -> Response<Body> {
+    let mut body = String::new();
+    for message in notes.iter().chain(std::iter::once(response)) {
+        body.push_str("event: message\ndata: ");
+        body.push_str(&message.to_string());
+        body.push_str("\n\n");
+    }
+    let mut r = Response::new(Full::new(Bytes::from(body)).boxed());
+    r.headers_mut().insert(
+        "content-type",
+        HeaderValue::from_static("text/event-stream"),
+    );
+    r
+}
+
+fn accepts_sse(accept: Option<&str>) -> bool {
+    accept.is_some_and(|a| a.contains("text/event-stream"))
 }
 
 fn wants_sse(accept: Option<&str>) -> bool {

@@ -3,8 +3,9 @@
 Usage: client.py CALLS_JSON http URL
        client.py CALLS_JSON stdio COMMAND ARGS...
 
-CALLS_JSON is a list of [tool, arguments]. Prints one JSON report: the
-server name, the tools listed, and each call's result or JSON-RPC error.
+CALLS_JSON is a list of [tool, arguments] or [tool, arguments, {"progress": true}].
+Prints one JSON report: the server name, the tools listed, and each call's
+result or JSON-RPC error (with the progress updates received, if asked).
 """
 import asyncio
 import json
@@ -19,10 +20,22 @@ async def exercise(read, write, calls):
         init = await session.initialize()
         tools = await session.list_tools()
         results = []
-        for name, arguments in calls:
+        for name, arguments, *options in calls:
+            updates = []
+
+            async def on_progress(progress, total, message):
+                updates.append({"progress": progress, "total": total, "message": message})
+
+            wants_progress = bool(options and options[0].get("progress"))
             try:
-                result = await session.call_tool(name, arguments)
-                results.append(result.model_dump(mode="json", by_alias=True, exclude_none=True))
+                if wants_progress:
+                    result = await session.call_tool(name, arguments, progress_callback=on_progress)
+                else:
+                    result = await session.call_tool(name, arguments)
+                dumped = result.model_dump(mode="json", by_alias=True, exclude_none=True)
+                if wants_progress:
+                    dumped["progress_updates"] = updates
+                results.append(dumped)
             except Exception as exc:  # JSON-RPC errors surface as exceptions
                 error = getattr(exc, "error", None)
                 if error is not None and hasattr(error, "model_dump"):
