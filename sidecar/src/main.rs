@@ -27,7 +27,7 @@ struct Cli {
     command: Command,
     /// Diagnostics format on stderr.
     #[arg(long, value_enum, default_value = "text", global = true)]
-    log_format: LogFormat,
+    log_format: aip_runtime::LogFormat,
 }
 
 #[derive(Subcommand)]
@@ -91,15 +91,9 @@ struct RunArgs {
     drain_seconds: u64,
 }
 
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing(cli.log_format);
+    aip_runtime::init_tracing(cli.log_format, "info");
     // The gateway uses every core; the stdio wrap relays one client on one
     // thread, which avoids a cross-thread wake-up per message.
     let runtime = match &cli.command {
@@ -179,7 +173,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         admin_listener.local_addr()?,
         token_file.display()
     );
-    tokio::spawn(on_signal(shutdown.clone()));
+    tokio::spawn(aip_runtime::cancel_on_signal(shutdown.clone()));
     let admin = Arc::new(Admin {
         gateway: gateway.clone(),
         approval_token,
@@ -293,35 +287,4 @@ fn approval_token(path: &Path) -> anyhow::Result<SecretString> {
         .open(path)?;
     writeln!(f, "{token}")?;
     Ok(SecretString::from(token))
-}
-
-/// SIGTERM or SIGINT: stop accepting, let in-flight calls finish.
-async fn on_signal(shutdown: CancellationToken) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
-    tracing::info!("signal received, draining");
-    shutdown.cancel();
-}
-
-fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
 }

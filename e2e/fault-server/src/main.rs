@@ -41,18 +41,12 @@ struct Args {
     check: bool,
     /// Diagnostics format on stderr.
     #[arg(long, value_enum, default_value = "text")]
-    log_format: LogFormat,
-}
-
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
+    log_format: aip_runtime::LogFormat,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    init_tracing(args.log_format);
+    aip_runtime::init_tracing(args.log_format, "warn");
     let transport = if args.stdio {
         Transport::Stdio
     } else {
@@ -113,7 +107,7 @@ async fn run(args: Args, script: Script) -> bool {
     };
     let core = Core::new(script, AttemptLog::new(sink, args.log_args));
     let shutdown = CancellationToken::new();
-    tokio::spawn(on_signal(shutdown.clone()));
+    tokio::spawn(aip_runtime::cancel_on_signal(shutdown.clone()));
     tokio::spawn(core.clone().run(shutdown.clone()));
     let served = match &args.http {
         None => {
@@ -152,36 +146,5 @@ async fn run(args: Args, script: Script) -> bool {
             eprintln!("aip-fault-server: {e:#}");
             false
         }
-    }
-}
-
-/// SIGTERM or SIGINT: stop promptly (the attempt log is flushed line by line).
-async fn on_signal(shutdown: CancellationToken) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
-    tracing::info!("signal received, shutting down");
-    shutdown.cancel();
-}
-
-fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
     }
 }
