@@ -37,12 +37,14 @@ async fn list_approve_and_deny_through_the_admin_port() {
     std::fs::create_dir_all(&dir).unwrap();
     let token_file = dir.join("token");
     std::fs::write(&token_file, "t0ken\n").unwrap();
-    let target = [
+    let target: Vec<String> = [
         "--admin",
         url.as_str(),
         "--token-file",
         token_file.to_str().unwrap(),
-    ];
+    ]
+    .map(str::to_owned)
+    .to_vec();
 
     let mut changes = approvals.subscribe();
     for (verb, expected) in [("approve", Approval::Approved), ("deny", Approval::Denied)] {
@@ -62,17 +64,7 @@ async fn list_approve_and_deny_through_the_admin_port() {
                 .unwrap()
                 .unwrap();
         }
-        let owned = target.map(str::to_owned);
-        let listed = tokio::task::spawn_blocking(move || {
-            let mut args = vec!["approvals".to_owned(), "list".to_owned()];
-            args.extend(owned);
-            Command::new(env!("CARGO_BIN_EXE_aip"))
-                .args(&args)
-                .output()
-                .unwrap()
-        })
-        .await
-        .unwrap();
+        let listed = aip(args(&["approvals", "list"], &target)).await;
         let text = String::from_utf8_lossy(&listed.stdout).into_owned();
         assert!(
             listed.status.success(),
@@ -84,19 +76,7 @@ async fn list_approve_and_deny_through_the_admin_port() {
             "{text}"
         );
         let id = approvals.list()[0].id.clone();
-        let args: Vec<String> = ["approvals", verb, id.as_str()]
-            .iter()
-            .map(|s| s.to_string())
-            .chain(target.map(str::to_owned))
-            .collect();
-        let decided = tokio::task::spawn_blocking(move || {
-            Command::new(env!("CARGO_BIN_EXE_aip"))
-                .args(&args)
-                .output()
-                .unwrap()
-        })
-        .await
-        .unwrap();
+        let decided = aip(args(&["approvals", verb, &id], &target)).await;
         assert!(decided.status.success());
         assert!(
             String::from_utf8_lossy(&decided.stdout).starts_with(if verb == "approve" {
@@ -107,19 +87,7 @@ async fn list_approve_and_deny_through_the_admin_port() {
         );
         assert_eq!(waiting.await.unwrap(), expected);
         // Deciding again finds nothing: one ask, one decision.
-        let args: Vec<String> = ["approvals", verb, id.as_str()]
-            .iter()
-            .map(|s| s.to_string())
-            .chain(target.map(str::to_owned))
-            .collect();
-        let again = tokio::task::spawn_blocking(move || {
-            Command::new(env!("CARGO_BIN_EXE_aip"))
-                .args(&args)
-                .output()
-                .unwrap()
-        })
-        .await
-        .unwrap();
+        let again = aip(args(&["approvals", verb, &id], &target)).await;
         assert_eq!(again.status.code(), Some(1));
         assert!(
             String::from_utf8_lossy(&again.stderr).contains("no pending approval"),
@@ -129,18 +97,7 @@ async fn list_approve_and_deny_through_the_admin_port() {
     }
     // A wrong token is refused.
     std::fs::write(&token_file, "wrong\n").unwrap();
-    let refused = tokio::task::spawn_blocking(move || {
-        aip(&[
-            "approvals",
-            "list",
-            "--admin",
-            url.as_str(),
-            "--token-file",
-            token_file.to_str().unwrap(),
-        ])
-    })
-    .await
-    .unwrap();
+    let refused = aip(args(&["approvals", "list"], &target)).await;
     assert_eq!(refused.status.code(), Some(1));
     assert!(
         String::from_utf8_lossy(&refused.stderr).contains("HTTP 401"),
