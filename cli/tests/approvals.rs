@@ -13,11 +13,24 @@ use aip_sidecar::gate::Gateway;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-fn aip(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_aip"))
-        .args(args)
-        .output()
-        .unwrap()
+/// Runs `aip` off the runtime's threads (the admin server lives on them).
+async fn aip(args: Vec<String>) -> std::process::Output {
+    tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_aip"))
+            .args(&args)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+fn args(words: &[&str], target: &[String]) -> Vec<String> {
+    words
+        .iter()
+        .map(|w| (*w).to_owned())
+        .chain(target.iter().cloned())
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
