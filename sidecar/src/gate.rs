@@ -63,6 +63,8 @@ pub enum Reply {
 
 pub struct Gateway {
     pub metrics: Metrics,
+    /// The routing index of the current catalogs.
+    catalog_cache: Mutex<Option<Arc<Catalog>>>,
     config: watch::Receiver<Arc<Config>>,
     connections: RwLock<Vec<Arc<ConnectionState>>>,
     pub approvals: Arc<LocalApprovals>,
@@ -75,10 +77,14 @@ pub struct Gateway {
     checks: Mutex<CancellationToken>,
 }
 
-/// Every discovered tool, and the normalized names more than one tool claims
-/// (those are hidden and refused: which one a caller meant is unknowable).
+/// Every discovered tool under its agent-facing name, and the normalized
+/// names more than one tool claims (hidden and refused: which one a caller
+/// meant is unknowable). Built once per catalog version, shared by calls.
 struct Catalog {
+    /// The catalog versions this index was built from (compared by pointer).
+    versions: Vec<Arc<Vec<Value>>>,
     entries: Vec<CatalogEntry>,
+    by_name: HashMap<String, usize>,
     ambiguous: std::collections::HashSet<String>,
 }
 
@@ -104,6 +110,7 @@ impl Gateway {
     ) -> Arc<Gateway> {
         let gateway = Arc::new(Gateway {
             metrics: Metrics::default(),
+            catalog_cache: Mutex::new(None),
             config,
             connections: RwLock::new(Vec::new()),
             approvals: LocalApprovals::new(),
@@ -129,6 +136,7 @@ impl Gateway {
     ) -> Arc<Gateway> {
         Arc::new(Gateway {
             metrics: Metrics::default(),
+            catalog_cache: Mutex::new(None),
             config,
             connections: RwLock::new(Vec::new()),
             approvals,
@@ -388,19 +396,16 @@ impl Gateway {
     fn tools_list(&self, evaluator: &Evaluator) -> Value {
         let mut listed: Vec<Value> = Vec::new();
         let catalog = self.catalog();
-        for CatalogEntry {
-            agent_name,
-            connection,
-            mut definition,
-        } in catalog.entries
-        {
+        for entry in &catalog.entries {
+            let (agent_name, connection) = (&entry.agent_name, &entry.connection);
             let hidden_by_name = catalog
                 .ambiguous
-                .contains(normalize_name(&agent_name).as_ref());
+                .contains(normalize_name(agent_name).as_ref());
             if hidden_by_name || !connection.health().state.listable() {
                 continue;
             }
-            let upstream_name = definition
+            let upstream_name = entry
+                .definition
                 .get("name")
                 .and_then(Value::as_str)
                 .unwrap_or_default()
@@ -408,7 +413,8 @@ impl Gateway {
             if connection.gate(&upstream_name).is_some() {
                 continue;
             }
-            match evaluator.listing(&agent_name) {
+            let mut definition = entry.definition.clone();
+            match evaluator.listing(agent_name) {
                 Listing::Hidden => continue,
                 Listing::Ask => {
                     let description = definition
@@ -429,13 +435,32 @@ impl Gateway {
         json!({ "tools": listed })
     }
 
-    /// Every discovered tool under its agent-facing name.
-    fn catalog(&self) -> Catalog {
+    /// The routing index of the current catalogs: reused while no catalog
+    /// has changed, rebuilt (once) when one has.
+    fn catalog(&self) -> Arc<Catalog> {
+        let connections = self.connections();
+        let versions: Vec<Arc<Vec<Value>>> = connections.iter().map(|c| c.catalog()).collect();
+        let mut cache = self.catalog_cache.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(cached) = cache.as_ref() {
+            let same = cached.versions.len() == versions.len()
+                && cached
+                    .versions
+                    .iter()
+                    .zip(&versions)
+                    .all(|(a, b)| Arc::ptr_eq(a, b))
+                && cached
+                    .entries
+                    .iter()
+                    .all(|e| connections.iter().any(|c| Arc::ptr_eq(c, &e.connection)));
+            if same {
+                return cached.clone();
+            }
+        }
         let mut entries = Vec::new();
         let mut seen: HashMap<String, usize> = HashMap::new();
-        for state in self.connections() {
-            let prefix = state.connection().tool_prefix.clone();
-            for definition in state.catalog() {
+        for (state, tools) in connections.iter().zip(&versions) {
+            let prefix = &state.connection().tool_prefix;
+            for definition in tools.iter() {
                 let Some(name) = definition.get("name").and_then(Value::as_str) else {
                     continue;
                 };
@@ -446,7 +471,7 @@ impl Gateway {
                 entries.push(CatalogEntry {
                     agent_name,
                     connection: state.clone(),
-                    definition,
+                    definition: definition.clone(),
                 });
             }
         }
@@ -455,7 +480,19 @@ impl Gateway {
             .filter(|(_, n)| *n > 1)
             .map(|(k, _)| k)
             .collect();
-        Catalog { entries, ambiguous }
+        let by_name = entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (e.agent_name.clone(), i))
+            .collect();
+        let built = Arc::new(Catalog {
+            versions,
+            entries,
+            by_name,
+            ambiguous,
+        });
+        *cache = Some(built.clone());
+        built
     }
 
     /// Finds the one tool whose agent-facing name is exactly `name`.
@@ -464,19 +501,16 @@ impl Gateway {
         if catalog.ambiguous.contains(normalize_name(name).as_ref()) {
             return None;
         }
-        catalog
-            .entries
-            .into_iter()
-            .find(|e| e.agent_name == name)
-            .map(|e| Route {
-                upstream_name: e
-                    .definition
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_owned(),
-                connection: e.connection,
-            })
+        let entry = &catalog.entries[*catalog.by_name.get(name)?];
+        Some(Route {
+            upstream_name: entry
+                .definition
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+            connection: entry.connection.clone(),
+        })
     }
 
     async fn tools_call(&self, message: &Message, evaluator: &Evaluator, caller: &Caller) -> Reply {

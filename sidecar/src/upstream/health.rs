@@ -55,7 +55,9 @@ pub struct ConnectionState {
     /// Publishes the state on every change, for anything that must wait
     /// for one (tests, readiness).
     state: watch::Sender<HealthState>,
-    catalog: Mutex<Vec<Value>>,
+    /// Replaced whole by each successful check, so a pointer identifies a
+    /// version (the gateway caches its routing index on that).
+    catalog: Mutex<Arc<Vec<Value>>>,
     gates: Mutex<BTreeMap<String, Gate>>,
     /// Successful calls since the last health check: a failing probe with
     /// calls still succeeding means Degraded, not Unreachable.
@@ -85,7 +87,7 @@ impl ConnectionState {
                 last_check: None,
                 last_transition: None,
             }),
-            catalog: Mutex::new(Vec::new()),
+            catalog: Mutex::new(Arc::new(Vec::new())),
             gates: Mutex::new(BTreeMap::new()),
             calls_ok: AtomicU64::new(0),
         })
@@ -105,7 +107,7 @@ impl ConnectionState {
     }
 
     /// The upstream tool definitions from the last successful check.
-    pub fn catalog(&self) -> Vec<Value> {
+    pub fn catalog(&self) -> Arc<Vec<Value>> {
         lock(&self.catalog).clone()
     }
 
@@ -125,7 +127,7 @@ impl ConnectionState {
         let calls_ok = self.calls_ok.swap(0, Ordering::Relaxed);
         match result {
             Ok(tools) => {
-                *lock(&self.catalog) = tools;
+                *lock(&self.catalog) = Arc::new(tools);
                 // Leaving NeedsCredentials takes a changed credential, which
                 // arrives as a new connection, not a passing check.
                 if health.state != HealthState::NeedsCredentials {
