@@ -304,3 +304,69 @@ async fn a_timed_out_call_is_cancelled_upstream() {
         "the upstream was told to stop"
     );
 }
+
+/// An upstream whose tools/list comes in two pages.
+async fn paginating_upstream() -> String {
+    use http_body_util::{BodyExt, Full};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(
+                    |req: hyper::Request<hyper::body::Incoming>| async move {
+                        let body = req.into_body().collect().await.unwrap().to_bytes();
+                        let m: Value = serde_json::from_slice(&body).unwrap();
+                        let result = match (
+                            m["method"].as_str(),
+                            m.pointer("/params/cursor").and_then(Value::as_str),
+                        ) {
+                            (Some("initialize"), _) => {
+                                json!({"protocolVersion": "2025-11-25", "capabilities": {}, "serverInfo": {"name": "p", "version": "1"}})
+                            }
+                            (Some("tools/list"), None) => {
+                                json!({"tools": [{"name": "a", "inputSchema": {}}], "nextCursor": "page-2"})
+                            }
+                            (Some("tools/list"), Some("page-2")) => {
+                                json!({"tools": [{"name": "b", "inputSchema": {}}]})
+                            }
+                            _ => json!({}),
+                        };
+                        let reply = match m.get("id") {
+                            Some(id) => {
+                                json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string()
+                            }
+                            None => String::new(),
+                        };
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
+                            bytes::Bytes::from(reply),
+                        )))
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    url
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_checks_follow_the_tools_list_cursor() {
+    let url = paginating_upstream().await;
+    let text = format!(
+        "apiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {{name: p}}\nspec:\n  url: {url}\n"
+    );
+    let config = file::parse(&text, &CompileOptions::default()).unwrap();
+    let up = HttpUpstream::new(config.connections[0].clone()).unwrap();
+    let names: Vec<Value> = up
+        .health_check()
+        .await
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].clone())
+        .collect();
+    assert_eq!(names, vec![json!("a"), json!("b")]);
+}

@@ -32,6 +32,8 @@ pub const PROTOCOL_VERSION: &str = "2025-11-25";
 pub const ACCEPTED_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26"];
 /// How long a best-effort cancellation of an abandoned request may take.
 const CANCEL_DEADLINE: Duration = Duration::from_millis(500);
+/// How many tools/list pages a health check follows.
+const MAX_LIST_PAGES: usize = 64;
 /// How many times one request may resume a closed SSE stream.
 const MAX_RESUMES: usize = 16;
 
@@ -146,10 +148,26 @@ impl HttpUpstream {
         tokio::time::timeout(self.connection.health_deadline, async {
             let session = self.initialize().await?;
             *self.session.lock().await = Some(session.clone());
-            let list =
-                json!({"jsonrpc": "2.0", "id": self.fresh_id("list"), "method": "tools/list"});
-            let exchange = self.exchange(&session, &list).await?;
-            tools_of(&exchange.response)
+            // Follow nextCursor: a paginated catalog is listed whole (up to a
+            // bound, so a server that never stops paging cannot stall us).
+            let mut tools = Vec::new();
+            let mut cursor: Option<Value> = None;
+            for _ in 0..MAX_LIST_PAGES {
+                let mut list =
+                    json!({"jsonrpc": "2.0", "id": self.fresh_id("list"), "method": "tools/list"});
+                if let Some(c) = cursor.take() {
+                    list["params"] = json!({ "cursor": c });
+                }
+                let exchange = self.exchange(&session, &list).await?;
+                tools.extend(tools_of(&exchange.response)?);
+                match exchange.response.pointer("/result/nextCursor") {
+                    Some(Value::String(next)) if !next.is_empty() => cursor = Some(json!(next)),
+                    _ => return Ok(tools),
+                }
+            }
+            Err(Failure::Malformed(format!(
+                "tools/list did not end within {MAX_LIST_PAGES} pages"
+            )))
         })
         .await
         .unwrap_or(Err(Failure::Timeout))
