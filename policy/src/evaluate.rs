@@ -250,6 +250,9 @@ impl Evaluator {
             if let Some(v) = self.check_method(&method) {
                 return self.conclude(v, Subject::Method(request.method.to_owned()), request, mode);
             }
+            if method == "resources/read" {
+                return self.check_resource(request, mode);
+            }
             if method != "tools/call" {
                 return Verdict::allow(mode);
             }
@@ -291,6 +294,26 @@ impl Evaluator {
             method: "tools/call",
             params: Some(&params),
         })
+    }
+
+    /// `resources/read` names what it reads: its URI gets the protected-path
+    /// check tool arguments get (always enforced, as for tools).
+    fn check_resource(&self, request: &Request<'_>, mode: Mode) -> Verdict {
+        let Some(policy) = &self.policy else {
+            return Verdict::allow(mode);
+        };
+        let Some(params) = request.params.and_then(Value::as_object) else {
+            return Verdict::allow(mode);
+        };
+        match policy.protected.find(params) {
+            None => Verdict::allow(mode),
+            Some(hit) => {
+                let reason = format!("Parameter '{}' refers to a protected path", hit.argument);
+                let v = Violation::new(Cause::ProtectedPath, codes::PROTECTED_PATH, reason)
+                    .arg(&hit.argument, hit.protected);
+                self.conclude(v, Subject::Method(request.method.to_owned()), request, mode)
+            }
+        }
     }
 
     fn check_method(&self, method: &str) -> Option<Violation> {

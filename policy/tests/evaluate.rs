@@ -355,6 +355,26 @@ mod protected_paths {
     }
 }
 
+mod resources {
+    use super::*;
+
+    #[test]
+    fn resource_uris_get_the_protected_path_check() {
+        let e = policy("allowed_methods: [resources/read]\nprotected_paths: [~/.ssh]");
+        let read = |uri: &str| {
+            let msg = json!({"jsonrpc": "2.0", "id": 4, "method": "resources/read", "params": {"uri": uri}});
+            e.evaluate(&Request::from_value(&msg).unwrap())
+        };
+        assert_eq!(read("file:///srv/readme.md").decision, Decision::Allow);
+        let v = read("file:///home/agent/.ssh/id_rsa");
+        assert_eq!(
+            v.response().unwrap(),
+            json!({"jsonrpc": "2.0", "id": 4, "error": {"code": -32007, "message": "Access denied: protected path",
+                   "data": {"method": "resources/read", "reason": "Parameter 'uri' refers to a protected path"}}})
+        );
+    }
+}
+
 mod monitor {
     use super::*;
 

@@ -63,6 +63,10 @@ pub enum Reply {
 
 pub struct Gateway {
     pub metrics: Metrics,
+    /// Where prompts (agent-facing name -> connection, upstream name) and
+    /// resources (URI -> connection) were last listed.
+    prompt_routes: Mutex<HashMap<String, (Arc<ConnectionState>, String)>>,
+    resource_routes: Mutex<HashMap<String, Arc<ConnectionState>>>,
     /// The routing index of the current catalogs.
     catalog_cache: Mutex<Option<Arc<Catalog>>>,
     config: watch::Receiver<Arc<Config>>,
@@ -110,6 +114,8 @@ impl Gateway {
     ) -> Arc<Gateway> {
         let gateway = Arc::new(Gateway {
             metrics: Metrics::default(),
+            prompt_routes: Mutex::new(HashMap::new()),
+            resource_routes: Mutex::new(HashMap::new()),
             catalog_cache: Mutex::new(None),
             config,
             connections: RwLock::new(Vec::new()),
@@ -136,6 +142,8 @@ impl Gateway {
     ) -> Arc<Gateway> {
         Arc::new(Gateway {
             metrics: Metrics::default(),
+            prompt_routes: Mutex::new(HashMap::new()),
+            resource_routes: Mutex::new(HashMap::new()),
             catalog_cache: Mutex::new(None),
             config,
             connections: RwLock::new(Vec::new()),
@@ -274,7 +282,24 @@ impl Gateway {
             }
             (Kind::Notification { .. }, _) => Reply::Nothing,
             (Kind::Request { id, .. }, "initialize") => {
-                Reply::Message(result(id, initialize(&message)))
+                Reply::Message(result(id, initialize(&message, &evaluator)))
+            }
+            (Kind::Request { id, .. }, "prompts/list") => {
+                Reply::Message(result(id, self.prompts_list(&evaluator).await))
+            }
+            (Kind::Request { id, .. }, "resources/list") => Reply::Message(result(
+                id,
+                self.resources_list("resources/list", "resources", &evaluator)
+                    .await,
+            )),
+            (Kind::Request { id, .. }, "resources/templates/list") => Reply::Message(result(
+                id,
+                self.resources_list("resources/templates/list", "resourceTemplates", &evaluator)
+                    .await,
+            )),
+            (Kind::Request { .. }, "prompts/get") => self.prompts_get(&message, &evaluator).await,
+            (Kind::Request { .. }, "resources/read") => {
+                self.resources_read(&message, &evaluator).await
             }
             (Kind::Request { id, .. }, "ping") => Reply::Message(result(id, json!({}))),
             (Kind::Request { id, .. }, "tools/list") => {
@@ -594,6 +619,198 @@ impl Gateway {
         }
     }
 
+    /// Every page of `method` from every listable connection: (connection,
+    /// items under `key`). A connection that fails is skipped and logged: a
+    /// listing does not fail because one server is down.
+    async fn list_everywhere(&self, method: &str, key: &str) -> Vec<(Arc<ConnectionState>, Value)> {
+        let mut out = Vec::new();
+        for connection in self.connections() {
+            if !connection.health().state.listable() {
+                continue;
+            }
+            let mut cursor: Option<Value> = None;
+            for _ in 0..64 {
+                let id = format!("aip-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
+                let mut request = json!({"jsonrpc": "2.0", "id": id, "method": method});
+                if let Some(c) = cursor.take() {
+                    request["params"] = json!({ "cursor": c });
+                }
+                match connection.upstream.request(&request).await {
+                    Ok(x) => {
+                        let page = x.response.get("result").cloned().unwrap_or(Value::Null);
+                        for item in page
+                            .get(key)
+                            .and_then(Value::as_array)
+                            .into_iter()
+                            .flatten()
+                        {
+                            out.push((connection.clone(), item.clone()));
+                        }
+                        match page.get("nextCursor") {
+                            Some(Value::String(next)) if !next.is_empty() => {
+                                cursor = Some(json!(next))
+                            }
+                            _ => break,
+                        }
+                    }
+                    Err(failure) => {
+                        let name = &connection.connection().name;
+                        tracing::warn!(connection = %name, method, reason = failure.reason(), "listing skipped this connection");
+                        break;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    async fn prompts_list(&self, evaluator: &Evaluator) -> Value {
+        let mut routes = HashMap::new();
+        let mut prompts = Vec::new();
+        for (connection, mut prompt) in self.list_everywhere("prompts/list", "prompts").await {
+            let Some(name) = prompt
+                .get("name")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+            else {
+                continue;
+            };
+            let agent_name = format!("{}{name}", connection.connection().tool_prefix);
+            prompt["name"] = json!(agent_name);
+            routes.insert(agent_name, (connection, name));
+            prompts.push(prompt);
+        }
+        *self.prompt_routes.lock().unwrap_or_else(|e| e.into_inner()) = routes;
+        let mut list = json!({ "prompts": prompts });
+        redact_all(&mut list, evaluator);
+        list
+    }
+
+    async fn resources_list(&self, method: &str, key: &str, evaluator: &Evaluator) -> Value {
+        let mut items = Vec::new();
+        let mut routes = HashMap::new();
+        for (connection, item) in self.list_everywhere(method, key).await {
+            if let Some(uri) = item.get("uri").and_then(Value::as_str) {
+                routes.insert(uri.to_owned(), connection);
+            }
+            items.push(item);
+        }
+        self.resource_routes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(routes);
+        let mut list = json!({ key: items });
+        redact_all(&mut list, evaluator);
+        list
+    }
+
+    async fn prompts_get(&self, message: &Message, evaluator: &Evaluator) -> Reply {
+        let id = message.id().cloned().unwrap_or(Value::Null);
+        let name = message
+            .params()
+            .and_then(|p| p.get("name"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let lookup = |g: &Gateway| {
+            g.prompt_routes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&name)
+                .cloned()
+        };
+        let mut route = lookup(self);
+        if route.is_none() {
+            self.prompts_list(evaluator).await;
+            route = lookup(self);
+        }
+        let Some((connection, upstream_name)) = route else {
+            return Reply::Message(error(
+                Some(&id),
+                -32602,
+                &format!("Unknown prompt: {name}"),
+                None,
+            ));
+        };
+        let mut params = message.params().cloned().unwrap_or_else(|| json!({}));
+        params["name"] = json!(upstream_name);
+        self.forward(&connection, "prompts/get", params, id, evaluator)
+            .await
+    }
+
+    async fn resources_read(&self, message: &Message, evaluator: &Evaluator) -> Reply {
+        let id = message.id().cloned().unwrap_or(Value::Null);
+        let uri = message
+            .params()
+            .and_then(|p| p.get("uri"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let lookup = |g: &Gateway| {
+            g.resource_routes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&uri)
+                .cloned()
+        };
+        let mut route = lookup(self);
+        if route.is_none() {
+            self.resources_list("resources/list", "resources", evaluator)
+                .await;
+            route = lookup(self);
+        }
+        // A URI no listing names (a template's instance): with one usable
+        // connection there is only one place to ask.
+        let usable: Vec<Arc<ConnectionState>> = self
+            .connections()
+            .into_iter()
+            .filter(|c| c.health().state.listable())
+            .collect();
+        let route = route.or_else(|| (usable.len() == 1).then(|| usable[0].clone()));
+        let Some(connection) = route else {
+            return Reply::Message(error(
+                Some(&id),
+                -32602,
+                &format!("Unknown resource: {uri}"),
+                None,
+            ));
+        };
+        let params = message.params().cloned().unwrap_or_else(|| json!({}));
+        self.forward(&connection, "resources/read", params, id, evaluator)
+            .await
+    }
+
+    /// Forwards one request to one connection under a gateway id; the answer
+    /// gets the agent's id back and is redacted throughout.
+    async fn forward(
+        &self,
+        connection: &Arc<ConnectionState>,
+        method: &str,
+        params: Value,
+        id: Value,
+        evaluator: &Evaluator,
+    ) -> Reply {
+        let name = connection.connection().name.clone();
+        let upstream_id = format!("aip-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
+        let request =
+            json!({"jsonrpc": "2.0", "id": upstream_id, "method": method, "params": params});
+        match connection.upstream.request(&request).await {
+            Ok(x) => {
+                connection.record_success();
+                let mut response = x.response;
+                response["id"] = id;
+                redact_all(&mut response, evaluator);
+                Reply::Message(response)
+            }
+            Err(failure) => {
+                connection.record_failure("", &failure);
+                Reply::Message(
+                    json!({"jsonrpc": "2.0", "id": id, "error": failure.to_error(&name, None)}),
+                )
+            }
+        }
+    }
+
     /// The server messages of a call's stream that reach the agent:
     /// notifications, redacted. Server-initiated requests are not relayed (no
     /// client capabilities are offered), so they are dropped and logged.
@@ -692,7 +909,7 @@ fn refuse_by_state(route: &Route, connection: &str, tool: &str) -> Option<Value>
     Some(failure.to_error(connection, Some(tool)))
 }
 
-fn initialize(message: &Message) -> Value {
+fn initialize(message: &Message, evaluator: &Evaluator) -> Value {
     let requested = message
         .params()
         .and_then(|p| p.get("protocolVersion"))
@@ -701,11 +918,39 @@ fn initialize(message: &Message) -> Value {
         .iter()
         .find(|v| Some(**v) == requested)
         .unwrap_or(&AGENT_VERSIONS[0]);
+    let mut capabilities = json!({"tools": {"listChanged": false}});
+    // Resources and prompts are offered only where the policy's methods
+    // allow listing them.
+    if method_allowed(evaluator, "prompts/list") {
+        capabilities["prompts"] = json!({"listChanged": false});
+    }
+    if method_allowed(evaluator, "resources/list") {
+        capabilities["resources"] = json!({"listChanged": false});
+    }
     json!({
         "protocolVersion": version,
-        "capabilities": {"tools": {"listChanged": false}},
+        "capabilities": capabilities,
         "serverInfo": {"name": "aip-sidecar", "version": env!("CARGO_PKG_VERSION")},
     })
+}
+
+/// DLP over every string of a value (prompt messages, resource contents,
+/// listings).
+fn redact_all(value: &mut Value, evaluator: &Evaluator) {
+    if let Some(r) = evaluator.redactor() {
+        r.redact_strings(value, &mut Vec::new());
+    }
+}
+
+fn method_allowed(evaluator: &Evaluator, method: &str) -> bool {
+    evaluator
+        .evaluate(&Request {
+            id: None,
+            method,
+            params: None,
+        })
+        .decision
+        == Decision::Allow
 }
 
 fn result(id: &Value, result: Value) -> Value {

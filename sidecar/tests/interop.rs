@@ -288,3 +288,70 @@ async fn progress_notifications_reach_the_agent_through_the_gateway() {
     assert_eq!(updates[2]["progress"], 3.0);
     assert_eq!(updates[2]["total"], 3.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompts_and_resources_through_the_gateway_where_the_policy_allows() {
+    let everything = Everything::start();
+    let policy = "  allowed_tools: []
+  allowed_methods: [initialize, notifications/initialized, ping, tools/list, prompts/list, prompts/get, resources/list, resources/read]
+  protected_paths: [/etc/shadow]
+  dlp:
+    patterns:
+      - {name: Word, regex: 'Everything'}
+";
+    let s = Stack::start(Setup {
+        policy,
+        url: Some(everything.1.clone()),
+        prefix: "ev_",
+        ..Setup::default()
+    })
+    .await;
+    let url = format!("http://{}/mcp", s.addr);
+    let calls = json!([
+        ["@prompts", null],
+        ["@prompt", "ev_simple-prompt"],
+        ["@resources", null],
+        ["@read", "file:///etc/shadow"],
+    ]);
+    let report = tokio::task::spawn_blocking(move || client(&calls, &["http", &url]))
+        .await
+        .unwrap();
+    let r = report["results"].as_array().unwrap();
+    let prompts = r[0]["prompts"].as_array().unwrap();
+    assert!(prompts.contains(&json!("ev_simple-prompt")), "{}", r[0]);
+    assert!(
+        r[1]["messages"][0]["content"]["text"].as_str().is_some(),
+        "{}",
+        r[1]
+    );
+    let resources: Vec<Value> = r[2]["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|u| u.as_str().is_some_and(|u| u.ends_with("architecture.md")))
+        .cloned()
+        .collect();
+    assert!(!resources.is_empty(), "{}", r[2]);
+    assert_eq!(
+        r[3]["error"]["code"], -32007,
+        "a protected path is refused before routing: {}",
+        r[3]
+    );
+    // Read a listed resource: routed to its connection, its text redacted.
+    let first = resources[0].as_str().unwrap().to_owned();
+    let url = format!("http://{}/mcp", s.addr);
+    let calls = json!([["@read", first]]);
+    let report = tokio::task::spawn_blocking(move || client(&calls, &["http", &url]))
+        .await
+        .unwrap();
+    let read = &report["results"][0];
+    assert!(
+        read["contents"].as_array().is_some_and(|c| !c.is_empty()),
+        "{read}"
+    );
+    let text = read["contents"][0]["text"].as_str().unwrap_or_default();
+    assert!(
+        text.contains("[REDACTED:Word]") && !text.contains("Everything"),
+        "redacted: {read}"
+    );
+}

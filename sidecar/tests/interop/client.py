@@ -15,12 +15,36 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 
+async def other(session, op, argument):
+    """Prompts and resources: @prompts, @prompt NAME, @resources, @read URI."""
+    try:
+        if op == "@prompts":
+            return {"prompts": [p.name for p in (await session.list_prompts()).prompts]}
+        if op == "@prompt":
+            result = await session.get_prompt(argument)
+            return result.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if op == "@resources":
+            return {"resources": [str(r.uri) for r in (await session.list_resources()).resources]}
+        if op == "@read":
+            result = await session.read_resource(argument)
+            return result.model_dump(mode="json", by_alias=True, exclude_none=True)
+    except Exception as exc:
+        error = getattr(exc, "error", None)
+        if error is not None and hasattr(error, "model_dump"):
+            return {"error": error.model_dump(mode="json", exclude_none=True)}
+        return {"error": {"message": str(exc)}}
+    return {"error": {"message": f"unknown operation {op}"}}
+
+
 async def exercise(read, write, calls):
     async with ClientSession(read, write) as session:
         init = await session.initialize()
         tools = await session.list_tools()
         results = []
         for name, arguments, *options in calls:
+            if name.startswith("@"):
+                results.append(await other(session, name, arguments))
+                continue
             updates = []
 
             async def on_progress(progress, total, message):
