@@ -46,13 +46,10 @@ fn a_policy_and_connections() {
                 token_file.display()
             )
         ),
-        connection(
-            "local",
-            "  command: [aip-fault-server, --config, x.yaml, --stdio]\n"
-        ),
+        "",
     );
     let config = parse(&text).unwrap();
-    assert_eq!(config.connections.len(), 2);
+    assert_eq!(config.connections.len(), 1);
     let inv = config.connection("inventory").unwrap();
     assert_eq!(
         inv.endpoint,
@@ -70,17 +67,6 @@ fn a_policy_and_connections() {
     assert!(
         !printed.contains(&home) && !printed.contains("file-secret-value"),
         "secrets never print"
-    );
-    assert_eq!(
-        config.connection("local").unwrap().endpoint,
-        Endpoint::Stdio {
-            command: vec![
-                "aip-fault-server".into(),
-                "--config".into(),
-                "x.yaml".into(),
-                "--stdio".into()
-            ]
-        }
     );
     let v = config
         .evaluator
@@ -219,4 +205,18 @@ async fn reload_replaces_a_valid_config_and_keeps_the_old_on_errors() {
     assert!(!watched.config.has_changed().unwrap());
     assert!(allowed(&watched, "inventory_list"));
     shutdown.cancel();
+}
+
+#[test]
+fn stdio_upstreams_are_refused_with_what_to_use_instead() {
+    let text = format!(
+        "{POLICY}{}",
+        connection("local", "  command: [server, --stdio]\n")
+    );
+    assert_eq!(
+        parse(&text).unwrap_err(),
+        vec![
+            "document 2 (ToolConnection local): spec.command: stdio upstreams are not served by `aip-sidecar run` yet; wrap a stdio server with `aip-sidecar stdio --policy FILE -- COMMAND ARGS...`"
+        ]
+    );
 }

@@ -1,5 +1,5 @@
 //! ToolConnection documents: a remote MCP server (or, standalone only, a
-//! stdio command), shaped exactly like the future custom resource. Header
+//! stdio command, refused for now), shaped exactly like the future custom resource. Header
 //! values come from environment variables or files where the cluster will use
 //! Secrets; they are held as secrets that cannot be printed.
 
@@ -43,7 +43,7 @@ pub struct Metadata {
 pub struct ToolConnectionSpec {
     #[serde(default)]
     pub url: Option<String>,
-    /// Standalone only: run this stdio MCP server as a child process.
+    /// Reserved for stdio upstreams; refused until the gateway runs them.
     #[serde(default)]
     pub command: Option<Vec<String>>,
     #[serde(default)]
@@ -160,7 +160,6 @@ pub struct Connection {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Endpoint {
     Http { url: String },
-    Stdio { command: Vec<String> },
 }
 
 impl Connection {
@@ -189,17 +188,15 @@ impl Connection {
                 }
                 Endpoint::Http { url }
             }
-            (None, Some(command)) if !command.is_empty() => Endpoint::Stdio { command },
-            (None, Some(_)) => return fail("spec.command", "must name a program".to_owned()),
-            (Some(_), Some(_)) => {
-                return fail("spec", "give either url or command, not both".to_owned());
-            }
-            (None, None) => {
+            // Refused rather than accepted and left unserved: the gateway
+            // does not run stdio upstreams yet.
+            (_, Some(_)) => {
                 return fail(
-                    "spec",
-                    "a connection needs url (or, standalone, command)".to_owned(),
+                    "spec.command",
+                    "stdio upstreams are not served by `aip-sidecar run` yet; wrap a stdio server with `aip-sidecar stdio --policy FILE -- COMMAND ARGS...`".to_owned(),
                 );
             }
+            (None, None) => return fail("spec.url", "required field is missing".to_owned()),
         };
         let timeout =
             Duration::from_secs(spec.timeout_seconds.unwrap_or(DEFAULT_TIMEOUT.as_secs()));
