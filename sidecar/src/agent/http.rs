@@ -25,6 +25,8 @@ use tokio_util::task::TaskTracker;
 use crate::gate::{AGENT_VERSIONS, Caller, Gateway, Reply};
 
 pub const MCP_PATH: &str = "/mcp";
+/// Sessions kept at once; past this the least recently used one ends.
+pub const MAX_SESSIONS: usize = 256;
 const MAX_BODY: usize = 4 * 1024 * 1024;
 
 type Body = BoxBody<Bytes, Infallible>;
@@ -32,7 +34,50 @@ type Body = BoxBody<Bytes, Infallible>;
 struct State {
     gateway: Arc<Gateway>,
     /// Session id -> negotiated protocol version.
-    sessions: Mutex<HashMap<String, String>>,
+    sessions: Mutex<Sessions>,
+}
+
+/// Agent sessions: id -> (negotiated protocol version, last use), bounded.
+#[derive(Default)]
+struct Sessions {
+    map: HashMap<String, (String, u64)>,
+    clock: u64,
+}
+
+impl Sessions {
+    /// Marks a session used; false if it does not exist.
+    fn touch(&mut self, id: &str) -> bool {
+        self.clock += 1;
+        match self.map.get_mut(id) {
+            Some(entry) => {
+                entry.1 = self.clock;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Adds a session; returns the one evicted to make room, if any.
+    fn insert(&mut self, id: String, version: String) -> Option<String> {
+        self.clock += 1;
+        let evicted = (self.map.len() >= MAX_SESSIONS)
+            .then(|| {
+                self.map
+                    .iter()
+                    .min_by_key(|(_, (_, used))| *used)
+                    .map(|(k, _)| k.clone())
+            })
+            .flatten();
+        if let Some(old) = &evicted {
+            self.map.remove(old);
+        }
+        self.map.insert(id, (version, self.clock));
+        evicted
+    }
+
+    fn remove(&mut self, id: &str) -> bool {
+        self.map.remove(id).is_some()
+    }
 }
 
 /// Serves agents until `shutdown`; then stops accepting and lets requests in
@@ -45,7 +90,7 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let state = Arc::new(State {
         gateway,
-        sessions: Mutex::new(HashMap::new()),
+        sessions: Mutex::new(Sessions::default()),
     });
     loop {
         let (stream, _) = tokio::select! {
@@ -128,7 +173,7 @@ async fn post(state: &State, req: Request<Incoming>) -> Response<Body> {
     } else {
         match session_header {
             None => return text(StatusCode::BAD_REQUEST, "missing Mcp-Session-Id\n"),
-            Some(s) if !lock(&state.sessions).contains_key(&s) => {
+            Some(s) if !lock(&state.sessions).touch(&s) => {
                 return text(StatusCode::NOT_FOUND, "unknown session\n");
             }
             Some(s) => s,
@@ -149,7 +194,10 @@ async fn post(state: &State, req: Request<Incoming>) -> Response<Body> {
         let Some(version) = version else {
             return reply(outcome, sse, accepts); // initialize refused: no session
         };
-        lock(&state.sessions).insert(session.clone(), version);
+        let evicted = lock(&state.sessions).insert(session.clone(), version);
+        if let Some(old) = evicted {
+            state.gateway.end_session(&old);
+        }
         let mut response = reply(outcome, sse, accepts);
         if let Ok(v) = HeaderValue::from_str(&session) {
             response.headers_mut().insert("mcp-session-id", v);
@@ -164,7 +212,7 @@ fn delete(state: &State, req: &Request<Incoming>) -> Response<Body> {
         .headers()
         .get("mcp-session-id")
         .and_then(|v| v.to_str().ok());
-    match session.and_then(|s| lock(&state.sessions).remove(s).map(|_| s.to_owned())) {
+    match session.and_then(|s| lock(&state.sessions).remove(s).then(|| s.to_owned())) {
         Some(s) => {
             state.gateway.end_session(&s);
             empty(StatusCode::NO_CONTENT)
@@ -263,7 +311,20 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 #[cfg(test)]
 mod tests {
-    use super::is_loopback_origin;
+    use super::{MAX_SESSIONS, Sessions, is_loopback_origin};
+
+    #[test]
+    fn sessions_are_bounded_and_the_least_recently_used_goes() {
+        let mut s = Sessions::default();
+        for i in 0..MAX_SESSIONS {
+            assert_eq!(s.insert(format!("s{i}"), "v".into()), None);
+        }
+        assert!(s.touch("s0"), "s0 is now the most recently used");
+        assert_eq!(s.insert("new".into(), "v".into()), Some("s1".into()));
+        assert!(!s.touch("s1"));
+        assert!(s.touch("s0") && s.touch("new"));
+        assert!(s.remove("new") && !s.remove("new"));
+    }
 
     #[test]
     fn loopback_origins() {
