@@ -208,15 +208,42 @@ async fn reload_replaces_a_valid_config_and_keeps_the_old_on_errors() {
 }
 
 #[test]
-fn stdio_upstreams_are_refused_with_what_to_use_instead() {
-    let text = format!(
+fn stdio_connections_need_a_program_and_take_no_headers() {
+    let ok = format!(
         "{POLICY}{}",
         connection("local", "  command: [server, --stdio]\n")
     );
+    let config = parse(&ok).unwrap();
     assert_eq!(
-        parse(&text).unwrap_err(),
-        vec![
-            "document 2 (ToolConnection local): spec.command: stdio upstreams are not served by `aip-sidecar run` yet; wrap a stdio server with `aip-sidecar stdio --policy FILE -- COMMAND ARGS...`"
-        ]
+        config.connections[0].endpoint,
+        Endpoint::Stdio {
+            command: vec!["server".into(), "--stdio".into()]
+        }
     );
+    let cases = [
+        (
+            "  command: []\n",
+            "spec.command: must name a program to run: [PROGRAM, ARGS...]",
+        ),
+        (
+            "  command: [\"\"]\n",
+            "spec.command: must name a program to run: [PROGRAM, ARGS...]",
+        ),
+        (
+            "  command: [server]\n  url: http://127.0.0.1:1/mcp\n",
+            "spec.command: give either url or command, not both",
+        ),
+        (
+            "  command: [server]\n  headers: [{name: X-Key, valueFrom: {env: HOME}}]\n",
+            "spec.command: a stdio connection takes no headers or bearerToken; pass credentials in the server's environment",
+        ),
+    ];
+    for (spec, error) in cases {
+        let text = format!("{POLICY}{}", connection("local", spec));
+        assert_eq!(
+            parse(&text).unwrap_err(),
+            vec![format!("document 2 (ToolConnection local): {error}")],
+            "{spec}"
+        );
+    }
 }

@@ -1,5 +1,5 @@
 //! ToolConnection documents: a remote MCP server (or, standalone only, a
-//! stdio command, refused for now), shaped exactly like the future custom resource. Header
+//! stdio command), shaped exactly like the future custom resource. Header
 //! values come from environment variables or files where the cluster will use
 //! Secrets; they are held as secrets that cannot be printed.
 
@@ -43,7 +43,7 @@ pub struct Metadata {
 pub struct ToolConnectionSpec {
     #[serde(default)]
     pub url: Option<String>,
-    /// Reserved for stdio upstreams; refused until the gateway runs them.
+    /// A stdio MCP server to run as `[PROGRAM, ARGS...]` (instead of url).
     #[serde(default)]
     pub command: Option<Vec<String>>,
     #[serde(default)]
@@ -159,7 +159,13 @@ pub struct Connection {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Endpoint {
-    Http { url: String },
+    Http {
+        url: String,
+    },
+    /// A local MCP server spoken to over its stdin/stdout.
+    Stdio {
+        command: Vec<String>,
+    },
 }
 
 impl Connection {
@@ -188,12 +194,27 @@ impl Connection {
                 }
                 Endpoint::Http { url }
             }
-            // Refused rather than accepted and left unserved: the gateway
-            // does not run stdio upstreams yet.
-            (_, Some(_)) => {
+            (None, Some(command)) => {
+                if command.first().is_none_or(|program| program.is_empty()) {
+                    return fail(
+                        "spec.command",
+                        "must name a program to run: [PROGRAM, ARGS...]".to_owned(),
+                    );
+                }
+                // Headers travel on HTTP requests only; accepting them here
+                // would let an author believe a credential is being sent.
+                if !spec.headers.is_empty() || spec.bearer_token.is_some() {
+                    return fail(
+                        "spec.command",
+                        "a stdio connection takes no headers or bearerToken; pass credentials in the server's environment".to_owned(),
+                    );
+                }
+                Endpoint::Stdio { command }
+            }
+            (Some(_), Some(_)) => {
                 return fail(
                     "spec.command",
-                    "stdio upstreams are not served by `aip-sidecar run` yet; wrap a stdio server with `aip-sidecar stdio --policy FILE -- COMMAND ARGS...`".to_owned(),
+                    "give either url or command, not both".to_owned(),
                 );
             }
             (None, None) => return fail("spec.url", "required field is missing".to_owned()),

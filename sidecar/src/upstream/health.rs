@@ -13,8 +13,8 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::Upstream;
 use super::failure::{ConnectionEffect, Failure};
-use super::http::HttpUpstream;
 use crate::config::Connection;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -50,7 +50,7 @@ pub struct Gate {
 }
 
 pub struct ConnectionState {
-    pub upstream: HttpUpstream,
+    pub upstream: Upstream,
     health: Mutex<Health>,
     /// Publishes the state on every change, for anything that must wait
     /// for one (tests, readiness).
@@ -79,7 +79,7 @@ impl ConnectionState {
         };
         Ok(ConnectionState {
             state: watch::Sender::new(initial.0),
-            upstream: HttpUpstream::new(connection)?,
+            upstream: Upstream::new(connection)?,
             health: Mutex::new(Health {
                 state: initial.0,
                 reason: initial.1,

@@ -66,7 +66,12 @@ pub struct HttpUpstream {
 
 impl HttpUpstream {
     pub fn new(connection: Arc<Connection>) -> Result<HttpUpstream, String> {
-        let Endpoint::Http { url } = &connection.endpoint;
+        let Endpoint::Http { url } = &connection.endpoint else {
+            return Err(format!(
+                "connection {} is not an HTTP connection",
+                connection.name
+            ));
+        };
         let uri: Uri = url
             .parse()
             .map_err(|e| format!("connection {}: bad url: {e}", connection.name))?;

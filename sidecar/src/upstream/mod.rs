@@ -1,8 +1,63 @@
 //! MCP clients to the servers the gateway brokers.
 
 pub mod failure;
+pub mod health;
 pub mod http;
 pub mod sse;
+pub mod stdio;
+
+use std::sync::Arc;
+
+use serde_json::Value;
 
 pub use failure::{ConnectionEffect, Failure, SessionEffect};
-pub mod health;
+
+use crate::config::{Connection, Endpoint};
+use http::{Exchange, HttpUpstream};
+use stdio::StdioUpstream;
+
+/// One connection's client, whichever transport its server speaks.
+#[allow(clippy::large_enum_variant)] // one per connection: boxing would buy nothing
+pub enum Upstream {
+    Http(HttpUpstream),
+    Stdio(StdioUpstream),
+}
+
+impl Upstream {
+    pub fn new(connection: Arc<Connection>) -> Result<Upstream, String> {
+        Ok(match connection.endpoint {
+            Endpoint::Http { .. } => Upstream::Http(HttpUpstream::new(connection)?),
+            Endpoint::Stdio { .. } => Upstream::Stdio(StdioUpstream::new(connection)?),
+        })
+    }
+
+    pub fn connection(&self) -> &Connection {
+        match self {
+            Upstream::Http(u) => u.connection(),
+            Upstream::Stdio(u) => u.connection(),
+        }
+    }
+
+    /// Sends one request and returns its response; never re-sent.
+    pub async fn request(&self, message: &Value) -> Result<Exchange, Failure> {
+        match self {
+            Upstream::Http(u) => u.request(message).await,
+            Upstream::Stdio(u) => u.request(message).await,
+        }
+    }
+
+    pub async fn notify(&self, message: &Value) -> Result<(), Failure> {
+        match self {
+            Upstream::Http(u) => u.notify(message).await,
+            Upstream::Stdio(u) => u.notify(message).await,
+        }
+    }
+
+    /// Lists the server's tools (all pages) within the health deadline.
+    pub async fn health_check(&self) -> Result<Vec<Value>, Failure> {
+        match self {
+            Upstream::Http(u) => u.health_check().await,
+            Upstream::Stdio(u) => u.health_check().await,
+        }
+    }
+}

@@ -53,6 +53,8 @@ pub struct Setup<'a> {
     pub url: Option<String>,
     /// The connection's tool prefix.
     pub prefix: &'a str,
+    /// Run this stdio server as the connection instead of using a URL.
+    pub command: Option<Vec<String>>,
 }
 
 impl Default for Setup<'_> {
@@ -65,6 +67,7 @@ impl Default for Setup<'_> {
             expect: HealthState::Healthy,
             url: None,
             prefix: "up_",
+            command: None,
         }
     }
 }
@@ -103,13 +106,15 @@ impl Stack {
         let url = setup.url.clone().unwrap_or_else(|| fault_url.clone());
         // Real servers get real limits; the fault server gets tight ones so
         // timeouts and size limits are quick to reach.
-        let (timeout, max_bytes) = if setup.url.is_some() {
-            (10, 1_000_000)
-        } else {
-            (1, 4096)
+        let endpoint = match &setup.command {
+            Some(argv) => format!("command: {}", json!(argv)),
+            None => format!("url: {url}"),
         };
+        let real = setup.url.is_some()
+            || (setup.command.as_ref()).is_some_and(|c| !c[0].ends_with("aip-fault-server"));
+        let (timeout, max_bytes) = if real { (10, 1_000_000) } else { (1, 4096) };
         let config_text = format!(
-            "apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {{name: agent}}\nspec:\n{policy}\n---\napiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {{name: up}}\nspec:\n  url: {url}\n  toolPrefix: {}\n  timeoutSeconds: {timeout}\n  maxResponseBytes: {max_bytes}\n{}",
+            "apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {{name: agent}}\nspec:\n{policy}\n---\napiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {{name: up}}\nspec:\n  {endpoint}\n  toolPrefix: {}\n  timeoutSeconds: {timeout}\n  maxResponseBytes: {max_bytes}\n{}",
             setup.prefix, setup.connection
         );
         let options = CompileOptions {

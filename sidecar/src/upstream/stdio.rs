@@ -1,0 +1,291 @@
+//! A stdio MCP server as an upstream of the gateway (standalone mode): the
+//! child process is the session. It is started and initialized on first use
+//! (single-flight), requests are matched to their callers by id, and a
+//! process that ends fails its pending calls as unreachable and is started
+//! afresh on next use. A tool call is never re-sent.
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::failure::Failure;
+use super::http::{ACCEPTED_VERSIONS, Exchange, PROTOCOL_VERSION, tools_of};
+use crate::config::{Connection, Endpoint};
+use crate::jsonrpc::{self, Limits};
+
+pub struct StdioUpstream {
+    connection: Arc<Connection>,
+    process: tokio::sync::Mutex<Option<Arc<Process>>>,
+    next_id: AtomicU64,
+}
+
+struct Process {
+    to_server: mpsc::UnboundedSender<String>,
+    pending: Mutex<HashMap<String, oneshot::Sender<Value>>>,
+    /// Cancelled when the server's stdout ends: the process is gone.
+    ended: CancellationToken,
+    _child: tokio::process::Child,
+}
+
+impl StdioUpstream {
+    pub fn new(connection: Arc<Connection>) -> Result<StdioUpstream, String> {
+        match &connection.endpoint {
+            Endpoint::Stdio { command } if !command.is_empty() => {}
+            _ => {
+                return Err(format!(
+                    "connection {} is not a stdio connection",
+                    connection.name
+                ));
+            }
+        }
+        Ok(StdioUpstream {
+            connection,
+            process: tokio::sync::Mutex::new(None),
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    pub fn connection(&self) -> &Connection {
+        &self.connection
+    }
+
+    /// Sends one request and waits for its response, within the
+    /// connection's timeout. A call that times out is cancelled.
+    pub async fn request(&self, message: &Value) -> Result<Exchange, Failure> {
+        let id = message.get("id").cloned().unwrap_or(Value::Null);
+        let mut used: Option<Arc<Process>> = None;
+        let outcome = tokio::time::timeout(self.connection.timeout, async {
+            let process = self.process().await?;
+            used = Some(process.clone());
+            self.exchange(&process, message).await
+        })
+        .await
+        .unwrap_or(Err(Failure::Timeout));
+        if let (Err(Failure::Timeout), Some(p)) = (&outcome, &used) {
+            lock(&p.pending).remove(&id.to_string());
+            let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                "params": {"requestId": id, "reason": "the gateway's deadline passed"}});
+            let _ = p.to_server.send(cancel.to_string());
+        }
+        outcome
+    }
+
+    pub async fn notify(&self, message: &Value) -> Result<(), Failure> {
+        let process = self.process().await?;
+        process
+            .to_server
+            .send(message.to_string())
+            .map_err(|_| ended())
+    }
+
+    /// Starts the server if it is not running, then lists its tools (all
+    /// pages) within the health deadline.
+    pub async fn health_check(&self) -> Result<Vec<Value>, Failure> {
+        tokio::time::timeout(self.connection.health_deadline, async {
+            let process = self.process().await?;
+            let mut tools = Vec::new();
+            let mut cursor: Option<Value> = None;
+            for _ in 0..64 {
+                let mut list =
+                    json!({"jsonrpc": "2.0", "id": self.fresh_id("list"), "method": "tools/list"});
+                if let Some(c) = cursor.take() {
+                    list["params"] = json!({ "cursor": c });
+                }
+                let x = self.exchange(&process, &list).await?;
+                tools.extend(tools_of(&x.response)?);
+                match x.response.pointer("/result/nextCursor") {
+                    Some(Value::String(next)) if !next.is_empty() => cursor = Some(json!(next)),
+                    _ => return Ok(tools),
+                }
+            }
+            Err(Failure::Malformed(
+                "tools/list did not end within 64 pages".into(),
+            ))
+        })
+        .await
+        .unwrap_or(Err(Failure::Timeout))
+    }
+
+    fn fresh_id(&self, kind: &str) -> String {
+        format!(
+            "aip-{kind}-{}",
+            self.next_id.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    /// The running process, started and initialized if there is none (or
+    /// the last one ended).
+    async fn process(&self) -> Result<Arc<Process>, Failure> {
+        let mut slot = self.process.lock().await;
+        if let Some(p) = slot.as_ref().filter(|p| !p.ended.is_cancelled()) {
+            return Ok(p.clone());
+        }
+        let process = self.start()?;
+        let init = json!({"jsonrpc": "2.0", "id": self.fresh_id("init"), "method": "initialize", "params": {
+            "protocolVersion": PROTOCOL_VERSION, "capabilities": {},
+            "clientInfo": {"name": "aip-sidecar", "version": env!("CARGO_PKG_VERSION")}}});
+        let x = self
+            .exchange(&process, &init)
+            .await
+            .map_err(|f| Failure::InitFailed(Box::new(f)))?;
+        let version = x
+            .response
+            .pointer("/result/protocolVersion")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if !ACCEPTED_VERSIONS.contains(&version) {
+            let f = Failure::Malformed(format!("unsupported protocol version {version:?}"));
+            return Err(Failure::InitFailed(Box::new(f)));
+        }
+        let _ = process
+            .to_server
+            .send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string());
+        *slot = Some(process.clone());
+        Ok(process)
+    }
+
+    fn start(&self) -> Result<Arc<Process>, Failure> {
+        let Endpoint::Stdio { command } = &self.connection.endpoint else {
+            return Err(Failure::Network("not a stdio connection".into()));
+        };
+        let (program, args) = command
+            .split_first()
+            .ok_or_else(|| Failure::Network("no command".into()))?;
+        let mut child = tokio::process::Command::new(program)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| Failure::Network(format!("cannot start {program}: {e}")))?;
+        let (Some(mut stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err(Failure::Network("the server's pipes are missing".into()));
+        };
+        let (to_server, mut lines) = mpsc::unbounded_channel::<String>();
+        let process = Arc::new(Process {
+            to_server,
+            pending: Mutex::new(HashMap::new()),
+            ended: CancellationToken::new(),
+            _child: child,
+        });
+        tokio::spawn(async move {
+            while let Some(mut line) = lines.recv().await {
+                line.push('\n');
+                if stdin
+                    .write_all(line.as_bytes())
+                    .await
+                    .and(stdin.flush().await)
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        });
+        let reader = process.clone();
+        let limit = self.connection.max_response_bytes;
+        let name = self.connection.name.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            loop {
+                let line = tokio::select! {
+                    l = lines.next_line() => l,
+                    // Dropped upstream: letting go of the process kills it.
+                    () = reader.ended.cancelled() => break,
+                };
+                let Ok(Some(line)) = line else { break };
+                reader.deliver(&line, limit, &name);
+            }
+            reader.ended.cancel();
+            lock(&reader.pending).clear(); // every waiter sees the process gone
+        });
+        Ok(process)
+    }
+
+    async fn exchange(&self, process: &Process, message: &Value) -> Result<Exchange, Failure> {
+        let key = message.get("id").map(Value::to_string).unwrap_or_default();
+        let (tx, rx) = oneshot::channel();
+        lock(&process.pending).insert(key, tx);
+        process
+            .to_server
+            .send(message.to_string())
+            .map_err(|_| ended())?;
+        let response = tokio::select! {
+            r = rx => r.map_err(|_| ended())?,
+            () = process.ended.cancelled() => return Err(ended()),
+        };
+        if response.get("aip_too_large").is_some() {
+            return Err(Failure::TooLarge {
+                limit: self.connection.max_response_bytes,
+            });
+        }
+        match (response.get("result"), response.get("error")) {
+            (Some(Value::Object(_)), None) | (None, Some(Value::Object(_))) => Ok(Exchange {
+                response,
+                server_messages: Vec::new(),
+                session_id: None,
+            }),
+            _ => Err(Failure::Malformed(
+                "the response has no valid result or error".into(),
+            )),
+        }
+    }
+}
+
+impl Drop for StdioUpstream {
+    /// The reader task holds the process until its stdout ends; ending it
+    /// here is what stops a server whose connection was removed or reloaded.
+    fn drop(&mut self) {
+        if let Some(p) = self.process.get_mut() {
+            p.ended.cancel();
+        }
+    }
+}
+
+impl Process {
+    /// Routes one line from the server to the caller waiting for it.
+    fn deliver(&self, line: &str, limit: usize, connection: &str) {
+        let value = match jsonrpc::parse_value(
+            line.as_bytes(),
+            Limits {
+                max_bytes: usize::MAX,
+                max_depth: 64,
+            },
+        ) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(connection, error = %e, "the stdio server wrote a line that is not acceptable JSON; dropped");
+                return;
+            }
+        };
+        let Some(id) = value.get("id") else { return }; // a notification
+        if value.get("method").is_some() {
+            // A server request: no client capabilities are offered.
+            let refusal = json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32601, "message": "Method not found"}});
+            let _ = self.to_server.send(refusal.to_string());
+            return;
+        }
+        if let Some(waiter) = lock(&self.pending).remove(&id.to_string()) {
+            let delivered = if line.len() > limit {
+                json!({"aip_too_large": line.len()})
+            } else {
+                value
+            };
+            let _ = waiter.send(delivered);
+        }
+    }
+}
+
+fn ended() -> Failure {
+    Failure::Network("the server process ended".into())
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,0 +1,218 @@
+//! `aip-sidecar run` with a stdio server as the connection: the fault server
+//! (`--stdio`) as a child process behind the whole gateway, and
+//! server-everything from npm. One upstream attempt per agent call, a
+//! timed-out call cancelled, a server that exits started afresh.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{Setup, Stack};
+use serde_json::{Value, json};
+
+const POLICY: &str = "  allowed_tools: [up_flaky, up_sibling]\n";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A fault server run over stdio, and where it logs its attempts.
+struct StdioFaults {
+    command: Vec<String>,
+    log: PathBuf,
+}
+
+impl StdioFaults {
+    fn new(name: &str, flaky_step: &str) -> StdioFaults {
+        let bin = repo().join("target/debug/aip-fault-server");
+        assert!(bin.exists(), "build the workspace first (make build)");
+        let dir = std::env::temp_dir().join(format!("aip-stdio-up-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = dir.join("faults.yaml");
+        let log = dir.join("attempts.jsonl");
+        let _ = std::fs::remove_file(&log);
+        std::fs::write(
+            &script,
+            format!(
+                "apiVersion: aip.io/v1alpha1\nkind: FaultServer\nmetadata: {{name: up}}\nspec:
+  tools:
+    - name: flaky
+      responses: [{{sequence: [{flaky_step}, {{return: recovered}}]}}]
+    - name: sibling
+      responses: [{{sequence: [{{return: s1}}, {{return: s2}}, {{return: s3}}]}}]
+"
+            ),
+        )
+        .unwrap();
+        let command = [
+            bin.to_str().unwrap(),
+            "--config",
+            script.to_str().unwrap(),
+            "--stdio",
+            "--log",
+            log.to_str().unwrap(),
+        ];
+        StdioFaults {
+            command: command.map(str::to_owned).to_vec(),
+            log,
+        }
+    }
+
+    fn attempts(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    async fn stack(&self) -> Stack {
+        Stack::start(Setup {
+            policy: POLICY,
+            command: Some(self.command.clone()),
+            ..Setup::default()
+        })
+        .await
+    }
+}
+
+fn text(response: &Value) -> &str {
+    response["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no text result: {response}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_reach_a_stdio_server_once_each() {
+    let faults = StdioFaults::new("calls", "{return: first}");
+    let s = faults.stack().await;
+    let session = s.session().await;
+    let list = s.request(&session, json!(1), "tools/list").await;
+    let names: Vec<&str> = list["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["up_flaky", "up_sibling"]);
+    let calls = [
+        ("up_flaky", "first"),
+        ("up_sibling", "s1"),
+        ("up_flaky", "recovered"),
+    ];
+    for (i, (tool, expected)) in calls.into_iter().enumerate() {
+        let r = s.call(&session, json!(i + 2), tool, json!({})).await;
+        assert_eq!(text(&r), expected, "{tool}");
+    }
+    let outcomes: Vec<(Value, Value)> = faults
+        .attempts()
+        .iter()
+        .map(|a| (a["tool"].clone(), a["outcome"].clone()))
+        .collect();
+    assert_eq!(
+        outcomes,
+        vec![
+            (json!("flaky"), json!("delivered")),
+            (json!("sibling"), json!("delivered")),
+            (json!("flaky"), json!("delivered")),
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_call_is_cancelled_and_the_server_keeps_serving() {
+    let faults = StdioFaults::new("timeout", "{return: late, delay_ms: 300000}");
+    let s = faults.stack().await;
+    let session = s.session().await;
+    let failed = s.call(&session, json!(1), "up_flaky", json!({})).await;
+    assert_eq!(
+        failed["error"]["data"]["reason"], "upstream_timeout",
+        "{failed}"
+    );
+    // Same process: the sequences continue where they were.
+    let sibling = s.call(&session, json!(2), "up_sibling", json!({})).await;
+    assert_eq!(text(&sibling), "s1");
+    let again = s.call(&session, json!(3), "up_flaky", json!({})).await;
+    assert_eq!(text(&again), "recovered");
+    let first = &faults.attempts()[0];
+    assert_eq!(first["outcome"], "canceled_running", "{first}");
+    assert_eq!(faults.attempts().len(), 3, "never a replay");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_exits_fails_its_call_and_is_started_again() {
+    let faults = StdioFaults::new("exit", "{drop: true}");
+    let s = faults.stack().await;
+    let session = s.session().await;
+    let failed = s.call(&session, json!(1), "up_flaky", json!({})).await;
+    assert_eq!(
+        failed["error"]["data"]["reason"], "upstream_unreachable",
+        "{failed}"
+    );
+    // A new process: its sequences start over.
+    let sibling = s.call(&session, json!(2), "up_sibling", json!({})).await;
+    assert_eq!(text(&sibling), "s1");
+    let flaky: Vec<Value> = faults
+        .attempts()
+        .into_iter()
+        .filter(|a| a["tool"] == "flaky")
+        .collect();
+    assert_eq!(flaky.len(), 1, "the failed call is not re-sent: {flaky:?}");
+    assert_eq!(flaky[0]["outcome"], "fixture_error");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_answer_is_refused_and_the_next_call_works() {
+    let faults = StdioFaults::new("oversize", "{oversize: {bytes: 10000}}");
+    let s = faults.stack().await;
+    let session = s.session().await;
+    let failed = s.call(&session, json!(1), "up_flaky", json!({})).await;
+    assert_eq!(
+        failed["error"]["data"]["reason"], "upstream_too_large",
+        "{failed}"
+    );
+    assert!(
+        !failed.to_string().contains("xxxxxxxx"),
+        "nothing of the body relayed"
+    );
+    let again = s.call(&session, json!(2), "up_flaky", json!({})).await;
+    assert_eq!(text(&again), "recovered");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_everything_over_stdio_behind_the_gateway() {
+    let everything = repo()
+        .join("target/npm/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    assert!(everything.exists(), "run `make interop-deps`");
+    let s = Stack::start(Setup {
+        policy: "  allowed_tools: [ev_echo, ev_get-sum]\n",
+        command: Some(vec![
+            "node".into(),
+            everything.to_str().unwrap().into(),
+            "stdio".into(),
+        ]),
+        prefix: "ev_",
+        ..Setup::default()
+    })
+    .await;
+    let session = s.session().await;
+    let list = s.request(&session, json!(1), "tools/list").await;
+    let mut names: Vec<&str> = list["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    names.sort_unstable();
+    assert_eq!(names, vec!["ev_echo", "ev_get-sum"]);
+    let echo = s
+        .call(&session, json!(2), "ev_echo", json!({"message": "hello"}))
+        .await;
+    assert!(text(&echo).contains("hello"), "{echo}");
+    let sum = s
+        .call(&session, json!(3), "ev_get-sum", json!({"a": 2, "b": 3}))
+        .await;
+    assert!(text(&sum).contains('5'), "{sum}");
+}
