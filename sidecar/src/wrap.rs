@@ -10,7 +10,6 @@
 //! server unless allowed.
 
 use std::collections::HashMap;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -56,25 +55,8 @@ impl Wrap {
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
-        let (program, args) = command
-            .split_first()
-            .ok_or_else(|| anyhow::anyhow!("no command to wrap"))?;
-        let mut child = tokio::process::Command::new(program)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| anyhow::anyhow!("cannot start {program}: {e}"))?;
-        let child_in = child
-            .stdin
-            .take()
-            .ok_or_else(|| anyhow::anyhow!("no stdin"))?;
-        let child_out = child
-            .stdout
-            .take()
-            .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+        let (mut child, child_in, child_out) =
+            crate::upstream::stdio::spawn(command).map_err(anyhow::Error::msg)?;
         let (to_agent, agent_writer) = writer(agent_out);
         let (to_server, server_writer) = writer(child_in);
         let pending: Pending = Arc::default();

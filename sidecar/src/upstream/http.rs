@@ -33,7 +33,6 @@ pub const ACCEPTED_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26
 /// How long a best-effort cancellation of an abandoned request may take.
 const CANCEL_DEADLINE: Duration = Duration::from_millis(500);
 /// How many tools/list pages a health check follows.
-const MAX_LIST_PAGES: usize = 64;
 /// How many times one request may resume a closed SSE stream.
 const MAX_RESUMES: usize = 16;
 
@@ -148,26 +147,13 @@ impl HttpUpstream {
         tokio::time::timeout(self.connection.health_deadline, async {
             let session = self.initialize().await?;
             *self.session.lock().await = Some(session.clone());
-            // Follow nextCursor: a paginated catalog is listed whole (up to a
-            // bound, so a server that never stops paging cannot stall us).
-            let mut tools = Vec::new();
-            let mut cursor: Option<Value> = None;
-            for _ in 0..MAX_LIST_PAGES {
-                let mut list =
-                    json!({"jsonrpc": "2.0", "id": self.fresh_id("list"), "method": "tools/list"});
-                if let Some(c) = cursor.take() {
-                    list["params"] = json!({ "cursor": c });
-                }
-                let exchange = self.exchange(&session, &list).await?;
-                tools.extend(tools_of(&exchange.response)?);
-                match exchange.response.pointer("/result/nextCursor") {
-                    Some(Value::String(next)) if !next.is_empty() => cursor = Some(json!(next)),
-                    _ => return Ok(tools),
-                }
-            }
-            Err(Failure::Malformed(format!(
-                "tools/list did not end within {MAX_LIST_PAGES} pages"
-            )))
+            // Follow nextCursor: a paginated catalog is listed whole.
+            super::list_all_tools(|mut list| {
+                list["id"] = json!(self.fresh_id("list"));
+                let session = &session;
+                async move { self.exchange(session, &list).await }
+            })
+            .await
         })
         .await
         .unwrap_or(Err(Failure::Timeout))

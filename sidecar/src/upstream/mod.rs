@@ -8,7 +8,7 @@ pub mod stdio;
 
 use std::sync::Arc;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 pub use failure::{ConnectionEffect, Failure, SessionEffect};
 
@@ -60,4 +60,33 @@ impl Upstream {
             Upstream::Stdio(u) => u.health_check().await,
         }
     }
+}
+
+/// A server that never stops paging cannot stall a health check.
+const MAX_LIST_PAGES: usize = 64;
+
+/// Lists every page of a server's tools/list: `send` makes one exchange of
+/// the request it is given (which still needs an id).
+async fn list_all_tools<F, Fut>(mut send: F) -> Result<Vec<Value>, Failure>
+where
+    F: FnMut(Value) -> Fut,
+    Fut: Future<Output = Result<Exchange, Failure>>,
+{
+    let mut tools = Vec::new();
+    let mut cursor: Option<Value> = None;
+    for _ in 0..MAX_LIST_PAGES {
+        let mut list = json!({"jsonrpc": "2.0", "method": "tools/list"});
+        if let Some(c) = cursor.take() {
+            list["params"] = json!({ "cursor": c });
+        }
+        let exchange = send(list).await?;
+        tools.extend(http::tools_of(&exchange.response)?);
+        match exchange.response.pointer("/result/nextCursor") {
+            Some(Value::String(next)) if !next.is_empty() => cursor = Some(json!(next)),
+            _ => return Ok(tools),
+        }
+    }
+    Err(Failure::Malformed(format!(
+        "tools/list did not end within {MAX_LIST_PAGES} pages"
+    )))
 }

@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::failure::Failure;
-use super::http::{ACCEPTED_VERSIONS, Exchange, PROTOCOL_VERSION, tools_of};
+use super::http::{ACCEPTED_VERSIONS, Exchange, PROTOCOL_VERSION};
 use crate::config::{Connection, Endpoint};
 use crate::jsonrpc::{self, Limits};
 
@@ -89,24 +89,12 @@ impl StdioUpstream {
     pub async fn health_check(&self) -> Result<Vec<Value>, Failure> {
         tokio::time::timeout(self.connection.health_deadline, async {
             let process = self.process().await?;
-            let mut tools = Vec::new();
-            let mut cursor: Option<Value> = None;
-            for _ in 0..64 {
-                let mut list =
-                    json!({"jsonrpc": "2.0", "id": self.fresh_id("list"), "method": "tools/list"});
-                if let Some(c) = cursor.take() {
-                    list["params"] = json!({ "cursor": c });
-                }
-                let x = self.exchange(&process, &list).await?;
-                tools.extend(tools_of(&x.response)?);
-                match x.response.pointer("/result/nextCursor") {
-                    Some(Value::String(next)) if !next.is_empty() => cursor = Some(json!(next)),
-                    _ => return Ok(tools),
-                }
-            }
-            Err(Failure::Malformed(
-                "tools/list did not end within 64 pages".into(),
-            ))
+            super::list_all_tools(|mut list| {
+                list["id"] = json!(self.fresh_id("list"));
+                let process = &process;
+                async move { self.exchange(process, &list).await }
+            })
+            .await
         })
         .await
         .unwrap_or(Err(Failure::Timeout))
@@ -154,20 +142,7 @@ impl StdioUpstream {
         let Endpoint::Stdio { command } = &self.connection.endpoint else {
             return Err(Failure::Network("not a stdio connection".into()));
         };
-        let (program, args) = command
-            .split_first()
-            .ok_or_else(|| Failure::Network("no command".into()))?;
-        let mut child = tokio::process::Command::new(program)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| Failure::Network(format!("cannot start {program}: {e}")))?;
-        let (Some(mut stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-            return Err(Failure::Network("the server's pipes are missing".into()));
-        };
+        let (child, mut stdin, stdout) = spawn(command).map_err(Failure::Network)?;
         let (to_server, mut lines) = mpsc::unbounded_channel::<String>();
         let process = Arc::new(Process {
             to_server,
@@ -279,6 +254,35 @@ impl Process {
             };
             let _ = waiter.send(delivered);
         }
+    }
+}
+
+/// Starts `command` (an argv) with piped stdin and stdout; the child is
+/// killed if dropped.
+pub fn spawn(
+    command: &[String],
+) -> Result<
+    (
+        tokio::process::Child,
+        tokio::process::ChildStdin,
+        tokio::process::ChildStdout,
+    ),
+    String,
+> {
+    let (program, args) = command
+        .split_first()
+        .ok_or_else(|| "no command to run".to_owned())?;
+    let mut child = tokio::process::Command::new(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("cannot start {program}: {e}"))?;
+    match (child.stdin.take(), child.stdout.take()) {
+        (Some(stdin), Some(stdout)) => Ok((child, stdin, stdout)),
+        _ => Err(format!("{program}: its pipes are missing")),
     }
 }
 
