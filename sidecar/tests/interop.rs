@@ -262,12 +262,31 @@ fn the_stdio_wrap_works_with_the_fault_server_and_an_argv_with_spaces() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn progress_notifications_reach_the_agent_through_the_gateway() {
     let everything = Everything::start();
-    let policy = "  allowed_tools: [ev_trigger-long-running-operation]\n";
-    let s = Stack::start(Setup {
-        policy,
+    progress_through(Setup {
         url: Some(everything.1.clone()),
-        prefix: "ev_",
         ..Setup::default()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_notifications_from_a_stdio_connection_reach_the_agent() {
+    let server = everything();
+    let command = ["node", server.to_str().unwrap(), "stdio"];
+    progress_through(Setup {
+        command: Some(command.map(str::to_owned).to_vec()),
+        ..Setup::default()
+    })
+    .await;
+}
+
+/// server-everything behind the gateway (`setup` says how it is reached):
+/// the Python SDK asks for progress and gets every update.
+async fn progress_through(setup: Setup<'_>) {
+    let s = Stack::start(Setup {
+        policy: "  allowed_tools: [ev_trigger-long-running-operation]\n",
+        prefix: "ev_",
+        ..setup
     })
     .await;
     let url = format!("http://{}/mcp", s.addr);

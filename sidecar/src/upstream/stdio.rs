@@ -27,11 +27,22 @@ pub struct StdioUpstream {
 
 struct Process {
     to_server: mpsc::UnboundedSender<String>,
-    pending: Mutex<HashMap<String, oneshot::Sender<Value>>>,
+    pending: Mutex<HashMap<String, Waiter>>,
     /// Cancelled when the server's stdout ends: the process is gone.
     ended: CancellationToken,
     _child: tokio::process::Child,
 }
+
+/// A caller waiting for its response, and the progress notifications that
+/// came for it meanwhile (relayed with the response, as over HTTP).
+struct Waiter {
+    reply: oneshot::Sender<(Value, Vec<Value>)>,
+    progress_token: Option<Value>,
+    progress: Vec<Value>,
+}
+
+/// Progress notifications kept for one call, at most.
+const MAX_PROGRESS_NOTES: usize = 256;
 
 impl StdioUpstream {
     pub fn new(connection: Arc<Connection>) -> Result<StdioUpstream, String> {
@@ -186,12 +197,17 @@ impl StdioUpstream {
     async fn exchange(&self, process: &Process, message: &Value) -> Result<Exchange, Failure> {
         let key = message.get("id").map(Value::to_string).unwrap_or_default();
         let (tx, rx) = oneshot::channel();
-        lock(&process.pending).insert(key, tx);
+        let waiter = Waiter {
+            reply: tx,
+            progress_token: message.pointer("/params/_meta/progressToken").cloned(),
+            progress: Vec::new(),
+        };
+        lock(&process.pending).insert(key, waiter);
         process
             .to_server
             .send(message.to_string())
             .map_err(|_| ended())?;
-        let response = tokio::select! {
+        let (response, progress) = tokio::select! {
             r = rx => r.map_err(|_| ended())?,
             () = process.ended.cancelled() => return Err(ended()),
         };
@@ -203,7 +219,7 @@ impl StdioUpstream {
         match (response.get("result"), response.get("error")) {
             (Some(Value::Object(_)), None) | (None, Some(Value::Object(_))) => Ok(Exchange {
                 response,
-                server_messages: Vec::new(),
+                server_messages: progress,
                 session_id: None,
             }),
             _ => Err(Failure::Malformed(
@@ -239,7 +255,10 @@ impl Process {
                 return;
             }
         };
-        let Some(id) = value.get("id") else { return }; // a notification
+        let Some(id) = value.get("id") else {
+            self.attribute(value);
+            return;
+        };
         if value.get("method").is_some() {
             // A server request: no client capabilities are offered.
             let refusal = json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32601, "message": "Method not found"}});
@@ -252,7 +271,29 @@ impl Process {
             } else {
                 value
             };
-            let _ = waiter.send(delivered);
+            let _ = waiter.reply.send((delivered, waiter.progress));
+        }
+    }
+
+    /// Keeps a progress notification for the one pending call that asked
+    /// for progress with its token. Tokens come from agents and may collide
+    /// across sessions: an ambiguous or unknown token is dropped, never
+    /// shown to the wrong agent. Other notifications are not relayed.
+    fn attribute(&self, note: Value) {
+        if note.get("method").and_then(Value::as_str) != Some("notifications/progress") {
+            return;
+        }
+        let Some(token) = note.pointer("/params/progressToken") else {
+            return;
+        };
+        let mut pending = lock(&self.pending);
+        let mut matching = pending
+            .values_mut()
+            .filter(|w| w.progress_token.as_ref() == Some(token));
+        if let (Some(waiter), None) = (matching.next(), matching.next())
+            && waiter.progress.len() < MAX_PROGRESS_NOTES
+        {
+            waiter.progress.push(note);
         }
     }
 }
