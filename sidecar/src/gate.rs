@@ -78,7 +78,11 @@ pub struct Gateway {
     next_id: AtomicU64,
     in_flight: Mutex<HashMap<(String, String), CancellationToken>>,
     shutdown: CancellationToken,
-    checks: Mutex<CancellationToken>,
+    /// Counts the configurations applied to the connections, for whatever
+    /// must wait for a reload to take effect.
+    applied: watch::Sender<u64>,
+    /// Each connection with the token that stops its health checker.
+    checks: Mutex<Vec<(Arc<ConnectionState>, CancellationToken)>>,
 }
 
 /// Every discovered tool under its agent-facing name, and the normalized
@@ -126,7 +130,8 @@ impl Gateway {
             next_id: AtomicU64::new(1),
             in_flight: Mutex::new(HashMap::new()),
             shutdown: shutdown.clone(),
-            checks: Mutex::new(CancellationToken::new()),
+            applied: watch::Sender::new(0),
+            checks: Mutex::new(Vec::new()),
         });
         gateway.rebuild_connections();
         tokio::spawn(gateway.clone().follow_config());
@@ -154,7 +159,8 @@ impl Gateway {
             next_id: AtomicU64::new(1),
             in_flight: Mutex::new(HashMap::new()),
             shutdown,
-            checks: Mutex::new(CancellationToken::new()),
+            applied: watch::Sender::new(0),
+            checks: Mutex::new(Vec::new()),
         })
     }
 
@@ -182,33 +188,47 @@ impl Gateway {
                 () = self.shutdown.cancelled() => return,
             }
             self.rebuild_connections();
+            self.applied.send_modify(|n| *n += 1);
         }
     }
 
-    /// New connection states for the current config, each with its own
-    /// health checker (the previous checkers stop).
+    /// Changes each time a new configuration has been applied.
+    pub fn applied(&self) -> watch::Receiver<u64> {
+        self.applied.subscribe()
+    }
+
+    /// Connection states for the current config: an unchanged connection
+    /// is kept as it is (session, catalog, stdio process); a new or changed
+    /// one starts afresh with its own health checker; a removed one stops.
     fn rebuild_connections(&self) {
         let config = self.config();
-        let checks = self.shutdown.child_token();
-        let mut states = Vec::new();
+        let mut checks = self.checks.lock().unwrap_or_else(|e| e.into_inner());
+        let mut old = std::mem::take(&mut *checks);
         for connection in &config.connections {
+            if let Some(i) = old
+                .iter()
+                .position(|(s, _)| s.connection().same_as(connection))
+            {
+                checks.push(old.swap_remove(i));
+                continue;
+            }
             match ConnectionState::new(connection.clone()) {
                 Ok(state) => {
                     let state = Arc::new(state);
-                    tokio::spawn(state.clone().run_checks(checks.clone()));
-                    states.push(state);
+                    let stop = self.shutdown.child_token();
+                    tokio::spawn(state.clone().run_checks(stop.clone()));
+                    checks.push((state, stop));
                 }
                 Err(e) => {
                     tracing::error!(connection = %connection.name, error = %e, "connection not started")
                 }
             }
         }
-        *self.connections.write().unwrap_or_else(|e| e.into_inner()) = states;
-        let old = std::mem::replace(
-            &mut *self.checks.lock().unwrap_or_else(|e| e.into_inner()),
-            checks,
-        );
-        old.cancel();
+        *self.connections.write().unwrap_or_else(|e| e.into_inner()) =
+            checks.iter().map(|(state, _)| state.clone()).collect();
+        for (_, stop) in old {
+            stop.cancel();
+        }
     }
 
     /// Handles one message from the agent, as bytes.

@@ -9,6 +9,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
+use aip_sidecar::upstream::health::HealthState;
 use common::{Setup, Stack};
 use serde_json::{Value, json};
 
@@ -215,4 +216,53 @@ async fn server_everything_over_stdio_behind_the_gateway() {
         .call(&session, json!(3), "ev_get-sum", json!({"a": 2, "b": 3}))
         .await;
     assert!(text(&sum).contains('5'), "{sum}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_keeps_an_unchanged_connection_and_restarts_a_changed_one() {
+    let faults = StdioFaults::new("reload", "{return: first}");
+    let s = faults.stack().await;
+    let session = s.session().await;
+    let before = s.gateway.connections()[0].clone();
+    assert_eq!(
+        text(&s.call(&session, json!(1), "up_sibling", json!({})).await),
+        "s1"
+    );
+
+    // Only the policy changes: the same process keeps serving (s2, not s1).
+    s.reload(&s.config_text.replace("up_flaky, up_sibling", "up_sibling"))
+        .await;
+    let kept = s.gateway.connections()[0].clone();
+    assert!(
+        std::sync::Arc::ptr_eq(&before, &kept),
+        "the connection is kept"
+    );
+    assert_eq!(
+        text(&s.call(&session, json!(2), "up_sibling", json!({})).await),
+        "s2"
+    );
+
+    // The connection changes: a fresh process, whose sequences start over.
+    s.reload(
+        &s.config_text
+            .replace("timeoutSeconds: 1", "timeoutSeconds: 2"),
+    )
+    .await;
+    let fresh = s.gateway.connections()[0].clone();
+    assert!(
+        !std::sync::Arc::ptr_eq(&before, &fresh),
+        "a changed connection starts afresh"
+    );
+    let mut health = fresh.subscribe();
+    tokio::time::timeout(
+        common::PATIENCE,
+        health.wait_for(|h| *h == HealthState::Healthy),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        text(&s.call(&session, json!(3), "up_sibling", json!({})).await),
+        "s1"
+    );
 }

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use secrecy::SecretString;
+use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
 use super::ConfigError;
@@ -169,6 +169,32 @@ pub enum Endpoint {
 }
 
 impl Connection {
+    /// Whether `other` would make exactly this connection, credentials
+    /// included: a reload keeps such a connection (its session, catalog
+    /// and stdio process) instead of starting it again.
+    pub fn same_as(&self, other: &Connection) -> bool {
+        let same_credentials = match (&self.credentials, &other.credentials) {
+            (Ok(a), Ok(b)) => {
+                a.len() == b.len()
+                    && a.iter().zip(b).all(|((n1, v1), (n2, v2))| {
+                        n1 == n2 && v1.expose_secret() == v2.expose_secret()
+                    })
+            }
+            (Err(a), Err(b)) => a == b,
+            _ => false,
+        };
+        self.name == other.name
+            && self.endpoint == other.endpoint
+            && self.timeout == other.timeout
+            && self.max_response_bytes == other.max_response_bytes
+            && self.health_interval == other.health_interval
+            && self.health_deadline == other.health_deadline
+            && self.tool_prefix == other.tool_prefix
+            && self.capabilities == other.capabilities
+            && self.tls == other.tls
+            && same_credentials
+    }
+
     pub fn from_doc(doc: ToolConnectionDoc, at: &str) -> Result<Connection, ConfigError> {
         let fail = |field: &str, message: String| Err(ConfigError::at(at, field, message));
         if doc.api_version != aip_policy::document::API_VERSION {

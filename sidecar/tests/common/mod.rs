@@ -30,6 +30,9 @@ pub struct Stack {
     pub gateway: Arc<Gateway>,
     pub addr: SocketAddr,
     pub audit: PathBuf,
+    /// The configuration file's text, as loaded.
+    pub config_text: String,
+    config_tx: tokio::sync::watch::Sender<Arc<aip_sidecar::config::Config>>,
     shutdown: CancellationToken,
 }
 
@@ -123,8 +126,7 @@ impl Stack {
         };
         let config =
             file::parse(&config_text, &options).unwrap_or_else(|e| panic!("{e}\n{config_text}"));
-        let (_config_tx, config_rx) = tokio::sync::watch::channel(Arc::new(config));
-        std::mem::forget(_config_tx); // the config never changes in these tests
+        let (config_tx, config_rx) = tokio::sync::watch::channel(Arc::new(config));
         let audit = std::env::temp_dir().join(format!(
             "aip-gw-audit-{}-{}.jsonl",
             std::process::id(),
@@ -160,8 +162,24 @@ impl Stack {
             gateway,
             addr,
             audit,
+            config_text,
+            config_tx,
             shutdown,
         }
+    }
+
+    /// Publishes a new configuration, as a reload of the file would, and
+    /// waits until the gateway has applied it.
+    pub async fn reload(&self, config_text: &str) {
+        let config = file::parse(config_text, &CompileOptions::default())
+            .unwrap_or_else(|e| panic!("{e}\n{config_text}"));
+        let mut applied = self.gateway.applied();
+        applied.mark_unchanged();
+        self.config_tx.send_replace(Arc::new(config));
+        tokio::time::timeout(PATIENCE, applied.changed())
+            .await
+            .expect("the gateway applies the new configuration")
+            .unwrap();
     }
 
     /// The upstream attempts, as the fault server logged them.
