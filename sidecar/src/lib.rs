@@ -16,6 +16,7 @@ pub mod audit;
 pub mod config;
 pub mod gate;
 pub mod jsonrpc;
+pub mod lines;
 pub mod metrics;
 pub mod upstream;
 pub mod wrap;

@@ -15,13 +15,14 @@ use std::time::{Duration, SystemTime};
 
 use aip_policy::{AuditRecord, Decision, Evaluator, Listing, Request};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, watch};
 
 use crate::approvals::LocalApprovals;
 use crate::audit::{Audit, refusal_line};
 use crate::config::Config;
 use crate::jsonrpc::{self, Kind, Limits};
+use crate::lines::{self, Line};
 
 pub struct Wrap {
     pub config: watch::Receiver<Arc<Config>>,
@@ -92,12 +93,22 @@ impl Wrap {
         to_server: mpsc::UnboundedSender<String>,
         pending: Pending,
     ) {
-        let mut lines = BufReader::new(agent_in).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            if line.trim().is_empty() {
-                continue;
-            }
-            let message = match jsonrpc::parse(line.as_bytes(), Limits::default()) {
+        let limits = Limits::default();
+        let mut agent_in = BufReader::new(agent_in);
+        while let Ok(Some(line)) = lines::next_line(&mut agent_in, limits.max_bytes).await {
+            let parsed = match line {
+                Line::Complete(line) if line.trim_ascii().is_empty() => continue,
+                Line::Complete(line) => jsonrpc::parse(&line, limits),
+                // Refused as parse would, without holding the whole line.
+                Line::TooLong { bytes } => Err(jsonrpc::Refused {
+                    refusal: jsonrpc::Refusal::TooLarge {
+                        size: bytes,
+                        limit: limits.max_bytes,
+                    },
+                    id: None,
+                }),
+            };
+            let message = match parsed {
                 Ok(m) => m,
                 Err(refused) => {
                     self.audit.record(&refusal_line(
@@ -224,9 +235,17 @@ impl Wrap {
         to_agent: mpsc::UnboundedSender<String>,
         pending: Pending,
     ) {
-        let mut lines = BufReader::new(server_out).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            let mut value = match jsonrpc::parse_value(line.as_bytes(), Limits::default()) {
+        let limits = Limits::default();
+        let mut server_out = BufReader::new(server_out);
+        while let Ok(Some(line)) = lines::next_line(&mut server_out, limits.max_bytes).await {
+            let Line::Complete(line) = line else {
+                tracing::warn!(
+                    limit = limits.max_bytes,
+                    "the wrapped server wrote a line over the size limit; dropped"
+                );
+                continue;
+            };
+            let mut value = match jsonrpc::parse_value(&line, limits) {
                 Ok(v) => v,
                 Err(e) => {
                     tracing::warn!(error = %e, "the wrapped server wrote a line that is not acceptable JSON; dropped");

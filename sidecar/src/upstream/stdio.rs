@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
@@ -18,6 +18,7 @@ use super::failure::Failure;
 use super::http::{ACCEPTED_VERSIONS, Exchange, PROTOCOL_VERSION};
 use crate::config::{Connection, Endpoint};
 use crate::jsonrpc::{self, Limits};
+use crate::lines::{self, Line};
 
 pub struct StdioUpstream {
     connection: Arc<Connection>,
@@ -40,6 +41,11 @@ struct Waiter {
     progress_token: Option<Value>,
     progress: Vec<Value>,
 }
+
+/// Lines up to this many times `maxResponseBytes` are read whole so that an
+/// oversized response fails only its own call; a longer one cannot be
+/// attributed without holding it, so the process is stopped instead.
+const HOLD_FACTOR: usize = 4;
 
 /// Progress notifications kept for one call, at most.
 const MAX_PROGRESS_NOTES: usize = 256;
@@ -178,15 +184,21 @@ impl StdioUpstream {
         let limit = self.connection.max_response_bytes;
         let name = self.connection.name.clone();
         tokio::spawn(async move {
-            let mut lines = BufReader::new(stdout).lines();
+            let mut stdout = BufReader::new(stdout);
             loop {
                 let line = tokio::select! {
-                    l = lines.next_line() => l,
+                    l = lines::next_line(&mut stdout, limit.saturating_mul(HOLD_FACTOR)) => l,
                     // Dropped upstream: letting go of the process kills it.
                     () = reader.ended.cancelled() => break,
                 };
-                let Ok(Some(line)) = line else { break };
-                reader.deliver(&line, limit, &name);
+                match line {
+                    Ok(Some(Line::Complete(line))) => reader.deliver(&line, limit, &name),
+                    Ok(Some(Line::TooLong { bytes })) => {
+                        tracing::error!(connection = %name, bytes, "the stdio server wrote a line too long to hold; it is stopped");
+                        break;
+                    }
+                    Ok(None) | Err(_) => break,
+                }
             }
             reader.ended.cancel();
             lock(&reader.pending).clear(); // every waiter sees the process gone
@@ -241,9 +253,9 @@ impl Drop for StdioUpstream {
 
 impl Process {
     /// Routes one line from the server to the caller waiting for it.
-    fn deliver(&self, line: &str, limit: usize, connection: &str) {
+    fn deliver(&self, line: &[u8], limit: usize, connection: &str) {
         let value = match jsonrpc::parse_value(
-            line.as_bytes(),
+            line,
             Limits {
                 max_bytes: usize::MAX,
                 max_depth: 64,
