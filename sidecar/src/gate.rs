@@ -192,6 +192,22 @@ impl Gateway {
         }
     }
 
+    /// Stops every connection's health checker and closes its upstream
+    /// (stdio servers are asked to exit and waited for), all at once.
+    pub async fn close_connections(&self) {
+        let closing = std::mem::take(&mut *self.checks.lock().unwrap_or_else(|e| e.into_inner()));
+        self.connections
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        let mut tasks = tokio::task::JoinSet::new();
+        for (state, stop) in closing {
+            stop.cancel();
+            tasks.spawn(async move { state.upstream.close().await });
+        }
+        tasks.join_all().await;
+    }
+
     /// Changes each time a new configuration has been applied.
     pub fn applied(&self) -> watch::Receiver<u64> {
         self.applied.subscribe()

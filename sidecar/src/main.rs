@@ -180,7 +180,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     });
     tokio::spawn(admin::serve(admin, admin_listener, shutdown.clone()));
     let tracker = TaskTracker::new();
-    agent_http::serve(gateway, agent_listener, shutdown.clone(), tracker.clone()).await?;
+    agent_http::serve(
+        gateway.clone(),
+        agent_listener,
+        shutdown.clone(),
+        tracker.clone(),
+    )
+    .await?;
     tracker.close();
     if tokio::time::timeout(Duration::from_secs(args.drain_seconds), tracker.wait())
         .await
@@ -188,6 +194,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     {
         tracing::warn!("in-flight calls did not finish within the drain bound");
     }
+    gateway.close_connections().await;
     Ok(())
 }
 

@@ -61,6 +61,30 @@ impl StdioFaults {
         }
     }
 
+    /// How many of this script's server processes are running.
+    fn running(&self) -> usize {
+        let marker = self.log.to_str().unwrap().as_bytes();
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+            .filter(|cmdline| cmdline.windows(marker.len()).any(|w| w == marker))
+            .count()
+    }
+
+    /// Polls the process table (no event exists for another process's
+    /// exit that the gateway does not own) until `n` are running.
+    async fn wait_until_running(&self, n: usize) {
+        let deadline = tokio::time::Instant::now() + common::PATIENCE;
+        while self.running() != n {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{} running, expected {n}",
+                self.running()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
     fn attempts(&self) -> Vec<Value> {
         std::fs::read_to_string(&self.log)
             .unwrap_or_default()
@@ -276,4 +300,26 @@ async fn a_reload_keeps_an_unchanged_connection_and_restarts_a_changed_one() {
         text(&s.call(&session, json!(3), "up_sibling", json!({})).await),
         "s1"
     );
+    // The old server is stopped once nothing holds its connection.
+    drop((before, kept));
+    faults.wait_until_running(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_the_connections_stops_the_server_and_waits_for_it() {
+    let faults = StdioFaults::new("close", "{return: first}");
+    let s = faults.stack().await;
+    let session = s.session().await;
+    assert_eq!(
+        text(&s.call(&session, json!(1), "up_flaky", json!({})).await),
+        "first"
+    );
+    assert_eq!(faults.running(), 1);
+    s.gateway.close_connections().await;
+    assert_eq!(
+        faults.running(),
+        0,
+        "exited and reaped before close returns"
+    );
+    assert!(s.gateway.connections().is_empty());
 }

@@ -53,6 +53,15 @@ impl Upstream {
         }
     }
 
+    /// Lets go of the server at shutdown: a stdio server is stopped and
+    /// waited for; an HTTP session is simply abandoned.
+    pub async fn close(&self) {
+        match self {
+            Upstream::Http(_) => {}
+            Upstream::Stdio(u) => u.close().await,
+        }
+    }
+
     /// Lists the server's tools (all pages) within the health deadline.
     pub async fn health_check(&self) -> Result<Vec<Value>, Failure> {
         match self {

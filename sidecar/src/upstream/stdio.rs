@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio::io::{AsyncWriteExt, BufReader};
@@ -31,7 +32,11 @@ struct Process {
     pending: Mutex<HashMap<String, Waiter>>,
     /// Cancelled when the server's stdout ends: the process is gone.
     ended: CancellationToken,
-    _child: tokio::process::Child,
+    /// Cancelled to stop the server: its stdin is closed and it is given
+    /// `EXIT_GRACE` to exit before it is killed.
+    stop: CancellationToken,
+    /// Cancelled once the child has exited (or been killed) and reaped.
+    exited: CancellationToken,
 }
 
 /// A caller waiting for its response, and the progress notifications that
@@ -70,6 +75,16 @@ impl StdioUpstream {
 
     pub fn connection(&self) -> &Connection {
         &self.connection
+    }
+
+    /// Stops the server, if one runs, and waits until it has exited: stdin
+    /// closed, then killed after `EXIT_GRACE`.
+    pub async fn close(&self) {
+        let Some(process) = self.process.lock().await.take() else {
+            return;
+        };
+        process.stop.cancel();
+        process.exited.cancelled().await;
     }
 
     /// Sends one request and waits for its response, within the
@@ -165,10 +180,22 @@ impl StdioUpstream {
             to_server,
             pending: Mutex::new(HashMap::new()),
             ended: CancellationToken::new(),
-            _child: child,
+            stop: CancellationToken::new(),
+            exited: CancellationToken::new(),
         });
+        tokio::spawn(supervise(
+            child,
+            process.stop.clone(),
+            process.exited.clone(),
+        ));
+        let stop = process.stop.clone();
         tokio::spawn(async move {
-            while let Some(mut line) = lines.recv().await {
+            loop {
+                let mut line = tokio::select! {
+                    line = lines.recv() => match line { Some(l) => l, None => return },
+                    // Returning drops stdin: the server sees end of input.
+                    () = stop.cancelled() => return,
+                };
                 line.push('\n');
                 if stdin
                     .write_all(line.as_bytes())
@@ -188,19 +215,20 @@ impl StdioUpstream {
             loop {
                 let line = tokio::select! {
                     l = lines::next_line(&mut stdout, limit.saturating_mul(HOLD_FACTOR)) => l,
-                    // Dropped upstream: letting go of the process kills it.
-                    () = reader.ended.cancelled() => break,
+                    () = reader.stop.cancelled() => break,
                 };
                 match line {
                     Ok(Some(Line::Complete(line))) => reader.deliver(&line, limit, &name),
                     Ok(Some(Line::TooLong { bytes })) => {
                         tracing::error!(connection = %name, bytes, "the stdio server wrote a line too long to hold; it is stopped");
+                        reader.stop.cancel();
                         break;
                     }
                     Ok(None) | Err(_) => break,
                 }
             }
             reader.ended.cancel();
+            reader.stop.cancel(); // a server that closed its stdout is done
             lock(&reader.pending).clear(); // every waiter sees the process gone
         });
         Ok(process)
@@ -242,11 +270,10 @@ impl StdioUpstream {
 }
 
 impl Drop for StdioUpstream {
-    /// The reader task holds the process until its stdout ends; ending it
-    /// here is what stops a server whose connection was removed or reloaded.
+    /// Stops the server of a connection that was removed or changed.
     fn drop(&mut self) {
         if let Some(p) = self.process.get_mut() {
-            p.ended.cancel();
+            p.stop.cancel();
         }
     }
 }
@@ -336,6 +363,30 @@ pub fn spawn(
     match (child.stdin.take(), child.stdout.take()) {
         (Some(stdin), Some(stdout)) => Ok((child, stdin, stdout)),
         _ => Err(format!("{program}: its pipes are missing")),
+    }
+}
+
+/// How long a server asked to stop gets to exit after its stdin closes
+/// (the MCP stdio shutdown sequence) before it is killed.
+const EXIT_GRACE: Duration = Duration::from_secs(2);
+
+/// Owns the child: reaps it when it exits, and on `stop` waits up to
+/// `EXIT_GRACE` for it to exit on its own before killing it.
+async fn supervise(
+    mut child: tokio::process::Child,
+    stop: CancellationToken,
+    exited: CancellationToken,
+) {
+    let _exited = exited.drop_guard();
+    tokio::select! {
+        _ = child.wait() => return,
+        () = stop.cancelled() => {}
+    }
+    if tokio::time::timeout(EXIT_GRACE, child.wait())
+        .await
+        .is_err()
+    {
+        let _ = child.kill().await;
     }
 }
 
