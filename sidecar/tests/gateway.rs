@@ -9,6 +9,7 @@ mod common;
 
 use std::time::Duration;
 
+use aip_sidecar::upstream::Upstream;
 use aip_sidecar::upstream::health::HealthState;
 use common::{PATIENCE, Setup, Stack, raw};
 use serde_json::{Value, json};
@@ -436,4 +437,35 @@ async fn the_agents_credentials_never_reach_the_upstream_only_the_connections() 
     for secret in ["agent-secret", "agent-cookie", "connection-token"] {
         assert!(!audit.contains(secret), "{secret} reached the audit log");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_the_connections_ends_the_upstream_session_with_delete() {
+    let s = stack().await;
+    let connection = s.gateway.connections()[0].clone();
+    let Upstream::Http(upstream) = &connection.upstream else {
+        panic!("an HTTP connection")
+    };
+    let id = upstream.session().await.unwrap().id.unwrap();
+    let fault: std::net::SocketAddr = s.fault_url
+        ["http://".len()..s.fault_url.len() - "/mcp".len()]
+        .parse()
+        .unwrap();
+    let ping = || async {
+        let headers = [
+            ("mcp-session-id", id.as_str()),
+            ("mcp-protocol-version", "2025-11-25"),
+        ];
+        raw(
+            fault,
+            "POST",
+            &headers,
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+        )
+        .await
+        .status
+    };
+    assert_eq!(ping().await, 200, "the session is live upstream");
+    s.gateway.close_connections().await;
+    assert_eq!(ping().await, 404, "the upstream ended it on DELETE");
 }

@@ -171,6 +171,34 @@ impl HttpUpstream {
         Ok(fresh)
     }
 
+    /// Ends the cached session with DELETE, as a client that no longer
+    /// needs it should; a server that refuses (e.g. 405) is left alone.
+    pub async fn close(&self) {
+        let Some(Session {
+            id: Some(id),
+            protocol_version,
+            ..
+        }) = self.session.lock().await.take()
+        else {
+            return;
+        };
+        let request = Request::builder()
+            .method(Method::DELETE)
+            .uri(self.uri.clone())
+            .header("mcp-session-id", id)
+            .header("mcp-protocol-version", protocol_version);
+        let Ok(request) = self.with_credentials(request) else {
+            return;
+        };
+        let Ok(request) = request.body(Full::new(Bytes::new())) else {
+            return;
+        };
+        let sent = tokio::time::timeout(self.connection.timeout, self.client.request(request));
+        if let Ok(Err(e)) = sent.await {
+            tracing::debug!(connection = %self.connection.name, error = %network_text(&e), "session DELETE failed");
+        }
+    }
+
     /// Drops `session` if it is still the cached one (a newer one is kept).
     pub async fn discard(&self, session: &Session) {
         let mut slot = self.session.lock().await;

@@ -54,10 +54,10 @@ impl Upstream {
     }
 
     /// Lets go of the server at shutdown: a stdio server is stopped and
-    /// waited for; an HTTP session is simply abandoned.
+    /// waited for; an HTTP session is ended with DELETE.
     pub async fn close(&self) {
         match self {
-            Upstream::Http(_) => {}
+            Upstream::Http(u) => u.close().await,
             Upstream::Stdio(u) => u.close().await,
         }
     }
