@@ -37,6 +37,11 @@ enum Command {
     /// Wrap a stdio MCP server for a desktop MCP client:
     /// `aip-sidecar stdio --policy FILE -- COMMAND ARGS...`
     Stdio(StdioArgs),
+    /// Validate a `run` configuration file and exit (1 if it is refused).
+    Check {
+        /// The file `run --config` would read.
+        config: PathBuf,
+    },
 }
 
 #[derive(clap::Args)]
@@ -96,7 +101,11 @@ fn main() -> ExitCode {
     aip_runtime::init_tracing(cli.log_format, "info");
     // The gateway uses every core; the stdio wrap relays one client on one
     // thread, which avoids a cross-thread wake-up per message.
+    if let Command::Check { config } = &cli.command {
+        return check(config);
+    }
     let runtime = match &cli.command {
+        Command::Check { .. } => unreachable!("handled above"),
         Command::Run(_) => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build(),
@@ -115,6 +124,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run(args) => run(args).await.map(|()| 0),
             Command::Stdio(args) => stdio(args).await,
+            Command::Check { .. } => Ok(0),
         }
     });
     match outcome {
@@ -125,6 +135,46 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Prints what the file configures (never a credential value), or every
+/// error with its document and field.
+fn check(path: &std::path::Path) -> ExitCode {
+    let config = match file::load(path) {
+        Ok(config) => config,
+        Err(errors) => {
+            for e in &errors.0 {
+                eprintln!("{}: {e}", path.display());
+            }
+            return ExitCode::FAILURE;
+        }
+    };
+    let policy = config
+        .policy
+        .as_ref()
+        .map_or("none: every tool call is blocked", |p| {
+            p.metadata.name.as_str()
+        });
+    println!(
+        "{}: ok (policy {policy}, connections: {})",
+        path.display(),
+        config.connections.len()
+    );
+    for c in &config.connections {
+        let endpoint = match &c.endpoint {
+            aip_sidecar::config::Endpoint::Http { url } => format!("url {url}"),
+            aip_sidecar::config::Endpoint::Stdio { command } => format!("command {command:?}"),
+        };
+        let credentials = match &c.credentials {
+            Ok(headers) => format!("{} credential headers resolved", headers.len()),
+            Err(e) => format!("credentials unresolved ({e}): its tools will be hidden"),
+        };
+        println!(
+            "  {}: {endpoint}, tools as {}*, {credentials}",
+            c.name, c.tool_prefix
+        );
+    }
+    ExitCode::SUCCESS
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {

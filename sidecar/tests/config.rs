@@ -247,3 +247,71 @@ fn stdio_connections_need_a_program_and_take_no_headers() {
         );
     }
 }
+
+#[test]
+fn check_reports_the_configuration_without_secrets_or_every_error() {
+    let bin = env!("CARGO_BIN_EXE_aip-sidecar");
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let example = repo.join("examples/gateway/stdio-connection.yaml");
+    let ok = std::process::Command::new(bin)
+        .arg("check")
+        .arg(&example)
+        .output()
+        .unwrap();
+    let out = String::from_utf8(ok.stdout).unwrap();
+    assert!(ok.status.success(), "{out}");
+    assert!(
+        out.contains("ok (policy shop-agent, connections: 1)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("inventory: command [\"target/debug/aip-fault-server\""),
+        "{out}"
+    );
+
+    let dir = std::env::temp_dir().join(format!("aip-sidecar-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let with_secret = dir.join("secret.yaml");
+    let text = format!(
+        "{POLICY}{}",
+        connection(
+            "api",
+            "  url: http://127.0.0.1:9/mcp\n  headers:\n    - name: X-Key\n      valueFrom: {env: AIP_CHECK_TEST_KEY}\n"
+        )
+    );
+    std::fs::write(&with_secret, text).unwrap();
+    let shown = std::process::Command::new(bin)
+        .arg("check")
+        .arg(&with_secret)
+        .env("AIP_CHECK_TEST_KEY", "hunter2-very-secret")
+        .output()
+        .unwrap();
+    let all = format!("{shown:?}");
+    assert!(shown.status.success(), "{all}");
+    assert!(all.contains("1 credential headers resolved"), "{all}");
+    assert!(
+        !all.contains("hunter2"),
+        "a credential value was printed: {all}"
+    );
+
+    let bad = dir.join("bad.yaml");
+    std::fs::write(
+        &bad,
+        format!(
+            "{POLICY}{}",
+            connection("x", "  command: []\n  timeoutSeconds: 0\n")
+        ),
+    )
+    .unwrap();
+    let refused = std::process::Command::new(bin)
+        .arg("check")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    let err = String::from_utf8(refused.stderr).unwrap();
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        err.contains("document 2 (ToolConnection x): spec.command: must name a program"),
+        "{err}"
+    );
+}
