@@ -100,7 +100,6 @@ impl StdioUpstream {
         .await
         .unwrap_or(Err(Failure::Timeout));
         if let (Err(Failure::Timeout), Some(p)) = (&outcome, &used) {
-            lock(&p.pending).remove(&id.to_string());
             let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
                                 "params": {"requestId": id, "reason": "the gateway's deadline passed"}});
             let _ = p.to_server.send(cancel.to_string());
@@ -242,7 +241,13 @@ impl StdioUpstream {
             progress_token: message.pointer("/params/_meta/progressToken").cloned(),
             progress: Vec::new(),
         };
-        lock(&process.pending).insert(key, waiter);
+        lock(&process.pending).insert(key.clone(), waiter);
+        // A caller that stops waiting (deadline, agent cancel, shutdown)
+        // takes its entry with it; an answer that comes later is dropped.
+        let _forget = Forget {
+            pending: &process.pending,
+            key,
+        };
         process
             .to_server
             .send(message.to_string())
@@ -266,6 +271,18 @@ impl StdioUpstream {
                 "the response has no valid result or error".into(),
             )),
         }
+    }
+}
+
+/// Removes a waiter from the pending map when its caller goes away.
+struct Forget<'a> {
+    pending: &'a Mutex<HashMap<String, Waiter>>,
+    key: String,
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        lock(self.pending).remove(&self.key);
     }
 }
 
@@ -396,4 +413,42 @@ fn ended() -> Failure {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use aip_policy::CompileOptions;
+
+    #[tokio::test]
+    async fn a_caller_that_stops_waiting_leaves_nothing_pending() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let bin = root.join("target/debug/aip-fault-server");
+        assert!(bin.exists(), "build the workspace first (make build)");
+        let script =
+            std::env::temp_dir().join(format!("aip-stdio-forget-{}.yaml", std::process::id()));
+        std::fs::write(&script, "apiVersion: aip.io/v1alpha1\nkind: FaultServer\nmetadata: {name: f}\nspec:\n  tools:\n    - name: slow\n      responses: [{sequence: [{return: late, delay_ms: 300000}]}]\n").unwrap();
+        let config = format!(
+            "apiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {{name: up}}\nspec:\n  command: [{}, --config, {}, --stdio, --log, /dev/null]\n",
+            bin.display(),
+            script.display()
+        );
+        let config = crate::config::file::parse(&config, &CompileOptions::default()).unwrap();
+        let upstream = StdioUpstream::new(config.connections[0].clone()).unwrap();
+        assert_eq!(upstream.health_check().await.unwrap().len(), 1);
+        let call =
+            json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "slow"}});
+        // The caller gives up long before the server answers.
+        let gave_up =
+            tokio::time::timeout(Duration::from_millis(50), upstream.request(&call)).await;
+        assert!(gave_up.is_err());
+        let process = upstream.process.lock().await.clone().unwrap();
+        assert!(
+            lock(&process.pending).is_empty(),
+            "the abandoned waiter is gone"
+        );
+        upstream.close().await;
+    }
 }
