@@ -742,23 +742,11 @@ impl Gateway {
 
     async fn prompts_get(&self, message: &Message, evaluator: &Evaluator) -> Reply {
         let id = message.id().cloned().unwrap_or(Value::Null);
-        let name = message
-            .params()
-            .and_then(|p| p.get("name"))
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned();
-        let lookup = |g: &Gateway| {
-            g.prompt_routes
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&name)
-                .cloned()
-        };
-        let mut route = lookup(self);
+        let name = string_param(message, "name");
+        let mut route = cached(&self.prompt_routes, &name);
         if route.is_none() {
             self.prompts_list(evaluator).await;
-            route = lookup(self);
+            route = cached(&self.prompt_routes, &name);
         }
         let Some((connection, upstream_name)) = route else {
             return Reply::Message(error(
@@ -776,24 +764,12 @@ impl Gateway {
 
     async fn resources_read(&self, message: &Message, evaluator: &Evaluator) -> Reply {
         let id = message.id().cloned().unwrap_or(Value::Null);
-        let uri = message
-            .params()
-            .and_then(|p| p.get("uri"))
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned();
-        let lookup = |g: &Gateway| {
-            g.resource_routes
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&uri)
-                .cloned()
-        };
-        let mut route = lookup(self);
+        let uri = string_param(message, "uri");
+        let mut route = cached(&self.resource_routes, &uri);
         if route.is_none() {
             self.resources_list("resources/list", "resources", evaluator)
                 .await;
-            route = lookup(self);
+            route = cached(&self.resource_routes, &uri);
         }
         // A URI no listing names (a template's instance): with one usable
         // connection there is only one place to ask.
@@ -1001,4 +977,23 @@ fn error(id: Option<&Value>, code: i64, message: &str, data: Option<Value>) -> V
         e.insert("data".into(), d);
     }
     json!({"jsonrpc": "2.0", "id": id.cloned().unwrap_or(Value::Null), "error": e})
+}
+
+/// A string parameter of `message`, empty when absent.
+fn string_param(message: &Message, field: &str) -> String {
+    message
+        .params()
+        .and_then(|p| p.get(field))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The route a listing recorded for `key`, if any.
+fn cached<T: Clone>(routes: &Mutex<HashMap<String, T>>, key: &str) -> Option<T> {
+    routes
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(key)
+        .cloned()
 }
