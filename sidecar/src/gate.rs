@@ -116,23 +116,13 @@ impl Gateway {
         options: GatewayOptions,
         shutdown: CancellationToken,
     ) -> Arc<Gateway> {
-        let gateway = Arc::new(Gateway {
-            metrics: Metrics::default(),
-            prompt_routes: Mutex::new(HashMap::new()),
-            resource_routes: Mutex::new(HashMap::new()),
-            catalog_cache: Mutex::new(None),
+        let gateway = Arc::new(Gateway::bare(
             config,
-            connections: RwLock::new(Vec::new()),
-            approvals: LocalApprovals::new(),
+            LocalApprovals::new(),
             audit,
-            limits: options.limits,
-            approval_timeout: options.approval_timeout,
-            next_id: AtomicU64::new(1),
-            in_flight: Mutex::new(HashMap::new()),
-            shutdown: shutdown.clone(),
-            applied: watch::Sender::new(0),
-            checks: Mutex::new(Vec::new()),
-        });
+            options,
+            shutdown,
+        ));
         gateway.rebuild_connections();
         tokio::spawn(gateway.clone().follow_config());
         gateway
@@ -145,7 +135,25 @@ impl Gateway {
         approvals: Arc<LocalApprovals>,
         shutdown: CancellationToken,
     ) -> Arc<Gateway> {
-        Arc::new(Gateway {
+        Arc::new(Gateway::bare(
+            config,
+            approvals,
+            Audit::new(Box::new(std::io::sink())),
+            GatewayOptions::default(),
+            shutdown,
+        ))
+    }
+
+    /// A gateway with no connections started and nothing following the
+    /// configuration yet.
+    fn bare(
+        config: watch::Receiver<Arc<Config>>,
+        approvals: Arc<LocalApprovals>,
+        audit: Audit,
+        options: GatewayOptions,
+        shutdown: CancellationToken,
+    ) -> Gateway {
+        Gateway {
             metrics: Metrics::default(),
             prompt_routes: Mutex::new(HashMap::new()),
             resource_routes: Mutex::new(HashMap::new()),
@@ -153,15 +161,15 @@ impl Gateway {
             config,
             connections: RwLock::new(Vec::new()),
             approvals,
-            audit: Audit::new(Box::new(std::io::sink())),
-            limits: Limits::default(),
-            approval_timeout: DEFAULT_APPROVAL_TIMEOUT,
+            audit,
+            limits: options.limits,
+            approval_timeout: options.approval_timeout,
             next_id: AtomicU64::new(1),
             in_flight: Mutex::new(HashMap::new()),
             shutdown,
             applied: watch::Sender::new(0),
             checks: Mutex::new(Vec::new()),
-        })
+        }
     }
 
     pub fn config(&self) -> Arc<Config> {

@@ -137,9 +137,36 @@ fn main() -> ExitCode {
     }
 }
 
+/// Follows the configuration file, logging why a first version is refused.
+fn watch_config(path: &Path, poll: Duration, shutdown: &CancellationToken) -> file::Watched {
+    let watched = file::watch(path.to_owned(), poll, shutdown.clone());
+    if let Some(errors) = watched.errors.borrow().as_ref() {
+        for e in &errors.0 {
+            tracing::error!(file = %path.display(), error = %e, "configuration refused; every tool call is blocked until it is fixed");
+        }
+    }
+    watched
+}
+
+/// Audit lines go to `path` (appended) or, without one, to `default`.
+fn audit_sink(
+    path: Option<&Path>,
+    default: fn() -> Box<dyn Write + Send>,
+) -> std::io::Result<Box<dyn Write + Send>> {
+    Ok(match path {
+        None => default(),
+        Some(path) => Box::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)?,
+        ),
+    })
+}
+
 /// Prints what the file configures (never a credential value), or every
 /// error with its document and field.
-fn check(path: &std::path::Path) -> ExitCode {
+fn check(path: &Path) -> ExitCode {
     let config = match file::load(path) {
         Ok(config) => config,
         Err(errors) => {
@@ -179,25 +206,12 @@ fn check(path: &std::path::Path) -> ExitCode {
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
-    let watched = file::watch(
-        args.config.clone(),
+    let watched = watch_config(
+        &args.config,
         Duration::from_millis(args.reload_ms),
-        shutdown.clone(),
+        &shutdown,
     );
-    if let Some(errors) = watched.errors.borrow().as_ref() {
-        for e in &errors.0 {
-            tracing::error!(file = %args.config.display(), error = %e, "configuration refused; every tool call is blocked until it is fixed");
-        }
-    }
-    let audit: Box<dyn Write + Send> = match &args.audit {
-        None => Box::new(std::io::stdout()),
-        Some(path) => Box::new(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)?,
-        ),
-    };
+    let audit = audit_sink(args.audit.as_deref(), || Box::new(std::io::stdout()))?;
     let options = GatewayOptions {
         approval_timeout: Duration::from_secs(args.approval_timeout_seconds),
         ..GatewayOptions::default()
@@ -250,25 +264,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 
 async fn stdio(args: StdioArgs) -> anyhow::Result<i32> {
     let shutdown = CancellationToken::new();
-    let watched = file::watch(
-        args.policy.clone(),
-        Duration::from_secs(1),
-        shutdown.clone(),
-    );
-    if let Some(errors) = watched.errors.borrow().as_ref() {
-        for e in &errors.0 {
-            tracing::error!(file = %args.policy.display(), error = %e, "policy refused; every tool call is blocked until it is fixed");
-        }
-    }
-    let audit: Box<dyn Write + Send> = match &args.audit {
-        None => Box::new(std::io::stderr()),
-        Some(path) => Box::new(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)?,
-        ),
-    };
+    let watched = watch_config(&args.policy, Duration::from_secs(1), &shutdown);
+    let audit = audit_sink(args.audit.as_deref(), || Box::new(std::io::stderr()))?;
     let approvals = aip_sidecar::approvals::LocalApprovals::new();
     if let Some(addr) = &args.admin {
         let token_file = args

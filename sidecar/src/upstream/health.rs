@@ -135,12 +135,11 @@ impl ConnectionState {
                 }
             }
             Err(failure) if failure.connection_effect() == ConnectionEffect::NeedsCredentials => {
-                set(
+                set_failed(
                     &self.state,
                     &mut health,
                     HealthState::NeedsCredentials,
-                    Some(failure.reason()),
-                    failure.http_status(),
+                    &failure,
                 );
             }
             Err(failure) => {
@@ -149,13 +148,7 @@ impl ConnectionState {
                 } else {
                     HealthState::Unreachable
                 };
-                set(
-                    &self.state,
-                    &mut health,
-                    state,
-                    Some(failure.reason()),
-                    failure.http_status(),
-                );
+                set_failed(&self.state, &mut health, state, &failure);
             }
         }
     }
@@ -194,12 +187,11 @@ impl ConnectionState {
             ConnectionEffect::None => {}
             ConnectionEffect::NeedsCredentials => {
                 let mut health = lock(&self.health);
-                set(
+                set_failed(
                     &self.state,
                     &mut health,
                     HealthState::NeedsCredentials,
-                    Some(failure.reason()),
-                    failure.http_status(),
+                    failure,
                 );
             }
             ConnectionEffect::GateTool { scope } => {
@@ -229,6 +221,17 @@ fn set(
     health.state = state;
     health.reason = reason.map(str::to_owned);
     health.http_status = http_status;
+}
+
+/// `state`, explained by the failure that caused it.
+fn set_failed(
+    publish: &watch::Sender<HealthState>,
+    health: &mut Health,
+    state: HealthState,
+    failure: &Failure,
+) {
+    let reason = Some(failure.reason());
+    set(publish, health, state, reason, failure.http_status());
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
