@@ -120,13 +120,13 @@ async fn https_with_the_connections_ca_and_server_name() {
     let (chain, key) = (pki.server)("localhost");
     let (port, core) = tls_fault_server(chain, key, &shutdown).await;
     let up = upstream(&format!("https://localhost:{port}/mcp"), &tls);
-    let x = up.request(&call()).await.unwrap();
+    let x = up.request(&call(), None).await.unwrap();
     assert_eq!(x.response["result"]["content"][0]["text"], "over tls");
     assert_eq!(core.log.lines().len(), 1);
 
     // The built-in web roots do not know this CA: refused before any call.
     let untrusted = upstream(&format!("https://localhost:{port}/mcp"), "");
-    let failure = untrusted.request(&call()).await.unwrap_err();
+    let failure = untrusted.request(&call(), None).await.unwrap_err();
     assert!(
         matches!(failure, Failure::InitFailed(ref inner) if matches!(**inner, Failure::Network(_))),
         "{failure:?}"
@@ -138,7 +138,7 @@ async fn https_with_the_connections_ca_and_server_name() {
     let (port, _) = tls_fault_server(chain, key, &shutdown).await;
     let wrong_name = upstream(&format!("https://127.0.0.1:{port}/mcp"), &tls);
     assert!(
-        wrong_name.request(&call()).await.is_err(),
+        wrong_name.request(&call(), None).await.is_err(),
         "the URL's host does not match the certificate"
     );
     let named = upstream(
@@ -146,7 +146,7 @@ async fn https_with_the_connections_ca_and_server_name() {
         &format!("{tls}    serverName: upstream.internal\n"),
     );
     assert_eq!(
-        named.request(&call()).await.unwrap().response["result"]["content"][0]["text"],
+        named.request(&call(), None).await.unwrap().response["result"]["content"][0]["text"],
         "over tls"
     );
     shutdown.cancel();

@@ -87,7 +87,7 @@ async fn one_session_is_reused_across_calls() {
     let fault = Fault::start(&steps("{return: a}, {return: b}")).await;
     let up = fault.upstream("");
     for id in 1..=2 {
-        let x = up.request(&call(id)).await.unwrap();
+        let x = up.request(&call(id), None).await.unwrap();
         assert_eq!(x.response["id"], id);
     }
     let sessions: Vec<Value> = fault
@@ -103,7 +103,7 @@ async fn one_session_is_reused_across_calls() {
 async fn failing(step: &str, expected: Failure, session_kept: bool) {
     let fault = Fault::start(&steps(&format!("{step}, {{return: after}}"))).await;
     let up = fault.upstream("");
-    let failure = up.request(&call(1)).await.unwrap_err();
+    let failure = up.request(&call(1), None).await.unwrap_err();
     // Network and malformed failures carry the transport's own detail text.
     match expected {
         Failure::Network(_) | Failure::Malformed(_) => {
@@ -111,7 +111,7 @@ async fn failing(step: &str, expected: Failure, session_kept: bool) {
         }
         _ => assert_eq!(failure, expected, "{step}"),
     }
-    let ok = up.request(&call(2)).await.unwrap();
+    let ok = up.request(&call(2), None).await.unwrap();
     assert_eq!(
         ok.response["result"]["content"][0]["text"], "after",
         "{step}: the next call works"
@@ -193,9 +193,9 @@ async fn tool_errors_and_jsonrpc_errors_are_answers_not_failures() {
     ))
     .await;
     let up = fault.upstream("");
-    let a = up.request(&call(1)).await.unwrap();
+    let a = up.request(&call(1), None).await.unwrap();
     assert_eq!(a.response["result"]["isError"], true);
-    let b = up.request(&call(2)).await.unwrap();
+    let b = up.request(&call(2), None).await.unwrap();
     assert_eq!(b.response["error"]["code"], -32042);
 }
 
@@ -203,7 +203,7 @@ async fn tool_errors_and_jsonrpc_errors_are_answers_not_failures() {
 async fn a_stream_closed_after_an_event_id_is_resumed_not_failed() {
     let fault = Fault::start(&steps("{sse_close_after_event: {retry_ms: 20}}")).await;
     let up = fault.upstream("");
-    let x = up.request(&call(1)).await.unwrap();
+    let x = up.request(&call(1), None).await.unwrap();
     assert_eq!(
         x.response["result"]["structuredContent"],
         json!({"resumed": true})
@@ -221,7 +221,7 @@ async fn unauthorized_initialize_sends_no_tool_call() {
     .await;
     let up =
         fault.upstream("  headers:\n    - name: Authorization\n      valueFrom: {env: HOME}\n");
-    let failure = up.request(&call(1)).await.unwrap_err();
+    let failure = up.request(&call(1), None).await.unwrap_err();
     assert_eq!(failure, Failure::InitAuthFailed(401));
     assert_eq!(
         failure.connection_effect(),
@@ -237,7 +237,7 @@ async fn unauthorized_initialize_sends_no_tool_call() {
 async fn missing_credentials_send_nothing() {
     let fault = Fault::start(&steps("{return: never}")).await;
     let up = fault.upstream("  bearerToken:\n    valueFrom: {env: AIP_SURELY_UNSET_VARIABLE}\n");
-    let failure = up.request(&call(1)).await.unwrap_err();
+    let failure = up.request(&call(1), None).await.unwrap_err();
     assert!(
         matches!(failure, Failure::CredentialsMissing(_)),
         "{failure:?}"
@@ -253,15 +253,15 @@ async fn missing_credentials_send_nothing() {
 async fn a_404_for_a_known_session_drops_it_without_resending() {
     let fault = Fault::start(&steps("{return: one}, {return: two}")).await;
     let up = fault.upstream("");
-    up.request(&call(1)).await.unwrap();
+    up.request(&call(1), None).await.unwrap();
     // The server forgets the session (as after a restart or DELETE).
     let session = up.session().await.unwrap().id.unwrap();
     delete_session(&fault.url, &session).await;
     assert_eq!(
-        up.request(&call(2)).await.unwrap_err(),
+        up.request(&call(2), None).await.unwrap_err(),
         Failure::HttpStatus(404)
     );
-    let x = up.request(&call(3)).await.unwrap();
+    let x = up.request(&call(3), None).await.unwrap();
     assert_eq!(x.response["result"]["content"][0]["text"], "two");
     assert_eq!(
         fault.attempts().len(),
@@ -287,7 +287,7 @@ async fn delete_session(url: &str, session: &str) {
 async fn a_timed_out_call_is_cancelled_upstream() {
     let fault = Fault::start(&steps("{return: late, delay_ms: 300000}")).await;
     let up = fault.upstream("");
-    assert_eq!(up.request(&call(1)).await.unwrap_err(), Failure::Timeout);
+    assert_eq!(up.request(&call(1), None).await.unwrap_err(), Failure::Timeout);
     // The worker logs the cancellation as it stops: wait for it to go idle.
     let mut running = fault.core.running();
     tokio::time::timeout(

@@ -1,26 +1,32 @@
 //! The Streamable HTTP MCP server the agent talks to, on loopback: POST per
-//! client message (JSON, or SSE when the client accepts only SSE), sessions
-//! issued at initialize, DELETE to end one. It answers as an MCP server must:
+//! client message (JSON; SSE when the client accepts only SSE, or once a
+//! message about the request must reach the agent before its response),
+//! sessions issued at initialize, a GET stream per session for
+//! `notifications/tools/list_changed`, DELETE to end a session. It answers
+//! as an MCP server must:
 //! 404 for an unknown session, 400 for an unsupported MCP-Protocol-Version,
 //! 403 for an Origin that is not loopback. Failures of upstreams are never
 //! HTTP errors here: they are JSON-RPC errors in a 200.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
+use hyper::body::{Frame, Incoming};
 use hyper::header::HeaderValue;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
+use tokio_util::task::{AbortOnDropHandle, TaskTracker};
 
 use crate::gate::{AGENT_VERSIONS, Caller, Gateway, Reply};
 
@@ -28,20 +34,32 @@ pub const MCP_PATH: &str = "/mcp";
 /// Sessions kept at once; past this the least recently used one ends.
 pub const MAX_SESSIONS: usize = 256;
 const MAX_BODY: usize = 4 * 1024 * 1024;
+/// Messages about one request queued for the agent, at most (past this,
+/// notifications are dropped and relayed requests refused).
+const MAX_QUEUED_EVENTS: usize = 256;
 
 type Body = BoxBody<Bytes, Infallible>;
 
 struct State {
     gateway: Arc<Gateway>,
-    /// Session id -> negotiated protocol version.
     sessions: Mutex<Sessions>,
+    shutdown: CancellationToken,
 }
 
-/// Agent sessions: id -> (negotiated protocol version, last use), bounded.
+/// Agent sessions, bounded.
 #[derive(Default)]
 struct Sessions {
-    map: HashMap<String, (String, u64)>,
+    map: HashMap<String, Session>,
     clock: u64,
+}
+
+struct Session {
+    /// Last use, on the `Sessions` clock.
+    used: u64,
+    /// Cancelled when the session ends: its GET stream closes.
+    ended: CancellationToken,
+    /// Whether its GET stream is open (one at a time).
+    streaming: bool,
 }
 
 impl Sessions {
@@ -49,8 +67,8 @@ impl Sessions {
     fn touch(&mut self, id: &str) -> bool {
         self.clock += 1;
         match self.map.get_mut(id) {
-            Some(entry) => {
-                entry.1 = self.clock;
+            Some(session) => {
+                session.used = self.clock;
                 true
             }
             None => false,
@@ -58,25 +76,30 @@ impl Sessions {
     }
 
     /// Adds a session; returns the one evicted to make room, if any.
-    fn insert(&mut self, id: String, version: String) -> Option<String> {
+    fn insert(&mut self, id: String) -> Option<String> {
         self.clock += 1;
         let evicted = (self.map.len() >= MAX_SESSIONS)
             .then(|| {
                 self.map
                     .iter()
-                    .min_by_key(|(_, (_, used))| *used)
+                    .min_by_key(|(_, s)| s.used)
                     .map(|(k, _)| k.clone())
             })
             .flatten();
         if let Some(old) = &evicted {
-            self.map.remove(old);
+            self.remove(old);
         }
-        self.map.insert(id, (version, self.clock));
+        let session = Session {
+            used: self.clock,
+            ended: CancellationToken::new(),
+            streaming: false,
+        };
+        self.map.insert(id, session);
         evicted
     }
 
     fn remove(&mut self, id: &str) -> bool {
-        self.map.remove(id).is_some()
+        self.map.remove(id).inspect(|s| s.ended.cancel()).is_some()
     }
 }
 
@@ -91,6 +114,7 @@ pub async fn serve(
     let state = Arc::new(State {
         gateway,
         sessions: Mutex::new(Sessions::default()),
+        shutdown: shutdown.clone(),
     });
     loop {
         let (stream, _) = tokio::select! {
@@ -120,20 +144,12 @@ async fn route(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Bod
     Ok(match *req.method() {
         Method::POST => post(&state, req).await,
         Method::DELETE => delete(&state, &req),
-        Method::GET => {
-            let mut r = text(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "this gateway offers no server-to-client stream\n",
-            );
-            r.headers_mut()
-                .insert("allow", HeaderValue::from_static("POST, DELETE"));
-            r
-        }
-        _ => text(StatusCode::METHOD_NOT_ALLOWED, "use POST or DELETE\n"),
+        Method::GET => listen(&state, &req),
+        _ => text(StatusCode::METHOD_NOT_ALLOWED, "use POST, GET or DELETE\n"),
     })
 }
 
-async fn post(state: &State, req: Request<Incoming>) -> Response<Body> {
+async fn post(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
     let header = |name: &str| {
         req.headers()
             .get(name)
@@ -165,7 +181,7 @@ async fn post(state: &State, req: Request<Incoming>) -> Response<Body> {
     };
     let message = match state.gateway.parse(&body) {
         Ok(m) => m,
-        Err(refused) => return reply(state.gateway.refuse(&refused), sse, accepts),
+        Err(refused) => return reply(state.gateway.refuse(&refused), sse),
     };
     let is_initialize = message.method() == Some("initialize");
     let session = if is_initialize {
@@ -179,32 +195,27 @@ async fn post(state: &State, req: Request<Incoming>) -> Response<Body> {
             Some(s) => s,
         }
     };
-    let caller = Caller {
-        session: session.clone(),
-    };
+    if !is_initialize && accepts && message.id().is_some() {
+        return answer_live(state, message, session, sse).await;
+    }
+    let caller = Caller::new(session.clone());
     let outcome = state.gateway.handle_message(message, &caller).await;
     if is_initialize {
-        let version = match &outcome {
-            Reply::Message(v) | Reply::Stream(_, v) => v
-                .pointer("/result/protocolVersion")
-                .and_then(Value::as_str)
-                .map(str::to_owned),
-            Reply::Nothing => None,
-        };
-        let Some(version) = version else {
-            return reply(outcome, sse, accepts); // initialize refused: no session
-        };
-        let evicted = lock(&state.sessions).insert(session.clone(), version);
+        let accepted = matches!(&outcome, Reply::Message(v) if v.get("result").is_some());
+        if !accepted {
+            return reply(outcome, sse); // initialize refused: no session
+        }
+        let evicted = lock(&state.sessions).insert(session.clone());
         if let Some(old) = evicted {
             state.gateway.end_session(&old);
         }
-        let mut response = reply(outcome, sse, accepts);
+        let mut response = reply(outcome, sse);
         if let Ok(v) = HeaderValue::from_str(&session) {
             response.headers_mut().insert("mcp-session-id", v);
         }
         return response;
     }
-    reply(outcome, sse, accepts)
+    reply(outcome, sse)
 }
 
 fn delete(state: &State, req: &Request<Incoming>) -> Response<Body> {
@@ -221,11 +232,172 @@ fn delete(state: &State, req: &Request<Incoming>) -> Response<Body> {
     }
 }
 
-fn reply(outcome: Reply, sse: bool, accepts_sse: bool) -> Response<Body> {
+/// Handles a request of a client that accepts SSE in its own task, so
+/// that messages about it (progress, logging, a server's requests) reach
+/// the agent while it runs. The answer is plain JSON when nothing came
+/// before it; otherwise it is an SSE stream of those messages and then the
+/// response. The task ends if the agent hangs up.
+async fn answer_live(
+    state: &Arc<State>,
+    message: crate::jsonrpc::Message,
+    session: String,
+    sse: bool,
+) -> Response<Body> {
+    let (events, mut heard) = mpsc::channel(MAX_QUEUED_EVENTS);
+    let caller = Caller {
+        session,
+        events: Some(events),
+    };
+    let gateway = state.gateway.clone();
+    let mut handling = AbortOnDropHandle::new(tokio::spawn(async move {
+        gateway.handle_message(message, &caller).await
+    }));
+    let first = tokio::select! {
+        biased;
+        outcome = &mut handling => {
+            let outcome = outcome.unwrap_or(Reply::Nothing);
+            return reply(outcome, sse);
+        }
+        first = heard.recv() => first,
+    };
+    let mut live = Live {
+        queued: VecDeque::new(),
+        heard,
+        handling: Some(handling),
+    };
+    live.queued.extend(first.as_ref().map(event));
+    let mut r = Response::new(live.boxed());
+    r.headers_mut().insert(
+        "content-type",
+        HeaderValue::from_static("text/event-stream"),
+    );
+    r
+}
+
+/// The SSE body of a request answered live: each message about it as it
+/// comes, then its response (none if the agent cancelled it).
+struct Live {
+    queued: VecDeque<Bytes>,
+    heard: mpsc::Receiver<Value>,
+    handling: Option<AbortOnDropHandle<Reply>>,
+}
+
+impl hyper::body::Body for Live {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(bytes) = this.queued.pop_front() {
+                return Poll::Ready(Some(Ok(Frame::data(bytes))));
+            }
+            let Some(handling) = this.handling.as_mut() else {
+                return Poll::Ready(None);
+            };
+            if let Poll::Ready(Some(message)) = this.heard.poll_recv(cx) {
+                this.queued.push_back(event(&message));
+                continue;
+            }
+            let Poll::Ready(outcome) = Pin::new(handling).poll(cx) else {
+                return Poll::Pending;
+            };
+            while let Ok(message) = this.heard.try_recv() {
+                this.queued.push_back(event(&message));
+            }
+            if let Ok(Reply::Message(response)) = outcome {
+                this.queued.push_back(event(&response));
+            }
+            this.handling = None;
+        }
+    }
+}
+
+/// `GET /mcp`: the session's stream of messages that belong to no request:
+/// `notifications/tools/list_changed` whenever the tools the agent may see
+/// change. One stream per session (409 for a second); it ends with the
+/// session or the gateway.
+fn listen(state: &Arc<State>, req: &Request<Incoming>) -> Response<Body> {
+    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
+    if !accepts_sse(header("accept")) {
+        return text(
+            StatusCode::NOT_ACCEPTABLE,
+            "the stream is text/event-stream\n",
+        );
+    }
+    let Some(id) = header("mcp-session-id") else {
+        return text(StatusCode::BAD_REQUEST, "missing Mcp-Session-Id\n");
+    };
+    let ended = {
+        let mut sessions = lock(&state.sessions);
+        let Some(session) = sessions.map.get_mut(id) else {
+            return text(StatusCode::NOT_FOUND, "unknown session\n");
+        };
+        if session.streaming {
+            return text(
+                StatusCode::CONFLICT,
+                "this session already has a stream open\n",
+            );
+        }
+        session.streaming = true;
+        session.ended.clone()
+    };
+    let (tx, rx) = mpsc::channel::<Bytes>(8);
+    let mut changes = state.gateway.tools_changed();
+    let (state, id) = (state.clone(), id.to_owned());
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                changed = changes.changed() => if changed.is_err() { break },
+                () = ended.cancelled() => break,
+                () = state.shutdown.cancelled() => break,
+                () = tx.closed() => break,
+            }
+            let note = json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"});
+            if tx.send(event(&note)).await.is_err() {
+                break;
+            }
+        }
+        if let Some(session) = lock(&state.sessions).map.get_mut(&id) {
+            session.streaming = false;
+        }
+    });
+    let mut r = Response::new(Channel(rx).boxed());
+    r.headers_mut().insert(
+        "content-type",
+        HeaderValue::from_static("text/event-stream"),
+    );
+    r
+}
+
+/// A body made of what a channel carries, ending when its sender goes.
+struct Channel(mpsc::Receiver<Bytes>);
+
+impl hyper::body::Body for Channel {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.get_mut()
+            .0
+            .poll_recv(cx)
+            .map(|bytes| bytes.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+fn event(message: &Value) -> Bytes {
+    Bytes::from(format!("event: message\ndata: {message}\n\n"))
+}
+
+fn reply(outcome: Reply, sse: bool) -> Response<Body> {
     match outcome {
         Reply::Message(v) => rpc(StatusCode::OK, &v, sse),
-        Reply::Stream(notes, response) if accepts_sse => events(&notes, &response),
-        Reply::Stream(_, response) => rpc(StatusCode::OK, &response, sse),
         Reply::Nothing => empty(StatusCode::ACCEPTED),
     }
 }
@@ -248,22 +420,6 @@ fn is_loopback_origin(origin: &str) -> bool {
         || host
             .parse::<std::net::Ipv4Addr>()
             .is_ok_and(|a| a.is_loopback())
-}
-
-/// Notifications, then the response, as one SSE stream.
-fn events(notes: &[Value], response: &Value) -> Response<Body> {
-    let mut body = String::new();
-    for message in notes.iter().chain(std::iter::once(response)) {
-        body.push_str("event: message\ndata: ");
-        body.push_str(&message.to_string());
-        body.push_str("\n\n");
-    }
-    let mut r = Response::new(Full::new(Bytes::from(body)).boxed());
-    r.headers_mut().insert(
-        "content-type",
-        HeaderValue::from_static("text/event-stream"),
-    );
-    r
 }
 
 fn accepts_sse(accept: Option<&str>) -> bool {
@@ -317,10 +473,10 @@ mod tests {
     fn sessions_are_bounded_and_the_least_recently_used_goes() {
         let mut s = Sessions::default();
         for i in 0..MAX_SESSIONS {
-            assert_eq!(s.insert(format!("s{i}"), "v".into()), None);
+            assert_eq!(s.insert(format!("s{i}")), None);
         }
         assert!(s.touch("s0"), "s0 is now the most recently used");
-        assert_eq!(s.insert("new".into(), "v".into()), Some("s1".into()));
+        assert_eq!(s.insert("new".into()), Some("s1".into()));
         assert!(!s.touch("s1"));
         assert!(s.touch("s0") && s.touch("new"));
         assert!(s.remove("new") && !s.remove("new"));

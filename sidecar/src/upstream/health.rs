@@ -62,6 +62,10 @@ pub struct ConnectionState {
     /// Successful calls since the last health check: a failing probe with
     /// calls still succeeding means Degraded, not Unreachable.
     calls_ok: AtomicU64,
+    /// Bumped when anything an agent's tool list depends on changes: the
+    /// state, the catalog's content, a gate. Shared by the gateway's
+    /// connections.
+    changes: Arc<watch::Sender<u64>>,
 }
 
 fn now() -> String {
@@ -69,7 +73,11 @@ fn now() -> String {
 }
 
 impl ConnectionState {
-    pub fn new(connection: Arc<Connection>) -> Result<ConnectionState, String> {
+    /// `changes` is bumped whenever what this connection lists changes.
+    pub fn new(
+        connection: Arc<Connection>,
+        changes: Arc<watch::Sender<u64>>,
+    ) -> Result<ConnectionState, String> {
         let initial = match &connection.credentials {
             Ok(_) => (HealthState::Unchecked, None),
             Err(e) => (
@@ -90,6 +98,7 @@ impl ConnectionState {
             catalog: Mutex::new(Arc::new(Vec::new())),
             gates: Mutex::new(BTreeMap::new()),
             calls_ok: AtomicU64::new(0),
+            changes,
         })
     }
 
@@ -125,9 +134,15 @@ impl ConnectionState {
         let mut health = lock(&self.health);
         health.last_check = Some(now());
         let calls_ok = self.calls_ok.swap(0, Ordering::Relaxed);
+        let before = health.state;
         match result {
             Ok(tools) => {
-                *lock(&self.catalog) = Arc::new(tools);
+                let mut catalog = lock(&self.catalog);
+                // An unchanged catalog keeps its version.
+                if **catalog != tools {
+                    *catalog = Arc::new(tools);
+                    self.changed();
+                }
                 // Leaving NeedsCredentials takes a changed credential, which
                 // arrives as a new connection, not a passing check.
                 if health.state != HealthState::NeedsCredentials {
@@ -151,6 +166,13 @@ impl ConnectionState {
                 set_failed(&self.state, &mut health, state, &failure);
             }
         }
+        if health.state != before {
+            self.changed();
+        }
+    }
+
+    fn changed(&self) {
+        self.changes.send_modify(|n| *n += 1);
     }
 
     /// Health checks until `shutdown`: the first at once, then every
@@ -193,15 +215,17 @@ impl ConnectionState {
                     HealthState::NeedsCredentials,
                     failure,
                 );
+                drop(health);
+                self.changed();
             }
             ConnectionEffect::GateTool { scope } => {
-                lock(&self.gates).insert(
-                    tool.to_owned(),
-                    Gate {
-                        required_scope: scope,
-                        since: now(),
-                    },
-                );
+                let gate = Gate {
+                    required_scope: scope,
+                    since: now(),
+                };
+                if lock(&self.gates).insert(tool.to_owned(), gate).is_none() {
+                    self.changed();
+                }
             }
         }
     }

@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
 use super::failure::{Failure, insufficient_scope};
-use super::sse;
+use super::{Related, sse};
 use crate::config::{Connection, Endpoint};
 use crate::jsonrpc::{self, Limits};
 
@@ -44,12 +44,10 @@ pub struct Session {
     generation: u64,
 }
 
-/// What came back for a request: the response, and any server messages
-/// (notifications, requests) that arrived before it on the same stream.
+/// What came back for a request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Exchange {
     pub response: Value,
-    pub server_messages: Vec<Value>,
     /// The session that carried the exchange.
     pub session_id: Option<String>,
 }
@@ -92,12 +90,16 @@ impl HttpUpstream {
     /// Sends one request (it must carry an id) and returns its response.
     /// The connection's timeout covers handshake, call and body. The request
     /// is sent at most once, whatever happens.
-    pub async fn request(&self, message: &Value) -> Result<Exchange, Failure> {
+    pub async fn request(
+        &self,
+        message: &Value,
+        related: Option<&Related>,
+    ) -> Result<Exchange, Failure> {
         let mut used: Option<Session> = None;
         let outcome = tokio::time::timeout(self.connection.timeout, async {
             let session = self.session().await?;
             used = Some(session.clone());
-            self.exchange(&session, message).await
+            self.exchange(&session, message, related).await
         })
         .await
         .unwrap_or(Err(Failure::Timeout));
@@ -151,7 +153,7 @@ impl HttpUpstream {
             super::list_all_tools(|mut list| {
                 list["id"] = json!(self.fresh_id("list"));
                 let session = &session;
-                async move { self.exchange(session, &list).await }
+                async move { self.exchange(session, &list, None).await }
             })
             .await
         })
@@ -211,7 +213,7 @@ impl HttpUpstream {
     }
 
     async fn initialize(&self) -> Result<Session, Failure> {
-        let capabilities = self.client_capabilities();
+        let capabilities = super::client_capabilities(&self.connection);
         let init = json!({
             "jsonrpc": "2.0", "id": self.fresh_id("init"), "method": "initialize",
             "params": {
@@ -226,7 +228,7 @@ impl HttpUpstream {
             generation: 0,
         };
         let exchange = self
-            .exchange(&bootstrap, &init)
+            .exchange(&bootstrap, &init, None)
             .await
             .map_err(init_failure)?;
         let result = exchange.response.get("result").ok_or_else(|| {
@@ -262,21 +264,6 @@ impl HttpUpstream {
         Ok(session)
     }
 
-    fn client_capabilities(&self) -> Value {
-        let c = self.connection.capabilities;
-        let mut caps = serde_json::Map::new();
-        if c.sampling {
-            caps.insert("sampling".into(), json!({}));
-        }
-        if c.elicitation {
-            caps.insert("elicitation".into(), json!({}));
-        }
-        if c.roots {
-            caps.insert("roots".into(), json!({"listChanged": false}));
-        }
-        Value::Object(caps)
-    }
-
     fn fresh_id(&self, kind: &str) -> String {
         format!(
             "aip-{kind}-{}",
@@ -286,7 +273,12 @@ impl HttpUpstream {
 
     /// One POST and its response (JSON, or SSE read until the matching id,
     /// resuming closed streams).
-    async fn exchange(&self, session: &Session, message: &Value) -> Result<Exchange, Failure> {
+    async fn exchange(
+        &self,
+        session: &Session,
+        message: &Value,
+        related: Option<&Related>,
+    ) -> Result<Exchange, Failure> {
         let id = message.get("id").cloned().unwrap_or(Value::Null);
         let response = self
             .post(Some(session).filter(|s| s.generation != 0), message)
@@ -299,20 +291,16 @@ impl HttpUpstream {
             header(response.headers(), "mcp-session-id").or_else(|| session.id.clone());
         let content_type = header(response.headers(), "content-type").unwrap_or_default();
         let mut budget = self.connection.max_response_bytes;
-        let (response, server_messages) = if content_type.starts_with("text/event-stream") {
-            self.read_sse(response, &id, session_id.as_deref(), &mut budget)
+        let response = if content_type.starts_with("text/event-stream") {
+            self.read_sse(response, &id, session_id.as_deref(), &mut budget, related)
                 .await?
         } else {
             let body =
                 read_limited(response, &mut budget, self.connection.max_response_bytes).await?;
-            (
-                parse_response(&body, &id, self.connection.max_response_bytes)?,
-                Vec::new(),
-            )
+            parse_response(&body, &id, self.connection.max_response_bytes)?
         };
         Ok(Exchange {
             response,
-            server_messages,
             session_id,
         })
     }
@@ -323,10 +311,10 @@ impl HttpUpstream {
         id: &Value,
         session_id: Option<&str>,
         budget: &mut usize,
-    ) -> Result<(Value, Vec<Value>), Failure> {
+        related: Option<&Related>,
+    ) -> Result<Value, Failure> {
         let limit = self.connection.max_response_bytes;
         let mut parser = sse::Parser::default();
-        let mut server_messages = Vec::new();
         let mut retry = Duration::from_millis(1000);
         for _ in 0..=MAX_RESUMES {
             loop {
@@ -357,9 +345,11 @@ impl HttpUpstream {
                     )
                     .map_err(|e| Failure::Malformed(e.to_string()))?;
                     if message.get("id") == Some(id) && message.get("method").is_none() {
-                        return check_response(message).map(|r| (r, server_messages));
+                        return check_response(message);
                     }
-                    server_messages.push(message);
+                    if let Some(related) = related {
+                        let _ = related.send(message);
+                    }
                 }
             }
             // The stream closed without our response. With an event id that

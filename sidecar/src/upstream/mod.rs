@@ -9,6 +9,7 @@ pub mod stdio;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
+use tokio::sync::mpsc;
 
 pub use failure::{ConnectionEffect, Failure, SessionEffect};
 
@@ -38,14 +39,28 @@ impl Upstream {
         }
     }
 
-    /// Sends one request and returns its response; never re-sent.
+    /// Sends one request and returns its response; never re-sent. What the
+    /// server says about it meanwhile is dropped.
     pub async fn request(&self, message: &Value) -> Result<Exchange, Failure> {
+        self.request_related(message, None).await
+    }
+
+    /// Sends one request and returns its response; never re-sent. Server
+    /// messages that belong to it and arrive before the response (its
+    /// progress and logging notifications, requests the server makes of the
+    /// client while working on it) go to `related`, in arrival order.
+    pub async fn request_related(
+        &self,
+        message: &Value,
+        related: Option<&Related>,
+    ) -> Result<Exchange, Failure> {
         match self {
-            Upstream::Http(u) => u.request(message).await,
-            Upstream::Stdio(u) => u.request(message).await,
+            Upstream::Http(u) => u.request(message, related).await,
+            Upstream::Stdio(u) => u.request(message, related).await,
         }
     }
 
+    /// Sends a notification, or a reply to a request the server made.
     pub async fn notify(&self, message: &Value) -> Result<(), Failure> {
         match self {
             Upstream::Http(u) => u.notify(message).await,
@@ -69,6 +84,26 @@ impl Upstream {
             Upstream::Stdio(u) => u.health_check().await,
         }
     }
+}
+
+/// Where the server messages related to one request go.
+pub type Related = mpsc::UnboundedSender<Value>;
+
+/// The client capabilities a connection offers its server: none unless it
+/// opts in.
+pub fn client_capabilities(connection: &Connection) -> Value {
+    let c = connection.capabilities;
+    let mut caps = serde_json::Map::new();
+    if c.sampling {
+        caps.insert("sampling".into(), json!({}));
+    }
+    if c.elicitation {
+        caps.insert("elicitation".into(), json!({}));
+    }
+    if c.roots {
+        caps.insert("roots".into(), json!({"listChanged": false}));
+    }
+    Value::Object(caps)
 }
 
 /// A server that never stops paging cannot stall a health check.

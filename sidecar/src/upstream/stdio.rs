@@ -15,6 +15,7 @@ use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use super::Related;
 use super::failure::Failure;
 use super::http::{ACCEPTED_VERSIONS, Exchange, PROTOCOL_VERSION};
 use crate::config::{Connection, Endpoint};
@@ -39,21 +40,18 @@ struct Process {
     exited: CancellationToken,
 }
 
-/// A caller waiting for its response, and the progress notifications that
-/// came for it meanwhile (relayed with the response, as over HTTP).
+/// A caller waiting for its response, and where the server messages
+/// attributed to its request go meanwhile.
 struct Waiter {
-    reply: oneshot::Sender<(Value, Vec<Value>)>,
+    reply: oneshot::Sender<Value>,
     progress_token: Option<Value>,
-    progress: Vec<Value>,
+    related: Option<Related>,
 }
 
 /// Lines up to this many times `maxResponseBytes` are read whole so that an
 /// oversized response fails only its own call; a longer one cannot be
 /// attributed without holding it, so the process is stopped instead.
 const HOLD_FACTOR: usize = 4;
-
-/// Progress notifications kept for one call, at most.
-const MAX_PROGRESS_NOTES: usize = 256;
 
 impl StdioUpstream {
     pub fn new(connection: Arc<Connection>) -> Result<StdioUpstream, String> {
@@ -89,13 +87,17 @@ impl StdioUpstream {
 
     /// Sends one request and waits for its response, within the
     /// connection's timeout. A call that times out is cancelled.
-    pub async fn request(&self, message: &Value) -> Result<Exchange, Failure> {
+    pub async fn request(
+        &self,
+        message: &Value,
+        related: Option<&Related>,
+    ) -> Result<Exchange, Failure> {
         let id = message.get("id").cloned().unwrap_or(Value::Null);
         let mut used: Option<Arc<Process>> = None;
         let outcome = tokio::time::timeout(self.connection.timeout, async {
             let process = self.process().await?;
             used = Some(process.clone());
-            self.exchange(&process, message).await
+            self.exchange(&process, message, related).await
         })
         .await
         .unwrap_or(Err(Failure::Timeout));
@@ -123,7 +125,7 @@ impl StdioUpstream {
             super::list_all_tools(|mut list| {
                 list["id"] = json!(self.fresh_id("list"));
                 let process = &process;
-                async move { self.exchange(process, &list).await }
+                async move { self.exchange(process, &list, None).await }
             })
             .await
         })
@@ -147,10 +149,11 @@ impl StdioUpstream {
         }
         let process = self.start()?;
         let init = json!({"jsonrpc": "2.0", "id": self.fresh_id("init"), "method": "initialize", "params": {
-            "protocolVersion": PROTOCOL_VERSION, "capabilities": {},
+            "protocolVersion": PROTOCOL_VERSION,
+            "capabilities": super::client_capabilities(&self.connection),
             "clientInfo": {"name": "aip-sidecar", "version": env!("CARGO_PKG_VERSION")}}});
         let x = self
-            .exchange(&process, &init)
+            .exchange(&process, &init, None)
             .await
             .map_err(|f| Failure::InitFailed(Box::new(f)))?;
         let version = x
@@ -233,13 +236,18 @@ impl StdioUpstream {
         Ok(process)
     }
 
-    async fn exchange(&self, process: &Process, message: &Value) -> Result<Exchange, Failure> {
+    async fn exchange(
+        &self,
+        process: &Process,
+        message: &Value,
+        related: Option<&Related>,
+    ) -> Result<Exchange, Failure> {
         let key = message.get("id").map(Value::to_string).unwrap_or_default();
         let (tx, rx) = oneshot::channel();
         let waiter = Waiter {
             reply: tx,
             progress_token: message.pointer("/params/_meta/progressToken").cloned(),
-            progress: Vec::new(),
+            related: related.cloned(),
         };
         lock(&process.pending).insert(key.clone(), waiter);
         // A caller that stops waiting (deadline, agent cancel, shutdown)
@@ -252,7 +260,7 @@ impl StdioUpstream {
             .to_server
             .send(message.to_string())
             .map_err(|_| ended())?;
-        let (response, progress) = tokio::select! {
+        let response = tokio::select! {
             r = rx => r.map_err(|_| ended())?,
             () = process.ended.cancelled() => return Err(ended()),
         };
@@ -264,7 +272,6 @@ impl StdioUpstream {
         match (response.get("result"), response.get("error")) {
             (Some(Value::Object(_)), None) | (None, Some(Value::Object(_))) => Ok(Exchange {
                 response,
-                server_messages: progress,
                 session_id: None,
             }),
             _ => Err(Failure::Malformed(
@@ -316,9 +323,7 @@ impl Process {
             return;
         };
         if value.get("method").is_some() {
-            // A server request: no client capabilities are offered.
-            let refusal = json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32601, "message": "Method not found"}});
-            let _ = self.to_server.send(refusal.to_string());
+            self.attribute_request(value);
             return;
         }
         if let Some(waiter) = lock(&self.pending).remove(&id.to_string()) {
@@ -327,14 +332,15 @@ impl Process {
             } else {
                 value
             };
-            let _ = waiter.reply.send((delivered, waiter.progress));
+            let _ = waiter.reply.send(delivered);
         }
     }
 
-    /// Keeps a progress notification for the one pending call that asked
-    /// for progress with its token. Tokens come from agents and may collide
-    /// across sessions: an ambiguous or unknown token is dropped, never
-    /// shown to the wrong agent. Other notifications are not relayed.
+    /// Passes a progress notification to the one pending call that asked
+    /// for progress with its token (the gateway makes tokens unique; an
+    /// ambiguous or unknown one is dropped, never shown to the wrong agent).
+    /// stdio carries no other sign of which request a notification is
+    /// about, so other notifications are not relayed.
     fn attribute(&self, note: Value) {
         if note.get("method").and_then(Value::as_str) != Some("notifications/progress") {
             return;
@@ -342,15 +348,32 @@ impl Process {
         let Some(token) = note.pointer("/params/progressToken") else {
             return;
         };
-        let mut pending = lock(&self.pending);
+        let pending = lock(&self.pending);
         let mut matching = pending
-            .values_mut()
+            .values()
             .filter(|w| w.progress_token.as_ref() == Some(token));
         if let (Some(waiter), None) = (matching.next(), matching.next())
-            && waiter.progress.len() < MAX_PROGRESS_NOTES
+            && let Some(related) = &waiter.related
         {
-            waiter.progress.push(note);
+            let _ = related.send(note);
         }
+    }
+
+    /// A request the server makes of the client goes to the one pending
+    /// call that takes related messages: while only one is outstanding, the
+    /// request can only be about it. Otherwise (none, or several: stdio
+    /// cannot tell which) it is refused, so the server need not wait.
+    fn attribute_request(&self, request: Value) {
+        let pending = lock(&self.pending);
+        let mut relaying = pending.values().filter_map(|w| w.related.as_ref());
+        if let (Some(related), None) = (relaying.next(), relaying.next()) {
+            let _ = related.send(request);
+            return;
+        }
+        drop(pending);
+        let refusal = json!({"jsonrpc": "2.0", "id": request["id"], "error": {"code": -32601,
+            "message": "Method not found", "data": "no single call of this server is in progress to relay it for"}});
+        let _ = self.to_server.send(refusal.to_string());
     }
 }
 
@@ -442,7 +465,7 @@ mod tests {
             json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "slow"}});
         // The caller gives up long before the server answers.
         let gave_up =
-            tokio::time::timeout(Duration::from_millis(50), upstream.request(&call)).await;
+            tokio::time::timeout(Duration::from_millis(50), upstream.request(&call, None)).await;
         assert!(gave_up.is_err());
         let process = upstream.process.lock().await.clone().unwrap();
         assert!(

@@ -1,6 +1,8 @@
 //! The per-message pipeline: parse -> decide -> route -> forward -> redact ->
 //! audit. One agent message goes through `Gateway::handle` top to bottom.
 
+mod relay;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -10,7 +12,7 @@ use aip_policy::{
     AuditRecord, Decision, DlpRecord, Evaluator, Listing, Request, Verdict, normalize_name,
 };
 use serde_json::{Map, Value, json};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::approvals::LocalApprovals;
@@ -25,11 +27,15 @@ use crate::upstream::health::{ConnectionState, HealthState};
 pub const AGENT_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26"];
 /// How long an ask waits for a person by default.
 pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(300);
+/// How often a waiting ask tells an agent that asked for progress that it
+/// is still waiting, by default.
+pub const DEFAULT_ASK_PROGRESS_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Settings of the gateway itself (not of the policy).
 #[derive(Debug, Clone, Copy)]
 pub struct GatewayOptions {
     pub approval_timeout: Duration,
+    pub ask_progress_interval: Duration,
     pub limits: Limits,
 }
 
@@ -37,15 +43,37 @@ impl Default for GatewayOptions {
     fn default() -> Self {
         GatewayOptions {
             approval_timeout: DEFAULT_APPROVAL_TIMEOUT,
+            ask_progress_interval: DEFAULT_ASK_PROGRESS_INTERVAL,
             limits: Limits::default(),
         }
     }
 }
 
-/// Who is talking: the agent's session at the gateway.
+/// Who is talking: the agent's session at the gateway, and the stream on
+/// which messages about the request being handled reach it (progress,
+/// logging, requests a server makes of it), if its transport has one.
 #[derive(Debug, Clone)]
 pub struct Caller {
     pub session: String,
+    pub events: Option<mpsc::Sender<Value>>,
+}
+
+impl Caller {
+    /// A caller without a stream for messages about its request.
+    pub fn new(session: impl Into<String>) -> Caller {
+        Caller {
+            session: session.into(),
+            events: None,
+        }
+    }
+
+    /// Queues a message for the agent on this request's stream; false when
+    /// it cannot go (no stream, or the agent is not reading it).
+    fn send(&self, message: Value) -> bool {
+        self.events
+            .as_ref()
+            .is_some_and(|events| events.try_send(message).is_ok())
+    }
 }
 
 /// What to send back for one agent message.
@@ -53,10 +81,6 @@ pub struct Caller {
 pub enum Reply {
     /// A JSON-RPC response.
     Message(Value),
-    /// Server notifications (progress, logging) that arrived before the
-    /// response, already redacted, then the response. Sent as SSE events when
-    /// the client accepts SSE; otherwise only the response is sent.
-    Stream(Vec<Value>, Value),
     /// Nothing: a notification, an agent's reply, or a canceled call.
     Nothing,
 }
@@ -75,7 +99,12 @@ pub struct Gateway {
     audit: Audit,
     limits: Limits,
     approval_timeout: Duration,
+    ask_progress_interval: Duration,
     next_id: AtomicU64,
+    /// Requests upstream servers made of agents, relayed and awaiting the
+    /// agent's reply: (agent session, agent-facing id as JSON text) -> where
+    /// the reply goes.
+    relayed: Mutex<HashMap<(String, String), relay::Relayed>>,
     in_flight: Mutex<HashMap<(String, String), CancellationToken>>,
     shutdown: CancellationToken,
     /// Counts the configurations applied to the connections, for whatever
@@ -83,6 +112,12 @@ pub struct Gateway {
     applied: watch::Sender<u64>,
     /// Each connection with the token that stops its health checker.
     checks: Mutex<Vec<(Arc<ConnectionState>, CancellationToken)>>,
+    /// Bumped by connections (and reloads) when what agents' tool lists
+    /// depend on changes.
+    listing: Arc<watch::Sender<u64>>,
+    /// Bumped when the tool list agents see has really changed, for their
+    /// `notifications/tools/list_changed`.
+    tools_changed: watch::Sender<u64>,
 }
 
 /// Every discovered tool under its agent-facing name, and the normalized
@@ -125,6 +160,7 @@ impl Gateway {
         ));
         gateway.rebuild_connections();
         tokio::spawn(gateway.clone().follow_config());
+        tokio::spawn(gateway.clone().follow_tool_list());
         gateway
     }
 
@@ -164,11 +200,15 @@ impl Gateway {
             audit,
             limits: options.limits,
             approval_timeout: options.approval_timeout,
+            ask_progress_interval: options.ask_progress_interval,
             next_id: AtomicU64::new(1),
+            relayed: Mutex::new(HashMap::new()),
             in_flight: Mutex::new(HashMap::new()),
             shutdown,
             applied: watch::Sender::new(0),
             checks: Mutex::new(Vec::new()),
+            listing: Arc::new(watch::Sender::new(0)),
+            tools_changed: watch::Sender::new(0),
         }
     }
 
@@ -216,6 +256,31 @@ impl Gateway {
         tasks.join_all().await;
     }
 
+    /// Changes each time the tool list agents see changes (a connection's
+    /// health or catalog, a gated tool, a new policy).
+    pub fn tools_changed(&self) -> watch::Receiver<u64> {
+        self.tools_changed.subscribe()
+    }
+
+    /// Recomputes the agents' tool list whenever something it depends on
+    /// changes, and announces the changes that are real.
+    async fn follow_tool_list(self: Arc<Self>) {
+        let mut heard = self.listing.subscribe();
+        let mut last: Option<Value> = None;
+        loop {
+            heard.mark_unchanged();
+            let now = self.tools_list(&self.config().evaluator);
+            if last.as_ref().is_some_and(|last| *last != now) {
+                self.tools_changed.send_modify(|n| *n += 1);
+            }
+            last = Some(now);
+            tokio::select! {
+                changed = heard.changed() => if changed.is_err() { return },
+                () = self.shutdown.cancelled() => return,
+            }
+        }
+    }
+
     /// Changes each time a new configuration has been applied.
     pub fn applied(&self) -> watch::Receiver<u64> {
         self.applied.subscribe()
@@ -236,7 +301,7 @@ impl Gateway {
                 checks.push(old.swap_remove(i));
                 continue;
             }
-            match ConnectionState::new(connection.clone()) {
+            match ConnectionState::new(connection.clone(), self.listing.clone()) {
                 Ok(state) => {
                     let state = Arc::new(state);
                     let stop = self.shutdown.child_token();
@@ -253,6 +318,7 @@ impl Gateway {
         for (_, stop) in old {
             stop.cancel();
         }
+        self.listing.send_modify(|n| *n += 1);
     }
 
     /// Handles one message from the agent, as bytes.
@@ -283,8 +349,9 @@ impl Gateway {
         let config = self.config();
         let evaluator = config.evaluator.clone();
         if let Kind::Response { .. } = message.kind {
-            // A reply to a server-initiated request: none are relayed yet, so
-            // there is nothing pending to match it to.
+            // The agent answering a request a server made of it: matched to
+            // the relayed request and passed on, never blocked.
+            self.agent_reply(message, &evaluator, caller).await;
             return Reply::Nothing;
         }
         let request = match Request::from_value(&message.value) {
@@ -341,9 +408,11 @@ impl Gateway {
                 self.resources_list("resources/templates/list", "resourceTemplates", &evaluator)
                     .await,
             )),
-            (Kind::Request { .. }, "prompts/get") => self.prompts_get(&message, &evaluator).await,
+            (Kind::Request { .. }, "prompts/get") => {
+                self.prompts_get(&message, &evaluator, caller).await
+            }
             (Kind::Request { .. }, "resources/read") => {
-                self.resources_read(&message, &evaluator).await
+                self.resources_read(&message, &evaluator, caller).await
             }
             (Kind::Request { id, .. }, "ping") => Reply::Message(result(id, json!({}))),
             (Kind::Request { id, .. }, "tools/list") => {
@@ -402,12 +471,31 @@ impl Gateway {
             r.redact_strings(&mut arguments, &mut Vec::new());
         }
         let cancel = self.track(message, caller);
+        let token = message.value.pointer("/params/_meta/progressToken");
         let answer = tokio::select! {
             a = self.approvals.ask(&tool, &connection, arguments, self.approval_timeout) => Some(a),
             () = cancel.cancelled() => None,
+            () = self.waiting_progress(token, caller) => None, // never ends
         };
         self.untrack(message, caller);
         answer.map(|a| verdict.resolve(a))
+    }
+
+    /// While an ask waits, tells an agent that asked for progress (and whose
+    /// transport can carry it) that the call is alive, every
+    /// `ask_progress_interval`. Never returns.
+    async fn waiting_progress(&self, token: Option<&Value>, caller: &Caller) {
+        let Some(token) = token.filter(|_| caller.events.is_some()) else {
+            return std::future::pending().await;
+        };
+        let mut ticks = tokio::time::interval(self.ask_progress_interval);
+        ticks.tick().await; // the first tick is immediate
+        for progress in 1u64.. {
+            ticks.tick().await;
+            caller.send(json!({"jsonrpc": "2.0", "method": "notifications/progress", "params": {
+                "progressToken": token, "progress": progress,
+                "message": "waiting for human approval"}}));
+        }
     }
 
     fn track(&self, message: &Message, caller: &Caller) -> CancellationToken {
@@ -614,16 +702,15 @@ impl Gateway {
         if let Some(refusal) = refuse_by_state(&route, &connection, &name) {
             return Reply::Message(json!({"jsonrpc": "2.0", "id": id, "error": refusal}));
         }
-        let upstream_id = format!("aip-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
+        let upstream_id = self.fresh_id();
         let mut upstream_params = params;
         upstream_params.insert("name".into(), json!(route.upstream_name));
         let upstream_call = json!({"jsonrpc": "2.0", "id": upstream_id, "method": "tools/call", "params": upstream_params});
         let cancel = self.track(message, caller);
         let started = Instant::now();
-        let outcome = tokio::select! {
-            r = route.connection.upstream.request(&upstream_call) => Some(r),
-            () = cancel.cancelled() => None,
-        };
+        let outcome = self
+            .call_upstream(&route.connection, upstream_call, caller, evaluator, &cancel)
+            .await;
         self.untrack(message, caller);
         let connection_labels = ConnectionLabels {
             connection: connection.clone(),
@@ -633,10 +720,7 @@ impl Gateway {
             .get_or_create(&connection_labels)
             .observe(started.elapsed().as_secs_f64());
         let Some(outcome) = outcome else {
-            let notice = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
-                                "params": {"requestId": upstream_id, "reason": "canceled by the agent"}});
-            let _ = route.connection.upstream.notify(&notice).await;
-            return Reply::Nothing;
+            return Reply::Nothing; // cancelled by the agent (and upstream)
         };
         match outcome {
             Ok(exchange) => {
@@ -644,12 +728,7 @@ impl Gateway {
                 let mut response = exchange.response;
                 response["id"] = id;
                 self.redact_response(&mut response, evaluator, &name);
-                let notes = self.relayable(exchange.server_messages, evaluator, &connection);
-                if notes.is_empty() {
-                    Reply::Message(response)
-                } else {
-                    Reply::Stream(notes, response)
-                }
+                Reply::Message(response)
             }
             Err(failure) => {
                 route
@@ -674,8 +753,7 @@ impl Gateway {
             }
             let mut cursor: Option<Value> = None;
             for _ in 0..64 {
-                let id = format!("aip-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
-                let mut request = json!({"jsonrpc": "2.0", "id": id, "method": method});
+                let mut request = json!({"jsonrpc": "2.0", "id": self.fresh_id(), "method": method});
                 if let Some(c) = cursor.take() {
                     request["params"] = json!({ "cursor": c });
                 }
@@ -748,7 +826,7 @@ impl Gateway {
         list
     }
 
-    async fn prompts_get(&self, message: &Message, evaluator: &Evaluator) -> Reply {
+    async fn prompts_get(&self, message: &Message, evaluator: &Evaluator, caller: &Caller) -> Reply {
         let id = message.id().cloned().unwrap_or(Value::Null);
         let name = string_param(message, "name");
         let mut route = cached(&self.prompt_routes, &name);
@@ -766,11 +844,17 @@ impl Gateway {
         };
         let mut params = message.params().cloned().unwrap_or_else(|| json!({}));
         params["name"] = json!(upstream_name);
-        self.forward(&connection, "prompts/get", params, id, evaluator)
+        let request = json!({"jsonrpc": "2.0", "method": "prompts/get", "params": params});
+        self.forward(&connection, request, message, evaluator, caller)
             .await
     }
 
-    async fn resources_read(&self, message: &Message, evaluator: &Evaluator) -> Reply {
+    async fn resources_read(
+        &self,
+        message: &Message,
+        evaluator: &Evaluator,
+        caller: &Caller,
+    ) -> Reply {
         let id = message.id().cloned().unwrap_or(Value::Null);
         let uri = string_param(message, "uri");
         let mut route = cached(&self.resource_routes, &uri);
@@ -796,33 +880,40 @@ impl Gateway {
             ));
         };
         let params = message.params().cloned().unwrap_or_else(|| json!({}));
-        self.forward(&connection, "resources/read", params, id, evaluator)
+        let request = json!({"jsonrpc": "2.0", "method": "resources/read", "params": params});
+        self.forward(&connection, request, message, evaluator, caller)
             .await
     }
 
-    /// Forwards one request to one connection under a gateway id; the answer
-    /// gets the agent's id back and is redacted throughout.
+    /// Forwards `request` (the agent's `message`, rewritten for the
+    /// upstream) to one connection under a gateway id; the answer gets the
+    /// agent's id back and is redacted throughout.
     async fn forward(
         &self,
         connection: &Arc<ConnectionState>,
-        method: &str,
-        params: Value,
-        id: Value,
+        mut request: Value,
+        message: &Message,
         evaluator: &Evaluator,
+        caller: &Caller,
     ) -> Reply {
+        let id = message.id().cloned().unwrap_or(Value::Null);
         let name = connection.connection().name.clone();
-        let upstream_id = format!("aip-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
-        let request =
-            json!({"jsonrpc": "2.0", "id": upstream_id, "method": method, "params": params});
-        match connection.upstream.request(&request).await {
-            Ok(x) => {
+        request["id"] = json!(self.fresh_id());
+        let cancel = self.track(message, caller);
+        let outcome = self
+            .call_upstream(connection, request, caller, evaluator, &cancel)
+            .await;
+        self.untrack(message, caller);
+        match outcome {
+            None => Reply::Nothing,
+            Some(Ok(x)) => {
                 connection.record_success();
                 let mut response = x.response;
                 response["id"] = id;
                 redact_all(&mut response, evaluator);
                 Reply::Message(response)
             }
-            Err(failure) => {
+            Some(Err(failure)) => {
                 connection.record_failure("", &failure);
                 Reply::Message(
                     json!({"jsonrpc": "2.0", "id": id, "error": failure.to_error(&name, None)}),
@@ -831,39 +922,9 @@ impl Gateway {
         }
     }
 
-    /// The server messages of a call's stream that reach the agent:
-    /// notifications, redacted. Server-initiated requests are not relayed (no
-    /// client capabilities are offered), so they are dropped and logged.
-    fn relayable(
-        &self,
-        messages: Vec<Value>,
-        evaluator: &Evaluator,
-        connection: &str,
-    ) -> Vec<Value> {
-        let mut out = Vec::new();
-        for mut message in messages {
-            if message.get("id").is_some() {
-                let method = message
-                    .get("method")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default();
-                tracing::warn!(
-                    connection,
-                    method,
-                    "server request on a call's stream dropped: no client capabilities are offered"
-                );
-                continue;
-            }
-            if let (Some(r), Some(params)) = (evaluator.redactor(), message.get_mut("params")) {
-                let mut events = Vec::new();
-                r.redact_strings(params, &mut events);
-                for line in DlpRecord::for_events(&events, None, SystemTime::now()) {
-                    self.audit.record(&line);
-                }
-            }
-            out.push(message);
-        }
-        out
+    /// A request id for an upstream, unique for the gateway's life.
+    fn fresh_id(&self) -> String {
+        format!("aip-{}", self.next_id.fetch_add(1, Ordering::Relaxed))
     }
 
     /// DLP over everything the agent will read: result content, structured
@@ -938,7 +999,7 @@ fn initialize(message: &Message, evaluator: &Evaluator) -> Value {
         .iter()
         .find(|v| Some(**v) == requested)
         .unwrap_or(&AGENT_VERSIONS[0]);
-    let mut capabilities = json!({"tools": {"listChanged": false}});
+    let mut capabilities = json!({"tools": {"listChanged": true}});
     // Resources and prompts are offered only where the policy's methods
     // allow listing them.
     if method_allowed(evaluator, "prompts/list") {
@@ -1004,4 +1065,8 @@ fn cached<T: Clone>(routes: &Mutex<HashMap<String, T>>, key: &str) -> Option<T> 
         .unwrap_or_else(|e| e.into_inner())
         .get(key)
         .cloned()
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -1,0 +1,249 @@
+//! What upstream servers say to an agent while one of its requests is being
+//! served: progress and logging notifications, and the requests a server
+//! makes of the client (sampling, elicitation, roots) on connections that
+//! opted in. One upstream session serves every agent, so nothing the agent
+//! chose is sent upstream as is: progress tokens and the ids of relayed
+//! requests are the gateway's own, mapped back on the way to the agent, and
+//! an agent's reply reaches only the server that asked, once.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use aip_policy::{DlpRecord, Evaluator};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::{Caller, Gateway, lock};
+use crate::jsonrpc::Message;
+use crate::upstream::Failure;
+use crate::upstream::health::ConnectionState;
+use crate::upstream::http::Exchange;
+
+/// A request a server made of an agent, relayed and awaiting the reply.
+pub(super) struct Relayed {
+    connection: Arc<ConnectionState>,
+    upstream_id: Value,
+}
+
+/// One upstream request's relaying: the agent's progress token and the
+/// gateway's stand-in for it, and the server requests relayed meanwhile
+/// (their agent-facing keys, forgotten when the request ends).
+struct CallRelay<'a> {
+    gateway: &'a Gateway,
+    connection: &'a Arc<ConnectionState>,
+    caller: &'a Caller,
+    evaluator: &'a Evaluator,
+    agent_token: Option<Value>,
+    upstream_token: Option<Value>,
+    relayed: Vec<(String, String)>,
+}
+
+impl Gateway {
+    /// Sends `request` (which has its gateway id) to `connection` and relays
+    /// what the server says about it meanwhile. None when `cancel` fires
+    /// first: the upstream is then told, and nothing more is relayed.
+    pub(super) async fn call_upstream(
+        &self,
+        connection: &Arc<ConnectionState>,
+        mut request: Value,
+        caller: &Caller,
+        evaluator: &Evaluator,
+        cancel: &CancellationToken,
+    ) -> Option<Result<Exchange, Failure>> {
+        let agent_token = request.pointer("/params/_meta/progressToken").cloned();
+        let upstream_token = agent_token.as_ref().map(|_| json!(self.fresh_id()));
+        if let (Some(token), Some(meta)) = (&upstream_token, request.pointer_mut("/params/_meta")) {
+            meta["progressToken"] = token.clone();
+        }
+        let mut call = CallRelay {
+            gateway: self,
+            connection,
+            caller,
+            evaluator,
+            agent_token,
+            upstream_token,
+            relayed: Vec::new(),
+        };
+        let (related, mut heard) = mpsc::unbounded_channel();
+        let outcome = {
+            let upstream = connection.upstream.request_related(&request, Some(&related));
+            tokio::pin!(upstream);
+            loop {
+                tokio::select! {
+                    biased;
+                    Some(message) = heard.recv() => call.relay(message).await,
+                    outcome = &mut upstream => break Some(outcome),
+                    () = cancel.cancelled() => break None,
+                }
+            }
+        };
+        match outcome {
+            // What came just before the response goes out before it.
+            Some(_) => {
+                while let Ok(message) = heard.try_recv() {
+                    call.relay(message).await;
+                }
+            }
+            None => {
+                let notice = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                    "params": {"requestId": request["id"], "reason": "canceled by the agent"}});
+                let _ = connection.upstream.notify(&notice).await;
+            }
+        }
+        call.forget();
+        outcome
+    }
+
+    /// The agent's reply to a relayed request: back to the server that
+    /// asked, under its own id, after DLP. A reply to nothing pending (never
+    /// relayed, already answered, or its call is over) is dropped.
+    pub(super) async fn agent_reply(&self, message: Message, evaluator: &Evaluator, caller: &Caller) {
+        let id = message.id().map(Value::to_string).unwrap_or_default();
+        let Some(relayed) = lock(&self.relayed).remove(&(caller.session.clone(), id)) else {
+            tracing::warn!(id = ?message.id(), "a reply to no pending server request was dropped");
+            return;
+        };
+        let mut reply = message.value;
+        reply["id"] = relayed.upstream_id;
+        for key in ["result", "error"] {
+            if let Some(part) = reply.get_mut(key) {
+                self.redact_audited(part, evaluator);
+            }
+        }
+        if let Err(failure) = relayed.connection.upstream.notify(&reply).await {
+            let connection = &relayed.connection.connection().name;
+            tracing::warn!(connection = %connection, reason = failure.reason(), "an agent's reply could not be delivered");
+        }
+    }
+
+    /// DLP over every string of `value`, each finding audited.
+    fn redact_audited(&self, value: &mut Value, evaluator: &Evaluator) {
+        if let Some(redactor) = evaluator.redactor() {
+            let mut events = Vec::new();
+            redactor.redact_strings(value, &mut events);
+            for line in DlpRecord::for_events(&events, None, SystemTime::now()) {
+                self.audit.record(&line);
+            }
+        }
+    }
+}
+
+impl CallRelay<'_> {
+    async fn relay(&mut self, message: Value) {
+        match (message.get("id"), message.get("method").and_then(Value::as_str)) {
+            (Some(_), Some(_)) => self.server_request(message).await,
+            (None, Some(_)) => self.notification(message),
+            _ => {} // a stray response: nothing asked for it
+        }
+    }
+
+    /// Progress for this call (under the agent's own token), logging, and a
+    /// server's cancellation of a request it relayed; redacted.
+    fn notification(&mut self, mut note: Value) {
+        match note["method"].as_str().unwrap_or_default() {
+            "notifications/progress" => {
+                let token = note.pointer("/params/progressToken");
+                match &self.agent_token {
+                    Some(agent) if token == self.upstream_token.as_ref() => {
+                        note["params"]["progressToken"] = agent.clone();
+                    }
+                    _ => return, // not about this call
+                }
+            }
+            "notifications/cancelled" => {
+                let upstream_id = note.pointer("/params/requestId").cloned();
+                let Some(agent_id) = self.take_relayed(upstream_id.as_ref()) else {
+                    return; // about nothing the agent knows of
+                };
+                note["params"]["requestId"] = agent_id;
+            }
+            _ => {}
+        }
+        if let Some(params) = note.get_mut("params") {
+            self.gateway.redact_audited(params, self.evaluator);
+        }
+        self.caller.send(note);
+    }
+
+    /// A request the server makes of the client: relayed under a gateway id
+    /// when the connection opted in to its capability and the agent's
+    /// transport can carry it; otherwise answered with an error at once,
+    /// so the server need not wait.
+    async fn server_request(&mut self, mut request: Value) {
+        let method = request["method"].as_str().unwrap_or_default().to_owned();
+        let offered = self.connection.connection().capabilities;
+        let refusal = match method.as_str() {
+            "ping" => return self.answer(&request, json!({"result": {}})).await,
+            "sampling/createMessage" if offered.sampling => None,
+            "elicitation/create" if offered.elicitation => None,
+            "roots/list" if offered.roots => None,
+            "sampling/createMessage" | "elicitation/create" | "roots/list" => {
+                Some("this connection is not offered that client capability")
+            }
+            _ => Some("the gateway relays only sampling, elicitation and roots requests"),
+        };
+        let refusal = refusal.or_else(|| {
+            self.caller
+                .events
+                .is_none()
+                .then_some("the agent's transport cannot carry requests to it")
+        });
+        if let Some(why) = refusal {
+            let connection = &self.connection.connection().name;
+            tracing::warn!(connection = %connection, method, why, "a server request was refused");
+            let error = json!({"error": {"code": -32601, "message": "Method not found", "data": why}});
+            return self.answer(&request, error).await;
+        }
+        let upstream_id = request["id"].clone();
+        let agent_id = json!(format!("aip-s-{}", self.gateway.fresh_id()));
+        if let Some(params) = request.get_mut("params") {
+            self.gateway.redact_audited(params, self.evaluator);
+        }
+        request["id"] = agent_id.clone();
+        let key = (self.caller.session.clone(), agent_id.to_string());
+        let relayed = Relayed {
+            connection: self.connection.clone(),
+            upstream_id: upstream_id.clone(),
+        };
+        lock(&self.gateway.relayed).insert(key.clone(), relayed);
+        self.relayed.push(key.clone());
+        if !self.caller.send(request) {
+            lock(&self.gateway.relayed).remove(&key);
+            let error = json!({"error": {"code": -32603, "message": "Internal error",
+                "data": "the agent is not reading its stream"}});
+            self.answer(&json!({"id": upstream_id}), error).await;
+        }
+    }
+
+    /// Sends the server a reply of our own to its request.
+    async fn answer(&self, request: &Value, outcome: Value) {
+        let mut reply = json!({"jsonrpc": "2.0", "id": request["id"]});
+        if let (Some(reply), Value::Object(outcome)) = (reply.as_object_mut(), outcome) {
+            reply.extend(outcome);
+        }
+        let _ = self.connection.upstream.notify(&reply).await;
+    }
+
+    /// The agent-facing id of the relayed request the server knows as
+    /// `upstream_id`, which is no longer pending.
+    fn take_relayed(&mut self, upstream_id: Option<&Value>) -> Option<Value> {
+        let upstream_id = upstream_id?;
+        let mut pending = lock(&self.gateway.relayed);
+        let key = self
+            .relayed
+            .iter()
+            .find(|k| pending.get(*k).is_some_and(|r| &r.upstream_id == upstream_id))?
+            .clone();
+        pending.remove(&key);
+        serde_json::from_str(&key.1).ok()
+    }
+
+    /// Relayed requests end with their call: a later reply finds nothing.
+    fn forget(&self) {
+        let mut pending = lock(&self.gateway.relayed);
+        for key in &self.relayed {
+            pending.remove(key);
+        }
+    }
+}
