@@ -43,10 +43,16 @@ fn everything() -> PathBuf {
 
 /// Runs the Python client; its JSON report.
 fn client(calls: &Value, transport: &[&str]) -> Value {
+    client_with(calls, transport, &[])
+}
+
+/// Runs the Python client with extra environment variables.
+fn client_with(calls: &Value, transport: &[&str], env: &[(&str, &str)]) -> Value {
     let out = Command::new(python())
         .arg(repo().join("sidecar/tests/interop/client.py"))
         .arg(calls.to_string())
         .args(transport)
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     assert!(
@@ -372,5 +378,77 @@ async fn prompts_and_resources_through_the_gateway_where_the_policy_allows() {
     assert!(
         text.contains("[REDACTED:Word]") && !text.contains("Everything"),
         "redacted: {read}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sampling_requests_reach_the_agent_when_the_connection_opts_in() {
+    let everything = Everything::start();
+    sampling_through(Setup {
+        url: Some(everything.1.clone()),
+        ..Setup::default()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sampling_requests_from_a_stdio_connection_reach_the_agent() {
+    let server = everything();
+    let command = ["node", server.to_str().unwrap(), "stdio"];
+    sampling_through(Setup {
+        command: Some(command.map(str::to_owned).to_vec()),
+        ..Setup::default()
+    })
+    .await;
+}
+
+/// server-everything, offered sampling by its connection, asks the client
+/// to sample during a tool call: the Python SDK gets the request (redacted)
+/// on the call's stream and answers it; the answer is redacted before the
+/// server sees it, and the call completes.
+async fn sampling_through(setup: Setup<'_>) {
+    let s = Stack::start(Setup {
+        policy: "  allowed_tools: [ev_trigger-sampling-request]
+  dlp:
+    patterns:
+      - {name: Secret, regex: 'sk-[a-z0-9]{8}'}
+",
+        connection: "  clientCapabilities: {sampling: true}\n",
+        prefix: "ev_",
+        ..setup
+    })
+    .await;
+    let url = format!("http://{}/mcp", s.addr);
+    let calls = json!([["ev_trigger-sampling-request", {"prompt": "summarize sk-12345678", "maxTokens": 20}]]);
+    let reply = [("AIP_SAMPLE_REPLY", "the answer is sk-abcdefgh")];
+    let report = tokio::task::spawn_blocking(move || client_with(&calls, &["http", &url], &reply))
+        .await
+        .unwrap();
+    let asked = report["sampled"][0]["messages"][0]["content"]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the agent was asked to sample: {report}"));
+    assert!(
+        asked.contains("summarize [REDACTED:Secret]") && !asked.contains("sk-1234"),
+        "{asked}"
+    );
+    let text = report["results"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the call completed: {report}"));
+    assert!(text.contains("the answer is [REDACTED:Secret]"), "{text}");
+    // The agent's answer was redacted on its way to the server (an upstream
+    // DLP finding), so the server's echo of it had nothing left to redact.
+    let dlp: Vec<Value> = s
+        .audit_lines()
+        .into_iter()
+        .filter(|l| l["event"] == "DLP_TRIGGERED")
+        .collect();
+    assert!(
+        dlp.iter().any(|l| l["direction"] == "upstream"),
+        "{dlp:?}"
+    );
+    assert!(
+        !dlp.iter()
+            .any(|l| l["tool"] == "ev_trigger-sampling-request"),
+        "{dlp:?}"
     );
 }

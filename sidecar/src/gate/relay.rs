@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use aip_policy::{DlpRecord, Evaluator};
+use aip_policy::{Direction, DlpRecord, Evaluator};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -108,7 +108,7 @@ impl Gateway {
         reply["id"] = relayed.upstream_id;
         for key in ["result", "error"] {
             if let Some(part) = reply.get_mut(key) {
-                self.redact_audited(part, evaluator);
+                self.redact_audited(part, evaluator, Direction::Upstream);
             }
         }
         if let Err(failure) = relayed.connection.upstream.notify(&reply).await {
@@ -117,12 +117,14 @@ impl Gateway {
         }
     }
 
-    /// DLP over every string of `value`, each finding audited.
-    fn redact_audited(&self, value: &mut Value, evaluator: &Evaluator) {
+    /// DLP over every string of `value` going `direction`, each finding
+    /// audited.
+    fn redact_audited(&self, value: &mut Value, evaluator: &Evaluator, direction: Direction) {
         if let Some(redactor) = evaluator.redactor() {
             let mut events = Vec::new();
             redactor.redact_strings(value, &mut events);
-            for line in DlpRecord::for_events(&events, None, SystemTime::now()) {
+            for mut line in DlpRecord::for_events(&events, None, SystemTime::now()) {
+                line.direction = direction;
                 self.audit.record(&line);
             }
         }
@@ -161,7 +163,8 @@ impl CallRelay<'_> {
             _ => {}
         }
         if let Some(params) = note.get_mut("params") {
-            self.gateway.redact_audited(params, self.evaluator);
+            self.gateway
+                .redact_audited(params, self.evaluator, Direction::Downstream);
         }
         self.caller.send(note);
     }
@@ -198,7 +201,8 @@ impl CallRelay<'_> {
         let upstream_id = request["id"].clone();
         let agent_id = json!(format!("aip-s-{}", self.gateway.fresh_id()));
         if let Some(params) = request.get_mut("params") {
-            self.gateway.redact_audited(params, self.evaluator);
+            self.gateway
+                .redact_audited(params, self.evaluator, Direction::Downstream);
         }
         request["id"] = agent_id.clone();
         let key = (self.caller.session.clone(), agent_id.to_string());

@@ -58,6 +58,8 @@ pub struct Setup<'a> {
     pub prefix: &'a str,
     /// Run this stdio server as the connection instead of using a URL.
     pub command: Option<Vec<String>>,
+    /// How often a waiting ask sends progress.
+    pub ask_progress_interval: Duration,
 }
 
 impl Default for Setup<'_> {
@@ -71,6 +73,7 @@ impl Default for Setup<'_> {
             url: None,
             prefix: "up_",
             command: None,
+            ask_progress_interval: Duration::from_secs(5),
         }
     }
 }
@@ -138,6 +141,7 @@ impl Stack {
             Audit::new(Box::new(sink)),
             GatewayOptions {
                 approval_timeout: setup.approval_timeout,
+                ask_progress_interval: setup.ask_progress_interval,
                 ..GatewayOptions::default()
             },
             shutdown.clone(),
@@ -338,4 +342,87 @@ fn dechunk(mut body: &str) -> String {
         body = rest[size..].trim_start_matches("\r\n");
     }
     out
+}
+
+/// A response read as it streams: its status and content type, then its
+/// SSE messages one at a time.
+pub struct Sse {
+    pub status: u16,
+    pub content_type: String,
+    body: hyper::body::Incoming,
+    buffer: String,
+}
+
+impl Sse {
+    pub async fn open(addr: SocketAddr, method: &str, headers: &[(&str, &str)], body: &str) -> Sse {
+        use http_body_util::Full;
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .unwrap();
+        tokio::spawn(connection);
+        let mut request = hyper::Request::builder()
+            .method(method)
+            .uri("/mcp")
+            .header("host", addr.to_string())
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream");
+        for (k, v) in headers {
+            request = request.header(*k, *v);
+        }
+        let request = request
+            .body(Full::new(bytes::Bytes::from(body.to_owned())))
+            .unwrap();
+        let response = tokio::time::timeout(PATIENCE, sender.send_request(request))
+            .await
+            .expect("response headers")
+            .unwrap();
+        let content_type = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        Sse {
+            status: response.status().as_u16(),
+            content_type,
+            body: response.into_body(),
+            buffer: String::new(),
+        }
+    }
+
+    /// The next message (the data of the next event); None when the body
+    /// ends.
+    pub async fn next(&mut self) -> Option<Value> {
+        use http_body_util::BodyExt;
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let event: String = self.buffer.drain(..end + 2).collect();
+                let data: String = event
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("data:"))
+                    .map(str::trim)
+                    .collect();
+                if data.is_empty() {
+                    continue;
+                }
+                return Some(serde_json::from_str(&data).unwrap());
+            }
+            let frame = tokio::time::timeout(PATIENCE, self.body.frame())
+                .await
+                .expect("the stream goes on")?
+                .unwrap();
+            if let Some(chunk) = frame.data_ref() {
+                self.buffer.push_str(std::str::from_utf8(chunk).unwrap());
+            }
+        }
+    }
+
+    /// The rest of the body as text, when it is not a stream.
+    pub async fn text(self) -> String {
+        use http_body_util::BodyExt;
+        let bytes = self.body.collect().await.unwrap().to_bytes();
+        format!("{}{}", self.buffer, String::from_utf8_lossy(&bytes))
+    }
 }

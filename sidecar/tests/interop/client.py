@@ -6,13 +6,30 @@ Usage: client.py CALLS_JSON http URL
 CALLS_JSON is a list of [tool, arguments] or [tool, arguments, {"progress": true}].
 Prints one JSON report: the server name, the tools listed, and each call's
 result or JSON-RPC error (with the progress updates received, if asked).
+
+With AIP_SAMPLE_REPLY set, the client offers sampling and answers every
+sampling/createMessage with that text; the requests it got are reported
+under "sampled".
 """
 import asyncio
 import json
+import os
 import sys
 
-from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp import ClientSession, StdioServerParameters, stdio_client, types
 from mcp.client.streamable_http import streamable_http_client
+
+SAMPLED = []
+
+
+async def sample(context, params):
+    """Answers a server's sampling request with AIP_SAMPLE_REPLY."""
+    SAMPLED.append(params.model_dump(mode="json", by_alias=True, exclude_none=True))
+    return types.CreateMessageResult(
+        role="assistant",
+        content=types.TextContent(type="text", text=os.environ["AIP_SAMPLE_REPLY"]),
+        model="interop-test",
+    )
 
 
 async def other(session, op, argument):
@@ -37,7 +54,8 @@ async def other(session, op, argument):
 
 
 async def exercise(read, write, calls):
-    async with ClientSession(read, write) as session:
+    sampling = sample if "AIP_SAMPLE_REPLY" in os.environ else None
+    async with ClientSession(read, write, sampling_callback=sampling) as session:
         init = await session.initialize()
         tools = await session.list_tools()
         results = []
@@ -70,6 +88,7 @@ async def exercise(read, write, calls):
             "server": init.server_info.name if hasattr(init, "server_info") else init.serverInfo.name,
             "tools": [t.name for t in tools.tools],
             "results": results,
+            "sampled": SAMPLED,
         }
 
 
