@@ -292,6 +292,7 @@ async fn stdio(args: StdioArgs) -> anyhow::Result<i32> {
         audit: Arc::new(Audit::new(audit)),
         approvals,
         approval_timeout: Duration::from_secs(args.approval_timeout_seconds),
+        ask_progress_interval: aip_sidecar::gate::DEFAULT_ASK_PROGRESS_INTERVAL,
         allow_capabilities: args.allow_capabilities,
     };
     let (input, output) = aip_sidecar::wrap::agent_stdio();

@@ -4,10 +4,12 @@
 //! and the server's, where the AIP reference proxy is used today.
 //!
 //! Agent -> server: strict parse, policy, canonical bytes forwarded; asks wait
-//! (in their own task) for a decision on the admin port. Server -> agent:
-//! tools/list filtered, tool results and errors redacted. The client
-//! capabilities sampling, elicitation and roots are not offered to the
-//! server unless allowed.
+//! (in their own task, sending progress if the call asked for it) for a
+//! decision on the admin port, and are withdrawn if the client cancels the
+//! call or goes away. Server -> agent: tools/list filtered, tool results and
+//! errors redacted. The client capabilities sampling, elicitation and roots
+//! are not offered to the server unless allowed, and requests for them are
+//! refused if it asks anyway.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -17,6 +19,7 @@ use aip_policy::{AuditRecord, Decision, Evaluator, Listing, Request};
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
 
 use crate::approvals::LocalApprovals;
 use crate::audit::{Audit, refusal_line};
@@ -29,6 +32,8 @@ pub struct Wrap {
     pub audit: Arc<Audit>,
     pub approvals: Arc<LocalApprovals>,
     pub approval_timeout: Duration,
+    /// How often a waiting ask sends progress, when the call asked for it.
+    pub ask_progress_interval: Duration,
     /// Client capabilities the server may be offered.
     pub allow_capabilities: Vec<String>,
 }
@@ -42,6 +47,8 @@ enum Forwarded {
 }
 
 type Pending = Arc<Mutex<HashMap<String, Forwarded>>>;
+/// Asks waiting for a decision, by the call's id (JSON text).
+type Asks = Arc<Mutex<HashMap<String, CancellationToken>>>;
 
 impl Wrap {
     /// Runs `command` and relays until either side ends. Returns the
@@ -65,6 +72,8 @@ impl Wrap {
         let upstream = tokio::spawn(this.clone().server_to_agent(
             child_out,
             to_agent.clone(),
+            // Weak: the server's stdin closes once the client is done.
+            to_server.downgrade(),
             pending.clone(),
         ));
         this.agent_to_server(agent_in, to_agent, to_server, pending)
@@ -94,6 +103,9 @@ impl Wrap {
         pending: Pending,
     ) {
         let limits = Limits::default();
+        let asks: Asks = Arc::default();
+        // The client going away withdraws every ask it left waiting.
+        let _withdraw = Withdraw(asks.clone());
         let mut agent_in = BufReader::new(agent_in);
         while let Ok(Some(line)) = lines::next_line(&mut agent_in, limits.max_bytes).await {
             let parsed = match line {
@@ -133,6 +145,9 @@ impl Wrap {
                 continue;
             };
             let verdict = evaluator.evaluate(&request);
+            if verdict.decision == Decision::Allow && withdraws(&message, &asks) {
+                continue; // it cancelled an ask the server never saw
+            }
             let mut value = message.value.clone();
             if message.method() == Some("initialize") {
                 self.strip_capabilities(&mut value);
@@ -162,6 +177,10 @@ impl Wrap {
                     to_server.clone(),
                     pending.clone(),
                 );
+                let key = message.id().map(Value::to_string).unwrap_or_default();
+                let withdrawn = CancellationToken::new();
+                lock(&asks).insert(key.clone(), withdrawn.clone());
+                let asks = asks.clone();
                 tokio::spawn(async move {
                     let tool = verdict.tool().unwrap_or_default().to_owned();
                     let mut args = value
@@ -171,10 +190,17 @@ impl Wrap {
                     if let Some(r) = evaluator.redactor() {
                         r.redact_strings(&mut args, &mut Vec::new());
                     }
-                    let answer = this
-                        .approvals
-                        .ask(&tool, "stdio", args, this.approval_timeout)
-                        .await;
+                    let token = value.pointer("/params/_meta/progressToken");
+                    let answer = tokio::select! {
+                        a = this.approvals.ask(&tool, "stdio", args, this.approval_timeout) => Some(a),
+                        () = withdrawn.cancelled() => None,
+                        () = waiting_progress(token, this.ask_progress_interval, &to_agent) => None,
+                    };
+                    lock(&asks).remove(&key);
+                    let Some(answer) = answer else {
+                        lock(&pending).remove(&key);
+                        return; // withdrawn: never forwarded, never answered
+                    };
                     let verdict = verdict.resolve(answer);
                     this.audit.record(&AuditRecord::for_request(
                         &evaluator,
@@ -233,6 +259,7 @@ impl Wrap {
         self: Arc<Self>,
         server_out: tokio::process::ChildStdout,
         to_agent: mpsc::UnboundedSender<String>,
+        to_server: mpsc::WeakUnboundedSender<String>,
         pending: Pending,
     ) {
         let limits = Limits::default();
@@ -252,6 +279,12 @@ impl Wrap {
                     continue;
                 }
             };
+            if let Some(refusal) = self.refusal(&value) {
+                if let Some(to_server) = to_server.upgrade() {
+                    let _ = to_server.send(refusal.to_string());
+                }
+                continue;
+            }
             let evaluator = self.config.borrow().evaluator.clone();
             let is_response = value.get("method").is_none();
             let forwarded = value
@@ -285,6 +318,78 @@ impl Wrap {
             }
             let _ = to_agent.send(value.to_string());
         }
+    }
+}
+
+impl Wrap {
+    /// The error answer to a server request for a client capability the
+    /// server was not offered; None for anything else.
+    fn refusal(&self, message: &Value) -> Option<Value> {
+        let id = message.get("id")?;
+        let capability = match message.get("method")?.as_str()? {
+            "sampling/createMessage" => "sampling",
+            "elicitation/create" => "elicitation",
+            "roots/list" => "roots",
+            _ => return None,
+        };
+        if self.allow_capabilities.iter().any(|c| c == capability) {
+            return None;
+        }
+        tracing::warn!(
+            capability,
+            "the wrapped server asked for a capability it was not offered; refused"
+        );
+        Some(
+            json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32601, "message": "Method not found",
+            "data": format!("the {capability} capability is not offered")}}),
+        )
+    }
+}
+
+/// Whether `message` cancels an ask still waiting (which is then
+/// withdrawn).
+fn withdraws(message: &jsonrpc::Message, asks: &Asks) -> bool {
+    if message.method() != Some("notifications/cancelled") {
+        return false;
+    }
+    let Some(id) = message.params().and_then(|p| p.get("requestId")) else {
+        return false;
+    };
+    match lock(asks).remove(&id.to_string()) {
+        Some(ask) => {
+            ask.cancel();
+            true
+        }
+        None => false,
+    }
+}
+
+/// Withdraws every waiting ask when dropped.
+struct Withdraw(Asks);
+
+impl Drop for Withdraw {
+    fn drop(&mut self) {
+        for (_, ask) in lock(&self.0).drain() {
+            ask.cancel();
+        }
+    }
+}
+
+/// While an ask waits, progress every `interval` to a call that asked for
+/// it. Never returns.
+async fn waiting_progress(
+    token: Option<&Value>,
+    interval: Duration,
+    to_agent: &mpsc::UnboundedSender<String>,
+) {
+    match token {
+        Some(token) => {
+            crate::gate::progress_every(token, interval, |note| {
+                let _ = to_agent.send(note.to_string());
+            })
+            .await
+        }
+        None => std::future::pending().await,
     }
 }
 

@@ -442,13 +442,81 @@ async fn sampling_through(setup: Setup<'_>) {
         .into_iter()
         .filter(|l| l["event"] == "DLP_TRIGGERED")
         .collect();
-    assert!(
-        dlp.iter().any(|l| l["direction"] == "upstream"),
-        "{dlp:?}"
-    );
+    assert!(dlp.iter().any(|l| l["direction"] == "upstream"), "{dlp:?}");
     assert!(
         !dlp.iter()
             .any(|l| l["tool"] == "ev_trigger-sampling-request"),
         "{dlp:?}"
     );
+}
+
+#[test]
+fn sampling_through_the_stdio_wrap_when_the_capability_is_allowed() {
+    let policy = policy_file(
+        "sampling.yaml",
+        "  allowed_tools: [trigger-sampling-request]
+  dlp:
+    patterns:
+      - {name: Secret, regex: 'sk-[a-z0-9]{8}'}
+",
+    );
+    let everything = everything();
+    let calls =
+        json!([["trigger-sampling-request", {"prompt": "summarize sk-12345678", "maxTokens": 20}]]);
+    let report = client_with(
+        &calls,
+        &[
+            "stdio",
+            env!("CARGO_BIN_EXE_aip-sidecar"),
+            "stdio",
+            "--policy",
+            policy.to_str().unwrap(),
+            "--allow-capability",
+            "sampling",
+            "--audit",
+            "/dev/null",
+            "--",
+            "node",
+            everything.to_str().unwrap(),
+            "stdio",
+        ],
+        &[("AIP_SAMPLE_REPLY", "the answer is sk-abcdefgh")],
+    );
+    let asked = report["sampled"][0]["messages"][0]["content"]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the agent was asked to sample: {report}"));
+    assert!(asked.contains("summarize [REDACTED:Secret]"), "{asked}");
+    let text = report["results"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the call completed: {report}"));
+    assert!(text.contains("the answer is [REDACTED:Secret]"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_agents_with_the_same_progress_token_each_get_their_own_progress() {
+    // Both Python clients use their request id as the progress token, so
+    // the tokens collide; the gateway's own tokens keep them apart on the
+    // one stdio server they share.
+    let server = everything();
+    let s = Stack::start(Setup {
+        policy: "  allowed_tools: [ev_trigger-long-running-operation]\n",
+        prefix: "ev_",
+        command: Some(
+            ["node", server.to_str().unwrap(), "stdio"]
+                .map(str::to_owned)
+                .to_vec(),
+        ),
+        ..Setup::default()
+    })
+    .await;
+    let url = format!("http://{}/mcp", s.addr);
+    let calls = json!([["ev_trigger-long-running-operation", {"duration": 1, "steps": 4}, {"progress": true}]]);
+    let run = |url: String, calls: Value| {
+        tokio::task::spawn_blocking(move || client(&calls, &["http", &url]))
+    };
+    let (a, b) = (run(url.clone(), calls.clone()), run(url, calls));
+    for report in [a.await.unwrap(), b.await.unwrap()] {
+        let updates = report["results"][0]["progress_updates"].as_array().unwrap();
+        assert_eq!(updates.len(), 4, "{report}");
+    }
 }

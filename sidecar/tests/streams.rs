@@ -64,7 +64,10 @@ async fn a_waiting_ask_sends_progress_then_the_approved_result() {
         assert!(progress > last, "progress increases: {note}");
         last = progress;
     }
-    assert!(s.attempts().is_empty(), "nothing is forwarded while it waits");
+    assert!(
+        s.attempts().is_empty(),
+        "nothing is forwarded while it waits"
+    );
     let pending = s.gateway.approvals.list();
     s.gateway.approvals.decide(&pending[0].id, true).unwrap();
     let response = loop {

@@ -287,7 +287,10 @@ async fn delete_session(url: &str, session: &str) {
 async fn a_timed_out_call_is_cancelled_upstream() {
     let fault = Fault::start(&steps("{return: late, delay_ms: 300000}")).await;
     let up = fault.upstream("");
-    assert_eq!(up.request(&call(1), None).await.unwrap_err(), Failure::Timeout);
+    assert_eq!(
+        up.request(&call(1), None).await.unwrap_err(),
+        Failure::Timeout
+    );
     // The worker logs the cancellation as it stops: wait for it to go idle.
     let mut running = fault.core.running();
     tokio::time::timeout(

@@ -482,19 +482,16 @@ impl Gateway {
     }
 
     /// While an ask waits, tells an agent that asked for progress (and whose
-    /// transport can carry it) that the call is alive, every
-    /// `ask_progress_interval`. Never returns.
+    /// transport can carry it) that the call is alive. Never returns.
     async fn waiting_progress(&self, token: Option<&Value>, caller: &Caller) {
-        let Some(token) = token.filter(|_| caller.events.is_some()) else {
-            return std::future::pending().await;
-        };
-        let mut ticks = tokio::time::interval(self.ask_progress_interval);
-        ticks.tick().await; // the first tick is immediate
-        for progress in 1u64.. {
-            ticks.tick().await;
-            caller.send(json!({"jsonrpc": "2.0", "method": "notifications/progress", "params": {
-                "progressToken": token, "progress": progress,
-                "message": "waiting for human approval"}}));
+        match token.filter(|_| caller.events.is_some()) {
+            Some(token) => {
+                progress_every(token, self.ask_progress_interval, |note| {
+                    caller.send(note);
+                })
+                .await
+            }
+            None => std::future::pending().await,
         }
     }
 
@@ -753,7 +750,8 @@ impl Gateway {
             }
             let mut cursor: Option<Value> = None;
             for _ in 0..64 {
-                let mut request = json!({"jsonrpc": "2.0", "id": self.fresh_id(), "method": method});
+                let mut request =
+                    json!({"jsonrpc": "2.0", "id": self.fresh_id(), "method": method});
                 if let Some(c) = cursor.take() {
                     request["params"] = json!({ "cursor": c });
                 }
@@ -826,7 +824,12 @@ impl Gateway {
         list
     }
 
-    async fn prompts_get(&self, message: &Message, evaluator: &Evaluator, caller: &Caller) -> Reply {
+    async fn prompts_get(
+        &self,
+        message: &Message,
+        evaluator: &Evaluator,
+        caller: &Caller,
+    ) -> Reply {
         let id = message.id().cloned().unwrap_or(Value::Null);
         let name = string_param(message, "name");
         let mut route = cached(&self.prompt_routes, &name);
@@ -1013,6 +1016,20 @@ fn initialize(message: &Message, evaluator: &Evaluator) -> Value {
         "capabilities": capabilities,
         "serverInfo": {"name": "aip-sidecar", "version": env!("CARGO_PKG_VERSION")},
     })
+}
+
+/// Progress for `token` every `interval` ("waiting for human approval"),
+/// handed to `send`. Never returns.
+pub(crate) async fn progress_every(token: &Value, interval: Duration, send: impl Fn(Value)) {
+    let mut ticks = tokio::time::interval(interval);
+    ticks.tick().await; // the first tick is immediate
+    for progress in 1u64.. {
+        ticks.tick().await;
+        send(
+            json!({"jsonrpc": "2.0", "method": "notifications/progress", "params": {
+            "progressToken": token, "progress": progress, "message": "waiting for human approval"}}),
+        );
+    }
 }
 
 /// DLP over every string of a value (prompt messages, resource contents,

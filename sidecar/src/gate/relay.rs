@@ -67,7 +67,9 @@ impl Gateway {
         };
         let (related, mut heard) = mpsc::unbounded_channel();
         let outcome = {
-            let upstream = connection.upstream.request_related(&request, Some(&related));
+            let upstream = connection
+                .upstream
+                .request_related(&request, Some(&related));
             tokio::pin!(upstream);
             loop {
                 tokio::select! {
@@ -98,7 +100,12 @@ impl Gateway {
     /// The agent's reply to a relayed request: back to the server that
     /// asked, under its own id, after DLP. A reply to nothing pending (never
     /// relayed, already answered, or its call is over) is dropped.
-    pub(super) async fn agent_reply(&self, message: Message, evaluator: &Evaluator, caller: &Caller) {
+    pub(super) async fn agent_reply(
+        &self,
+        message: Message,
+        evaluator: &Evaluator,
+        caller: &Caller,
+    ) {
         let id = message.id().map(Value::to_string).unwrap_or_default();
         let Some(relayed) = lock(&self.relayed).remove(&(caller.session.clone(), id)) else {
             tracing::warn!(id = ?message.id(), "a reply to no pending server request was dropped");
@@ -133,7 +140,10 @@ impl Gateway {
 
 impl CallRelay<'_> {
     async fn relay(&mut self, message: Value) {
-        match (message.get("id"), message.get("method").and_then(Value::as_str)) {
+        match (
+            message.get("id"),
+            message.get("method").and_then(Value::as_str),
+        ) {
             (Some(_), Some(_)) => self.server_request(message).await,
             (None, Some(_)) => self.notification(message),
             _ => {} // a stray response: nothing asked for it
@@ -195,7 +205,8 @@ impl CallRelay<'_> {
         if let Some(why) = refusal {
             let connection = &self.connection.connection().name;
             tracing::warn!(connection = %connection, method, why, "a server request was refused");
-            let error = json!({"error": {"code": -32601, "message": "Method not found", "data": why}});
+            let error =
+                json!({"error": {"code": -32601, "message": "Method not found", "data": why}});
             return self.answer(&request, error).await;
         }
         let upstream_id = request["id"].clone();
@@ -237,7 +248,11 @@ impl CallRelay<'_> {
         let key = self
             .relayed
             .iter()
-            .find(|k| pending.get(*k).is_some_and(|r| &r.upstream_id == upstream_id))?
+            .find(|k| {
+                pending
+                    .get(*k)
+                    .is_some_and(|r| &r.upstream_id == upstream_id)
+            })?
             .clone();
         pending.remove(&key);
         serde_json::from_str(&key.1).ok()
