@@ -149,8 +149,20 @@ impl Core {
         match method {
             "initialize" => Handled::Now(Some(result(&id, self.initialize(&params)))),
             "ping" => Handled::Now(Some(result(&id, json!({})))),
-            "tools/list" => Handled::Now(Some(result(&id, self.tools_list()))),
+            "tools/list" => Handled::Now(Some(self.page(&id, &params, "tools", self.tools()))),
             "tools/call" => self.enqueue(id, &params, ctx),
+            "resources/list" if !self.script.resources.is_empty() => {
+                Handled::Now(Some(self.page(&id, &params, "resources", self.resources())))
+            }
+            "prompts/list" if !self.script.prompts.is_empty() => {
+                Handled::Now(Some(self.page(&id, &params, "prompts", self.prompts())))
+            }
+            "resources/read" if !self.script.resources.is_empty() => {
+                Handled::Now(Some(self.read(&id, &params)))
+            }
+            "prompts/get" if !self.script.prompts.is_empty() => {
+                Handled::Now(Some(self.prompt(&id, &params)))
+            }
             _ => Handled::Now(Some(error(
                 &id,
                 -32601,
@@ -173,14 +185,24 @@ impl Core {
         let requested = params.get("protocolVersion").and_then(Value::as_str);
         json!({
             "protocolVersion": Core::negotiate(requested),
-            "capabilities": {"tools": {"listChanged": false}},
+            "capabilities": self.capabilities(),
             "serverInfo": {"name": self.script.name, "version": env!("CARGO_PKG_VERSION")},
         })
     }
 
-    fn tools_list(&self) -> Value {
-        let tools: Vec<Value> = self
-            .script
+    fn capabilities(&self) -> Value {
+        let mut capabilities = json!({"tools": {"listChanged": false}});
+        if !self.script.resources.is_empty() {
+            capabilities["resources"] = json!({"listChanged": false});
+        }
+        if !self.script.prompts.is_empty() {
+            capabilities["prompts"] = json!({"listChanged": false});
+        }
+        capabilities
+    }
+
+    fn tools(&self) -> Vec<Value> {
+        self.script
             .tools
             .iter()
             .map(|t| {
@@ -190,8 +212,77 @@ impl Core {
                 }
                 tool
             })
-            .collect();
-        json!({ "tools": tools })
+            .collect()
+    }
+
+    fn resources(&self) -> Vec<Value> {
+        (self.script.resources.iter())
+            .map(|r| json!({"uri": r.uri, "name": r.name, "mimeType": "text/plain"}))
+            .collect()
+    }
+
+    fn prompts(&self) -> Vec<Value> {
+        (self.script.prompts.iter())
+            .map(|p| match &p.description {
+                Some(d) => json!({"name": p.name, "description": d}),
+                None => json!({"name": p.name}),
+            })
+            .collect()
+    }
+
+    /// One page of `items` under `key`: all of them without a page size;
+    /// otherwise from the offset the cursor (`page-N`) names, with the next
+    /// page's cursor if there is one.
+    fn page(&self, id: &Value, params: &Value, key: &str, items: Vec<Value>) -> Value {
+        let Some(size) = self.script.page_size else {
+            return result(id, json!({ key: items }));
+        };
+        let start = match params.get("cursor") {
+            None => 0,
+            Some(cursor) => match cursor
+                .as_str()
+                .and_then(|c| c.strip_prefix("page-"))
+                .and_then(|n| n.parse::<usize>().ok())
+                .filter(|n| *n <= items.len())
+            {
+                Some(n) => n,
+                None => return error(id, -32602, "Invalid cursor", None),
+            },
+        };
+        let end = (start + size).min(items.len());
+        let mut page = json!({ key: items[start..end] });
+        if end < items.len() {
+            page["nextCursor"] = json!(format!("page-{end}"));
+        }
+        result(id, page)
+    }
+
+    fn read(&self, id: &Value, params: &Value) -> Value {
+        let uri = params
+            .get("uri")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        match self.script.resources.iter().find(|r| r.uri == uri) {
+            Some(r) => result(
+                id,
+                json!({"contents": [{"uri": r.uri, "mimeType": "text/plain", "text": r.text}]}),
+            ),
+            None => error(id, -32002, "Resource not found", Some(json!({"uri": uri}))),
+        }
+    }
+
+    fn prompt(&self, id: &Value, params: &Value) -> Value {
+        let name = params
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        match self.script.prompts.iter().find(|p| p.name == name) {
+            Some(p) => result(
+                id,
+                json!({"messages": [{"role": "user", "content": {"type": "text", "text": p.text}}]}),
+            ),
+            None => error(id, -32602, &format!("Unknown prompt: {name}"), None),
+        }
     }
 
     fn notification(&self, method: &str, params: &Value, ctx: &CallContext) {

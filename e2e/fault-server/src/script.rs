@@ -43,6 +43,33 @@ pub struct Spec {
     pub tools: Vec<Tool>,
     #[serde(default)]
     pub require_bearer: Option<RequireBearer>,
+    /// Lists (tools, resources, prompts) are served this many items a page.
+    #[serde(default)]
+    pub page_size: Option<usize>,
+    /// Static text resources, served by resources/list and resources/read.
+    #[serde(default)]
+    pub resources: Vec<Resource>,
+    /// Static prompts of one user message, served by prompts/list and
+    /// prompts/get.
+    #[serde(default)]
+    pub prompts: Vec<Prompt>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Resource {
+    pub uri: String,
+    pub name: String,
+    pub text: String,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Prompt {
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    pub text: String,
 }
 
 fn default_max_pending() -> u32 {
@@ -217,6 +244,10 @@ pub struct Script {
     pub tools: Vec<ScriptTool>,
     /// Lowercase hex SHA-256 of the bearer token required, if any.
     pub require_bearer: Option<String>,
+    /// Items per list page; None serves every list whole.
+    pub page_size: Option<usize>,
+    pub resources: Vec<Resource>,
+    pub prompts: Vec<Prompt>,
 }
 
 #[derive(Debug)]
@@ -361,12 +392,26 @@ impl Script {
             tools.push(validate_tool(tool, &path, transport)?);
         }
         tools.sort_by(|a, b| a.name.cmp(&b.name));
+        if spec.page_size == Some(0) {
+            return fail("spec.pageSize", "must be at least 1");
+        }
+        let uris: BTreeSet<&str> = spec.resources.iter().map(|r| r.uri.as_str()).collect();
+        if uris.len() != spec.resources.len() {
+            return fail("spec.resources", "URIs must be unique");
+        }
+        let prompts: BTreeSet<&str> = spec.prompts.iter().map(|p| p.name.as_str()).collect();
+        if prompts.len() != spec.prompts.len() {
+            return fail("spec.prompts", "names must be unique");
+        }
         Ok(Script {
             name: doc.metadata.name,
             max_pending: spec.max_pending as usize,
             on_exhausted: spec.on_exhausted,
             tools,
             require_bearer,
+            page_size: spec.page_size,
+            resources: spec.resources,
+            prompts: spec.prompts,
         })
     }
 

@@ -432,3 +432,63 @@ fn admin_endpoints() {
         "{metrics}"
     );
 }
+
+#[test]
+fn lists_are_paged_and_resources_and_prompts_served() {
+    let spec = "  pageSize: 2
+  tools:
+    - {name: a, responses: [{sequence: [{return: 1}]}]}
+    - {name: b, responses: [{sequence: [{return: 1}]}]}
+    - {name: c, responses: [{sequence: [{return: 1}]}]}
+  resources:
+    - {uri: 'file:///r1', name: r1, text: one}
+  prompts:
+    - {name: greet, description: Say hello., text: hello}
+";
+    let server = HttpServer::start(&script(spec), HttpOptions::default());
+    let session = server.session();
+    let h = [("mcp-session-id", session.as_str())];
+    let ask = |id: i64, method: &str, params: Value| {
+        post(
+            server.addr,
+            &h,
+            &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+        )
+        .json()
+    };
+    let first = ask(1, "tools/list", json!({}));
+    let names = |page: &Value| -> Vec<String> {
+        page["result"]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(names(&first), ["a", "b"]);
+    let cursor = first["result"]["nextCursor"].clone();
+    assert_eq!(cursor, "page-2");
+    let second = ask(2, "tools/list", json!({"cursor": cursor}));
+    assert_eq!(names(&second), ["c"]);
+    assert!(second["result"].get("nextCursor").is_none());
+    assert_eq!(
+        ask(3, "tools/list", json!({"cursor": "page-9"}))["error"]["code"],
+        -32602
+    );
+    assert_eq!(
+        ask(4, "resources/read", json!({"uri": "file:///r1"}))["result"]["contents"][0]["text"],
+        "one"
+    );
+    assert_eq!(
+        ask(5, "resources/read", json!({"uri": "file:///nope"}))["error"]["code"],
+        -32002
+    );
+    assert_eq!(
+        ask(6, "prompts/list", json!({}))["result"]["prompts"],
+        json!([{"name": "greet", "description": "Say hello."}])
+    );
+    assert_eq!(
+        ask(7, "prompts/get", json!({"name": "greet"}))["result"]["messages"][0]["content"]["text"],
+        "hello"
+    );
+}

@@ -64,6 +64,18 @@ fn invalid_documents() -> Vec<(&'static str, String, &'static str)> {
             script("  tools: []\n"),
             "spec.tools: at least one tool is required",
         ),
+        (
+            "page size 0",
+            script("  pageSize: 0\n  tools: [{name: t, responses: [{sequence: [{return: 1}]}]}]\n"),
+            "spec.pageSize: must be at least 1",
+        ),
+        (
+            "duplicate resource URI",
+            script(
+                "  tools: [{name: t, responses: [{sequence: [{return: 1}]}]}]\n  resources: [{uri: 'a:1', name: a, text: x}, {uri: 'a:1', name: b, text: y}]\n",
+            ),
+            "spec.resources: URIs must be unique",
+        ),
     ]
 }
 

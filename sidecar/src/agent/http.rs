@@ -258,14 +258,18 @@ async fn answer_live(
             let outcome = outcome.unwrap_or(Reply::Nothing);
             return reply(outcome, sse);
         }
-        first = heard.recv() => first,
+        first = heard.recv() => match first {
+            Some(first) => first,
+            // The task ended between the two polls, having said nothing.
+            None => return reply(handling.await.unwrap_or(Reply::Nothing), sse),
+        },
     };
     let mut live = Live {
         queued: VecDeque::new(),
         heard,
         handling: Some(handling),
     };
-    live.queued.extend(first.as_ref().map(event));
+    live.queued.push_back(event(&first));
     let mut r = Response::new(live.boxed());
     r.headers_mut().insert(
         "content-type",

@@ -1,6 +1,7 @@
 //! The per-message pipeline: parse -> decide -> route -> forward -> redact ->
 //! audit. One agent message goes through `Gateway::handle` top to bottom.
 
+mod listings;
 mod relay;
 
 use std::collections::HashMap;
@@ -395,19 +396,10 @@ impl Gateway {
             (Kind::Request { id, .. }, "initialize") => {
                 Reply::Message(result(id, initialize(&message, &evaluator)))
             }
-            (Kind::Request { id, .. }, "prompts/list") => {
-                Reply::Message(result(id, self.prompts_list(&evaluator).await))
-            }
-            (Kind::Request { id, .. }, "resources/list") => Reply::Message(result(
-                id,
-                self.resources_list("resources/list", "resources", &evaluator)
-                    .await,
-            )),
-            (Kind::Request { id, .. }, "resources/templates/list") => Reply::Message(result(
-                id,
-                self.resources_list("resources/templates/list", "resourceTemplates", &evaluator)
-                    .await,
-            )),
+            (
+                Kind::Request { .. },
+                "prompts/list" | "resources/list" | "resources/templates/list",
+            ) => self.list_page(&message, &evaluator).await,
             (Kind::Request { .. }, "prompts/get") => {
                 self.prompts_get(&message, &evaluator, caller).await
             }
@@ -739,155 +731,6 @@ impl Gateway {
         }
     }
 
-    /// Every page of `method` from every listable connection: (connection,
-    /// items under `key`). A connection that fails is skipped and logged: a
-    /// listing does not fail because one server is down.
-    async fn list_everywhere(&self, method: &str, key: &str) -> Vec<(Arc<ConnectionState>, Value)> {
-        let mut out = Vec::new();
-        for connection in self.connections() {
-            if !connection.health().state.listable() {
-                continue;
-            }
-            let mut cursor: Option<Value> = None;
-            for _ in 0..64 {
-                let mut request =
-                    json!({"jsonrpc": "2.0", "id": self.fresh_id(), "method": method});
-                if let Some(c) = cursor.take() {
-                    request["params"] = json!({ "cursor": c });
-                }
-                match connection.upstream.request(&request).await {
-                    Ok(x) => {
-                        let page = x.response.get("result").cloned().unwrap_or(Value::Null);
-                        for item in page
-                            .get(key)
-                            .and_then(Value::as_array)
-                            .into_iter()
-                            .flatten()
-                        {
-                            out.push((connection.clone(), item.clone()));
-                        }
-                        match page.get("nextCursor") {
-                            Some(Value::String(next)) if !next.is_empty() => {
-                                cursor = Some(json!(next))
-                            }
-                            _ => break,
-                        }
-                    }
-                    Err(failure) => {
-                        let name = &connection.connection().name;
-                        tracing::warn!(connection = %name, method, reason = failure.reason(), "listing skipped this connection");
-                        break;
-                    }
-                }
-            }
-        }
-        out
-    }
-
-    async fn prompts_list(&self, evaluator: &Evaluator) -> Value {
-        let mut routes = HashMap::new();
-        let mut prompts = Vec::new();
-        for (connection, mut prompt) in self.list_everywhere("prompts/list", "prompts").await {
-            let Some(name) = prompt
-                .get("name")
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-            else {
-                continue;
-            };
-            let agent_name = format!("{}{name}", connection.connection().tool_prefix);
-            prompt["name"] = json!(agent_name);
-            routes.insert(agent_name, (connection, name));
-            prompts.push(prompt);
-        }
-        *self.prompt_routes.lock().unwrap_or_else(|e| e.into_inner()) = routes;
-        let mut list = json!({ "prompts": prompts });
-        redact_all(&mut list, evaluator);
-        list
-    }
-
-    async fn resources_list(&self, method: &str, key: &str, evaluator: &Evaluator) -> Value {
-        let mut items = Vec::new();
-        let mut routes = HashMap::new();
-        for (connection, item) in self.list_everywhere(method, key).await {
-            if let Some(uri) = item.get("uri").and_then(Value::as_str) {
-                routes.insert(uri.to_owned(), connection);
-            }
-            items.push(item);
-        }
-        self.resource_routes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend(routes);
-        let mut list = json!({ key: items });
-        redact_all(&mut list, evaluator);
-        list
-    }
-
-    async fn prompts_get(
-        &self,
-        message: &Message,
-        evaluator: &Evaluator,
-        caller: &Caller,
-    ) -> Reply {
-        let id = message.id().cloned().unwrap_or(Value::Null);
-        let name = string_param(message, "name");
-        let mut route = cached(&self.prompt_routes, &name);
-        if route.is_none() {
-            self.prompts_list(evaluator).await;
-            route = cached(&self.prompt_routes, &name);
-        }
-        let Some((connection, upstream_name)) = route else {
-            return Reply::Message(error(
-                Some(&id),
-                -32602,
-                &format!("Unknown prompt: {name}"),
-                None,
-            ));
-        };
-        let mut params = message.params().cloned().unwrap_or_else(|| json!({}));
-        params["name"] = json!(upstream_name);
-        let request = json!({"jsonrpc": "2.0", "method": "prompts/get", "params": params});
-        self.forward(&connection, request, message, evaluator, caller)
-            .await
-    }
-
-    async fn resources_read(
-        &self,
-        message: &Message,
-        evaluator: &Evaluator,
-        caller: &Caller,
-    ) -> Reply {
-        let id = message.id().cloned().unwrap_or(Value::Null);
-        let uri = string_param(message, "uri");
-        let mut route = cached(&self.resource_routes, &uri);
-        if route.is_none() {
-            self.resources_list("resources/list", "resources", evaluator)
-                .await;
-            route = cached(&self.resource_routes, &uri);
-        }
-        // A URI no listing names (a template's instance): with one usable
-        // connection there is only one place to ask.
-        let usable: Vec<Arc<ConnectionState>> = self
-            .connections()
-            .into_iter()
-            .filter(|c| c.health().state.listable())
-            .collect();
-        let route = route.or_else(|| (usable.len() == 1).then(|| usable[0].clone()));
-        let Some(connection) = route else {
-            return Reply::Message(error(
-                Some(&id),
-                -32602,
-                &format!("Unknown resource: {uri}"),
-                None,
-            ));
-        };
-        let params = message.params().cloned().unwrap_or_else(|| json!({}));
-        let request = json!({"jsonrpc": "2.0", "method": "resources/read", "params": params});
-        self.forward(&connection, request, message, evaluator, caller)
-            .await
-    }
-
     /// Forwards `request` (the agent's `message`, rewritten for the
     /// upstream) to one connection under a gateway id; the answer gets the
     /// agent's id back and is redacted throughout.
@@ -1063,25 +906,6 @@ fn error(id: Option<&Value>, code: i64, message: &str, data: Option<Value>) -> V
         e.insert("data".into(), d);
     }
     json!({"jsonrpc": "2.0", "id": id.cloned().unwrap_or(Value::Null), "error": e})
-}
-
-/// A string parameter of `message`, empty when absent.
-fn string_param(message: &Message, field: &str) -> String {
-    message
-        .params()
-        .and_then(|p| p.get(field))
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned()
-}
-
-/// The route a listing recorded for `key`, if any.
-fn cached<T: Clone>(routes: &Mutex<HashMap<String, T>>, key: &str) -> Option<T> {
-    routes
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(key)
-        .cloned()
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

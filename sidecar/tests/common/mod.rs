@@ -60,6 +60,9 @@ pub struct Setup<'a> {
     pub command: Option<Vec<String>>,
     /// How often a waiting ask sends progress.
     pub ask_progress_interval: Duration,
+    /// More YAML documents for the configuration (`{fault_url}` stands for
+    /// the fault server's URL); every connection must become healthy.
+    pub more: &'a str,
 }
 
 impl Default for Setup<'_> {
@@ -74,6 +77,7 @@ impl Default for Setup<'_> {
             prefix: "up_",
             command: None,
             ask_progress_interval: Duration::from_secs(5),
+            more: "",
         }
     }
 }
@@ -123,6 +127,14 @@ impl Stack {
             "apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {{name: agent}}\nspec:\n{policy}\n---\napiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {{name: up}}\nspec:\n  {endpoint}\n  toolPrefix: {}\n  timeoutSeconds: {timeout}\n  maxResponseBytes: {max_bytes}\n{}",
             setup.prefix, setup.connection
         );
+        let config_text = if setup.more.is_empty() {
+            config_text
+        } else {
+            format!(
+                "{config_text}---\n{}",
+                setup.more.replace("{fault_url}", &fault_url)
+            )
+        };
         let options = CompileOptions {
             home: Some("/home/agent".into()),
             ..CompileOptions::default()
@@ -146,11 +158,18 @@ impl Stack {
             },
             shutdown.clone(),
         );
-        let mut health = gateway.connections()[0].subscribe();
-        tokio::time::timeout(PATIENCE, health.wait_for(|s| *s == setup.expect))
-            .await
-            .expect("the connection reaches the expected state")
-            .unwrap();
+        for (i, connection) in gateway.connections().iter().enumerate() {
+            let expect = if i == 0 {
+                setup.expect
+            } else {
+                HealthState::Healthy
+            };
+            let mut health = connection.subscribe();
+            tokio::time::timeout(PATIENCE, health.wait_for(|s| *s == expect))
+                .await
+                .expect("the connection reaches the expected state")
+                .unwrap();
+        }
 
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

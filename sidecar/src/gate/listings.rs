@@ -1,0 +1,318 @@
+//! Prompts and resources, fanned out over every usable connection. Lists
+//! are paged: each agent-facing page is one upstream page, and its cursor is
+//! the gateway's own (which connection, and that server's cursor), so an
+//! agent never holds a cursor meant for another server. Prompt names get
+//! their connection's prefix; `prompts/get` and `resources/read` go where a
+//! listing found the name or URI.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use aip_policy::Evaluator;
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use serde_json::{Value, json};
+
+use super::{Caller, Gateway, Reply, error, lock, redact_all, result};
+use crate::jsonrpc::Message;
+use crate::upstream::health::ConnectionState;
+
+/// A server that never stops paging cannot stall a listing.
+const MAX_PAGES: usize = 64;
+
+/// Where a listing goes on: a connection, and its server's cursor.
+#[derive(Debug, PartialEq)]
+struct Position {
+    connection: String,
+    cursor: Option<String>,
+}
+
+impl Position {
+    fn encode(&self) -> String {
+        URL_SAFE_NO_PAD.encode(json!([self.connection, self.cursor]).to_string())
+    }
+
+    fn decode(cursor: &str) -> Option<Position> {
+        let bytes = URL_SAFE_NO_PAD.decode(cursor).ok()?;
+        match serde_json::from_slice::<Value>(&bytes).ok()? {
+            Value::Array(parts) => match parts.as_slice() {
+                [Value::String(connection), Value::Null] => Some(Position {
+                    connection: connection.clone(),
+                    cursor: None,
+                }),
+                [Value::String(connection), Value::String(cursor)] => Some(Position {
+                    connection: connection.clone(),
+                    cursor: Some(cursor.clone()),
+                }),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+}
+
+/// The array of items each list method returns.
+fn items_key(method: &str) -> &'static str {
+    match method {
+        "prompts/list" => "prompts",
+        "resources/templates/list" => "resourceTemplates",
+        _ => "resources",
+    }
+}
+
+impl Gateway {
+    /// One agent-facing page of a prompts or resources listing, from where
+    /// the agent's cursor says (the first connection without one).
+    /// Connections that are not usable or fail (logged) are skipped, and so
+    /// are empty pages: a listing does not fail because one server is down.
+    /// A cursor naming no connection of the gateway is refused.
+    pub(super) async fn list_page(&self, message: &Message, evaluator: &Evaluator) -> Reply {
+        let id = message.id().cloned().unwrap_or(Value::Null);
+        let method = message.method().unwrap_or_default();
+        let key = items_key(method);
+        let all = self.connections();
+        let start = match message.params().and_then(|p| p.get("cursor")) {
+            None => all.first().map(|c| Position {
+                connection: c.connection().name.clone(),
+                cursor: None,
+            }),
+            Some(cursor) => {
+                let found = cursor
+                    .as_str()
+                    .and_then(Position::decode)
+                    .filter(|p| all.iter().any(|c| c.connection().name == p.connection));
+                if found.is_none() {
+                    return Reply::Message(error(Some(&id), -32602, "Invalid cursor", None));
+                }
+                found
+            }
+        };
+        let mut items = Vec::new();
+        let mut next = start;
+        for _ in 0..MAX_PAGES {
+            let Some(at) = next.take() else { break };
+            let Some(i) = all
+                .iter()
+                .position(|c| c.connection().name == at.connection)
+            else {
+                break;
+            };
+            let connection = &all[i];
+            let on = |cursor: Option<String>| match cursor {
+                Some(cursor) => Some(Position {
+                    connection: at.connection.clone(),
+                    cursor: Some(cursor),
+                }),
+                None => all.get(i + 1).map(|c| Position {
+                    connection: c.connection().name.clone(),
+                    cursor: None,
+                }),
+            };
+            if !connection.health().state.listable() {
+                next = on(None);
+                continue;
+            }
+            match self
+                .upstream_page(connection, method, at.cursor.as_deref())
+                .await
+            {
+                Some((page, cursor)) => {
+                    items.extend(
+                        page.into_iter()
+                            .map(|item| self.adopt(method, connection, item)),
+                    );
+                    next = on(cursor);
+                }
+                None => next = on(None),
+            }
+            if !items.is_empty() {
+                break;
+            }
+        }
+        let mut page = json!({ key: items });
+        if let Some(next) = next {
+            page["nextCursor"] = json!(next.encode());
+        }
+        redact_all(&mut page, evaluator);
+        Reply::Message(result(&id, page))
+    }
+
+    fn usable_connections(&self) -> Vec<Arc<ConnectionState>> {
+        self.connections()
+            .into_iter()
+            .filter(|c| c.health().state.listable())
+            .collect()
+    }
+
+    /// One page of `method` from one connection: its items and its next
+    /// cursor. None (logged) when the server fails.
+    async fn upstream_page(
+        &self,
+        connection: &ConnectionState,
+        method: &str,
+        cursor: Option<&str>,
+    ) -> Option<(Vec<Value>, Option<String>)> {
+        let mut request = json!({"jsonrpc": "2.0", "id": self.fresh_id(), "method": method});
+        if let Some(cursor) = cursor {
+            request["params"] = json!({ "cursor": cursor });
+        }
+        match connection.upstream.request(&request).await {
+            Ok(x) => {
+                let page = x.response.get("result").cloned().unwrap_or(Value::Null);
+                let items = match page.get(items_key(method)) {
+                    Some(Value::Array(items)) => items.clone(),
+                    _ => Vec::new(),
+                };
+                let next = match page.get("nextCursor") {
+                    Some(Value::String(next)) if !next.is_empty() => Some(next.clone()),
+                    _ => None,
+                };
+                Some((items, next))
+            }
+            Err(failure) => {
+                let name = &connection.connection().name;
+                tracing::warn!(connection = %name, method, reason = failure.reason(), "listing skipped this connection");
+                None
+            }
+        }
+    }
+
+    /// An upstream item as the agent sees it, its route remembered: a
+    /// prompt gets its connection's prefix, a resource's URI its connection.
+    fn adopt(&self, method: &str, connection: &Arc<ConnectionState>, mut item: Value) -> Value {
+        match method {
+            "prompts/list" => {
+                if let Some(name) = item.get("name").and_then(Value::as_str).map(str::to_owned) {
+                    let agent_name = format!("{}{name}", connection.connection().tool_prefix);
+                    item["name"] = json!(agent_name);
+                    lock(&self.prompt_routes).insert(agent_name, (connection.clone(), name));
+                }
+            }
+            "resources/list" => {
+                if let Some(uri) = item.get("uri").and_then(Value::as_str) {
+                    lock(&self.resource_routes).insert(uri.to_owned(), connection.clone());
+                }
+            }
+            _ => {}
+        }
+        item
+    }
+
+    /// Lists `method` everywhere, every page, to learn routes.
+    async fn learn_routes(&self, method: &str) {
+        for connection in self.usable_connections() {
+            let mut cursor: Option<String> = None;
+            for _ in 0..MAX_PAGES {
+                let Some((items, next)) = self
+                    .upstream_page(&connection, method, cursor.as_deref())
+                    .await
+                else {
+                    break;
+                };
+                for item in items {
+                    self.adopt(method, &connection, item);
+                }
+                match next {
+                    Some(next) => cursor = Some(next),
+                    None => break,
+                }
+            }
+        }
+    }
+
+    pub(super) async fn prompts_get(
+        &self,
+        message: &Message,
+        evaluator: &Evaluator,
+        caller: &Caller,
+    ) -> Reply {
+        let id = message.id().cloned().unwrap_or(Value::Null);
+        let name = string_param(message, "name");
+        let mut route = self.current(&self.prompt_routes, &name, |r| &r.0);
+        if route.is_none() {
+            self.learn_routes("prompts/list").await;
+            route = self.current(&self.prompt_routes, &name, |r| &r.0);
+        }
+        let Some((connection, upstream_name)) = route else {
+            let unknown = format!("Unknown prompt: {name}");
+            return Reply::Message(error(Some(&id), -32602, &unknown, None));
+        };
+        let mut params = message.params().cloned().unwrap_or_else(|| json!({}));
+        params["name"] = json!(upstream_name);
+        let request = json!({"jsonrpc": "2.0", "method": "prompts/get", "params": params});
+        self.forward(&connection, request, message, evaluator, caller)
+            .await
+    }
+
+    pub(super) async fn resources_read(
+        &self,
+        message: &Message,
+        evaluator: &Evaluator,
+        caller: &Caller,
+    ) -> Reply {
+        let id = message.id().cloned().unwrap_or(Value::Null);
+        let uri = string_param(message, "uri");
+        let mut route = self.current(&self.resource_routes, &uri, |c| c);
+        if route.is_none() {
+            self.learn_routes("resources/list").await;
+            route = self.current(&self.resource_routes, &uri, |c| c);
+        }
+        // A URI no listing names (a template's instance): with one usable
+        // connection there is only one place to ask.
+        let usable = self.usable_connections();
+        let route = route.or_else(|| (usable.len() == 1).then(|| usable[0].clone()));
+        let Some(connection) = route else {
+            let unknown = format!("Unknown resource: {uri}");
+            return Reply::Message(error(Some(&id), -32602, &unknown, None));
+        };
+        let params = message.params().cloned().unwrap_or_else(|| json!({}));
+        let request = json!({"jsonrpc": "2.0", "method": "resources/read", "params": params});
+        self.forward(&connection, request, message, evaluator, caller)
+            .await
+    }
+
+    /// The route a listing recorded for `key`, if its connection is still
+    /// one of the gateway's (a reload may have removed it).
+    fn current<T: Clone>(
+        &self,
+        routes: &Mutex<HashMap<String, T>>,
+        key: &str,
+        connection_of: impl Fn(&T) -> &Arc<ConnectionState>,
+    ) -> Option<T> {
+        let route = lock(routes).get(key).cloned()?;
+        let live = self
+            .connections()
+            .iter()
+            .any(|c| Arc::ptr_eq(c, connection_of(&route)));
+        live.then_some(route)
+    }
+}
+
+/// A string parameter of `message`, empty when absent.
+fn string_param(message: &Message, field: &str) -> String {
+    message
+        .params()
+        .and_then(|p| p.get(field))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Position;
+
+    #[test]
+    fn cursors_round_trip_and_garbage_is_refused() {
+        for cursor in [None, Some("abc".to_owned()), Some("".to_owned())] {
+            let p = Position {
+                connection: "inv".into(),
+                cursor,
+            };
+            assert_eq!(Position::decode(&p.encode()), Some(p));
+        }
+        for bad in ["", "!!", "bnVsbA", "WzEsMl0", "WyJhIl0"] {
+            assert_eq!(Position::decode(bad), None, "{bad}");
+        }
+    }
+}
