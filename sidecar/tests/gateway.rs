@@ -441,6 +441,17 @@ async fn the_agents_credentials_never_reach_the_upstream_only_the_connections() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closing_the_connections_ends_the_upstream_session_with_delete() {
+    session_ended_by(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_changes_a_connection_ends_its_old_session() {
+    session_ended_by(true).await;
+}
+
+/// The upstream session of the stack's connection ends with DELETE when the
+/// gateway closes its connections, or when a reload replaces it.
+async fn session_ended_by(reload: bool) {
     let s = stack().await;
     let connection = s.gateway.connections()[0].clone();
     let Upstream::Http(upstream) = &connection.upstream else {
@@ -466,6 +477,19 @@ async fn closing_the_connections_ends_the_upstream_session_with_delete() {
         .status
     };
     assert_eq!(ping().await, 200, "the session is live upstream");
-    s.gateway.close_connections().await;
+    if reload {
+        let mut retired = s.gateway.retired();
+        s.reload(
+            &s.config_text
+                .replace("timeoutSeconds: 1", "timeoutSeconds: 2"),
+        )
+        .await;
+        tokio::time::timeout(PATIENCE, retired.changed())
+            .await
+            .unwrap()
+            .unwrap();
+    } else {
+        s.gateway.close_connections().await;
+    }
     assert_eq!(ping().await, 404, "the upstream ended it on DELETE");
 }

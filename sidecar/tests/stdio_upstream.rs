@@ -71,20 +71,6 @@ impl StdioFaults {
             .count()
     }
 
-    /// Polls the process table (no event exists for another process's
-    /// exit that the gateway does not own) until `n` are running.
-    async fn wait_until_running(&self, n: usize) {
-        let deadline = tokio::time::Instant::now() + common::PATIENCE;
-        while self.running() != n {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{} running, expected {n}",
-                self.running()
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-    }
-
     fn attempts(&self) -> Vec<Value> {
         std::fs::read_to_string(&self.log)
             .unwrap_or_default()
@@ -277,7 +263,9 @@ async fn a_reload_keeps_an_unchanged_connection_and_restarts_a_changed_one() {
         "s2"
     );
 
-    // The connection changes: a fresh process, whose sequences start over.
+    // The connection changes: a fresh process, whose sequences start over;
+    // the old one is stopped and waited for.
+    let mut retired = s.gateway.retired();
     s.reload(
         &s.config_text
             .replace("timeoutSeconds: 1", "timeoutSeconds: 2"),
@@ -300,9 +288,12 @@ async fn a_reload_keeps_an_unchanged_connection_and_restarts_a_changed_one() {
         text(&s.call(&session, json!(3), "up_sibling", json!({})).await),
         "s1"
     );
-    // The old server is stopped once nothing holds its connection.
+    tokio::time::timeout(common::PATIENCE, retired.changed())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(faults.running(), 1, "only the fresh server runs");
     drop((before, kept));
-    faults.wait_until_running(1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -322,4 +313,29 @@ async fn closing_the_connections_stops_the_server_and_waits_for_it() {
         "exited and reaped before close returns"
     );
     assert!(s.gateway.connections().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_ignores_the_end_of_its_input_gets_sigterm() {
+    let dir = std::env::temp_dir().join(format!("aip-stubborn-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let marker = dir.join("signal");
+    let _ = std::fs::remove_file(&marker);
+    let server = repo().join("sidecar/tests/servers/stubborn.py");
+    let command = [
+        "python3",
+        server.to_str().unwrap(),
+        marker.to_str().unwrap(),
+    ];
+    let s = Stack::start(Setup {
+        command: Some(command.map(str::to_owned).to_vec()),
+        ..Setup::default()
+    })
+    .await;
+    s.gateway.close_connections().await;
+    assert_eq!(
+        std::fs::read_to_string(&marker).unwrap_or_default(),
+        "TERM",
+        "stdin closed, then SIGTERM before any kill"
+    );
 }

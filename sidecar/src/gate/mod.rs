@@ -119,6 +119,8 @@ pub struct Gateway {
     /// Bumped when the tool list agents see has really changed, for their
     /// `notifications/tools/list_changed`.
     tools_changed: watch::Sender<u64>,
+    /// Bumped each time a connection a reload removed has been closed.
+    retired: Arc<watch::Sender<u64>>,
 }
 
 /// Every discovered tool under its agent-facing name, and the normalized
@@ -210,6 +212,7 @@ impl Gateway {
             checks: Mutex::new(Vec::new()),
             listing: Arc::new(watch::Sender::new(0)),
             tools_changed: watch::Sender::new(0),
+            retired: Arc::new(watch::Sender::new(0)),
         }
     }
 
@@ -282,6 +285,12 @@ impl Gateway {
         }
     }
 
+    /// Changes each time a connection a reload removed (or replaced) has
+    /// been closed.
+    pub fn retired(&self) -> watch::Receiver<u64> {
+        self.retired.subscribe()
+    }
+
     /// Changes each time a new configuration has been applied.
     pub fn applied(&self) -> watch::Receiver<u64> {
         self.applied.subscribe()
@@ -316,10 +325,26 @@ impl Gateway {
         }
         *self.connections.write().unwrap_or_else(|e| e.into_inner()) =
             checks.iter().map(|(state, _)| state.clone()).collect();
-        for (_, stop) in old {
+        for (state, stop) in old {
             stop.cancel();
+            self.retire(state);
         }
         self.listing.send_modify(|n| *n += 1);
+    }
+
+    /// Lets go of a connection a reload removed: nothing routes to it any
+    /// more, and once its requests in flight are done its upstream is closed
+    /// (an HTTP session ended with DELETE, a stdio server stopped).
+    fn retire(&self, state: Arc<ConnectionState>) {
+        *lock(&self.catalog_cache) = None;
+        lock(&self.prompt_routes).retain(|_, (c, _)| !Arc::ptr_eq(c, &state));
+        lock(&self.resource_routes).retain(|_, c| !Arc::ptr_eq(c, &state));
+        let retired = self.retired.clone();
+        tokio::spawn(async move {
+            state.idle().await;
+            state.upstream.close().await;
+            retired.send_modify(|n| *n += 1);
+        });
     }
 
     /// Handles one message from the agent, as bytes.

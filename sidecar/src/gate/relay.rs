@@ -65,6 +65,7 @@ impl Gateway {
             upstream_token,
             relayed: Vec::new(),
         };
+        let _busy = connection.busy();
         let (related, mut heard) = mpsc::unbounded_channel();
         let outcome = {
             let upstream = connection

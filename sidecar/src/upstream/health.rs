@@ -66,6 +66,18 @@ pub struct ConnectionState {
     /// state, the catalog's content, a gate. Shared by the gateway's
     /// connections.
     changes: Arc<watch::Sender<u64>>,
+    /// Requests in flight on this connection, so that a connection a reload
+    /// removed is closed only once nothing uses it.
+    busy: watch::Sender<usize>,
+}
+
+/// Counts one request in flight on a connection while it lives.
+pub struct Busy<'a>(&'a watch::Sender<usize>);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n -= 1);
+    }
 }
 
 fn now() -> String {
@@ -99,11 +111,23 @@ impl ConnectionState {
             gates: Mutex::new(BTreeMap::new()),
             calls_ok: AtomicU64::new(0),
             changes,
+            busy: watch::Sender::new(0),
         })
     }
 
     pub fn connection(&self) -> &Connection {
         self.upstream.connection()
+    }
+
+    /// Marks a request in flight until the guard drops.
+    pub fn busy(&self) -> Busy<'_> {
+        self.busy.send_modify(|n| *n += 1);
+        Busy(&self.busy)
+    }
+
+    /// Waits until no request is in flight.
+    pub async fn idle(&self) {
+        let _ = self.busy.subscribe().wait_for(|n| *n == 0).await;
     }
 
     pub fn health(&self) -> Health {

@@ -406,12 +406,14 @@ pub fn spawn(
     }
 }
 
-/// How long a server asked to stop gets to exit after its stdin closes
-/// (the MCP stdio shutdown sequence) before it is killed.
+/// How long a server asked to stop gets to exit after its stdin closes,
+/// and again after SIGTERM (the MCP stdio shutdown sequence), before it is
+/// killed.
 const EXIT_GRACE: Duration = Duration::from_secs(2);
 
-/// Owns the child: reaps it when it exits, and on `stop` waits up to
-/// `EXIT_GRACE` for it to exit on its own before killing it.
+/// Owns the child: reaps it when it exits, and on `stop` (which closes its
+/// stdin) waits `EXIT_GRACE` for it to exit, then sends SIGTERM and waits
+/// again, then kills it.
 async fn supervise(
     mut child: tokio::process::Child,
     stop: CancellationToken,
@@ -422,12 +424,19 @@ async fn supervise(
         _ = child.wait() => return,
         () = stop.cancelled() => {}
     }
-    if tokio::time::timeout(EXIT_GRACE, child.wait())
-        .await
-        .is_err()
-    {
-        let _ = child.kill().await;
+    if tokio::time::timeout(EXIT_GRACE, child.wait()).await.is_ok() {
+        return;
     }
+    let pid = child
+        .id()
+        .and_then(|id| rustix::process::Pid::from_raw(id.try_into().ok()?));
+    if let Some(pid) = pid {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        if tokio::time::timeout(EXIT_GRACE, child.wait()).await.is_ok() {
+            return;
+        }
+    }
+    let _ = child.kill().await;
 }
 
 fn ended() -> Failure {
