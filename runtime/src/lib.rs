@@ -14,20 +14,100 @@ pub enum LogFormat {
     Json,
 }
 
+/// Spans for distributed tracing use this target: they are exported over
+/// OTLP when an endpoint is configured and never reach the diagnostics on
+/// stderr, so without an endpoint they cost next to nothing.
+pub const TRACE_TARGET: &str = "aip::trace";
+
 /// Installs the global tracing subscriber. `RUST_LOG` overrides
 /// `default_level`.
 pub fn init_tracing(format: LogFormat, default_level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    // Without an endpoint nothing can fail.
+    let _ = init_telemetry(format, default_level, None, "aip");
+}
+
+/// What must happen before the process exits: spans still queued for
+/// export are flushed.
+#[must_use = "call shutdown() before exiting, or queued spans are lost"]
+pub struct Telemetry {
+    provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+}
+
+impl Telemetry {
+    /// Flushes and stops the span exporter (if any).
+    pub fn shutdown(&self) {
+        if let Some(provider) = &self.provider
+            && let Err(e) = provider.shutdown()
+        {
+            tracing::warn!(error = %e, "spans could not be flushed");
+        }
+    }
+}
+
+/// Installs the global tracing subscriber: diagnostics on stderr
+/// (`RUST_LOG` overrides `default_level`), and with `otlp_endpoint` (a gRPC
+/// URL such as `http://collector:4317`) the `TRACE_TARGET` spans exported
+/// over OTLP as `service`. With an endpoint it must run inside a Tokio
+/// runtime (the exporter's gRPC client lives there).
+pub fn init_telemetry(
+    format: LogFormat,
+    default_level: &str,
+    otlp_endpoint: Option<&str>,
+    service: &str,
+) -> Result<Telemetry, String> {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+
+    let directives = std::env::var("RUST_LOG").unwrap_or_else(|_| default_level.to_owned());
+    let filter = tracing_subscriber::EnvFilter::new(format!("{directives},{TRACE_TARGET}=off"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(ansi)
         .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
+    let fmt = match format {
+        LogFormat::Text => fmt.boxed(),
+        LogFormat::Json => fmt.json().boxed(),
     }
+    .with_filter(filter);
+    let Some(endpoint) = otlp_endpoint else {
+        let _ = tracing_subscriber::registry().with(fmt).try_init();
+        return Ok(Telemetry { provider: None });
+    };
+    let provider = otlp_provider(endpoint, service)?;
+    let tracer = opentelemetry::trace::TracerProvider::tracer(&provider, "aip");
+    let spans = tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_filter(
+            tracing_subscriber::filter::Targets::new()
+                .with_target(TRACE_TARGET, tracing::Level::INFO),
+        );
+    let _ = tracing_subscriber::registry()
+        .with(fmt)
+        .with(spans)
+        .try_init();
+    Ok(Telemetry {
+        provider: Some(provider),
+    })
+}
+
+fn otlp_provider(
+    endpoint: &str,
+    service: &str,
+) -> Result<opentelemetry_sdk::trace::SdkTracerProvider, String> {
+    use opentelemetry_otlp::WithExportConfig;
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .with_endpoint(endpoint)
+        .build()
+        .map_err(|e| format!("OTLP endpoint {endpoint}: {e}"))?;
+    let resource = opentelemetry_sdk::Resource::builder()
+        .with_service_name(service.to_owned())
+        .build();
+    Ok(opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(resource)
+        .build())
 }
 
 /// Cancels `shutdown` on the first SIGTERM or SIGINT.

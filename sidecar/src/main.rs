@@ -28,6 +28,10 @@ struct Cli {
     /// Diagnostics format on stderr.
     #[arg(long, value_enum, default_value = "text", global = true)]
     log_format: aip_runtime::LogFormat,
+    /// Export trace spans over OTLP/gRPC to this collector
+    /// (e.g. http://127.0.0.1:4317); none are exported without it.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", global = true)]
+    otlp_endpoint: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -98,12 +102,13 @@ struct RunArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    aip_runtime::init_tracing(cli.log_format, "info");
-    // The gateway uses every core; the stdio wrap relays one client on one
-    // thread, which avoids a cross-thread wake-up per message.
     if let Command::Check { config } = &cli.command {
+        aip_runtime::init_tracing(cli.log_format, "info");
         return check(config);
     }
+    // The gateway uses every core; the stdio wrap relays one client on one
+    // thread, which avoids a cross-thread wake-up per message.
+    let is_stdio = matches!(cli.command, Command::Stdio(_));
     let runtime = match &cli.command {
         Command::Check { .. } => unreachable!("handled above"),
         Command::Run(_) => tokio::runtime::Builder::new_multi_thread()
@@ -121,12 +126,24 @@ fn main() -> ExitCode {
         }
     };
     let outcome = runtime.block_on(async {
-        match cli.command {
+        let endpoint = cli.otlp_endpoint.as_deref();
+        let telemetry =
+            aip_runtime::init_telemetry(cli.log_format, "info", endpoint, "aip-sidecar")
+                .map_err(anyhow::Error::msg)?;
+        let outcome = match cli.command {
             Command::Run(args) => run(args).await.map(|()| 0),
             Command::Stdio(args) => stdio(args).await,
             Command::Check { .. } => Ok(0),
-        }
+        };
+        // Flushing blocks on the exporter, whose client needs this runtime.
+        let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+        outcome
     });
+    if let (true, Ok(code)) = (is_stdio, &outcome) {
+        // stdin may still hold a blocking read: do not wait for it.
+        let _ = std::io::stderr().flush();
+        std::process::exit(*code);
+    }
     match outcome {
         Ok(0) => ExitCode::SUCCESS,
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
@@ -298,9 +315,7 @@ async fn stdio(args: StdioArgs) -> anyhow::Result<i32> {
     let (input, output) = aip_sidecar::wrap::agent_stdio();
     let code = wrap.run(&args.command, input, output).await?;
     shutdown.cancel();
-    // stdin may still hold a blocking read; do not wait for it.
-    let _ = std::io::stderr().flush();
-    std::process::exit(code);
+    Ok(code)
 }
 
 fn default_token_file() -> PathBuf {

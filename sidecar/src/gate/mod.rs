@@ -370,8 +370,19 @@ impl Gateway {
         Reply::Message(refused.response())
     }
 
-    /// Handles one strictly parsed message from the agent.
+    /// Handles one strictly parsed message from the agent, in a trace span
+    /// (exported only when OTLP is configured).
     pub async fn handle_message(&self, message: Message, caller: &Caller) -> Reply {
+        use tracing::Instrument;
+        let span = tracing::info_span!(target: aip_runtime::TRACE_TARGET, "mcp.message",
+            otel.kind = "server",
+            rpc.method = message.method().unwrap_or("(reply)"),
+            mcp.tool = tracing::field::Empty,
+            aip.decision = tracing::field::Empty);
+        self.handle_in_span(message, caller).instrument(span).await
+    }
+
+    async fn handle_in_span(&self, message: Message, caller: &Caller) -> Reply {
         let config = self.config();
         let evaluator = config.evaluator.clone();
         if let Kind::Response { .. } = message.kind {
@@ -455,6 +466,11 @@ impl Gateway {
             Some(_) => "other".to_owned(),
             None => String::new(),
         };
+        let span = tracing::Span::current();
+        span.record("aip.decision", verdict.audit_decision());
+        if !tool.is_empty() {
+            span.record("mcp.tool", tool.as_str());
+        }
         let labels = DecisionLabels {
             decision: verdict.audit_decision().to_owned(),
             tool,

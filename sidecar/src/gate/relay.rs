@@ -46,6 +46,33 @@ impl Gateway {
     pub(super) async fn call_upstream(
         &self,
         connection: &Arc<ConnectionState>,
+        request: Value,
+        caller: &Caller,
+        evaluator: &Evaluator,
+        cancel: &CancellationToken,
+    ) -> Option<Result<Exchange, Failure>> {
+        use tracing::Instrument;
+        let span = tracing::info_span!(target: aip_runtime::TRACE_TARGET, "mcp.upstream",
+            otel.kind = "client",
+            rpc.method = request["method"].as_str().unwrap_or_default(),
+            aip.connection = connection.connection().name.as_str(),
+            aip.outcome = tracing::field::Empty);
+        let outcome = self
+            .relay_call(connection, request, caller, evaluator, cancel)
+            .instrument(span.clone())
+            .await;
+        let described = match &outcome {
+            None => "cancelled",
+            Some(Ok(_)) => "ok",
+            Some(Err(failure)) => failure.class(),
+        };
+        span.record("aip.outcome", described);
+        outcome
+    }
+
+    async fn relay_call(
+        &self,
+        connection: &Arc<ConnectionState>,
         mut request: Value,
         caller: &Caller,
         evaluator: &Evaluator,

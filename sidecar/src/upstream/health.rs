@@ -191,8 +191,19 @@ impl ConnectionState {
             }
         }
         if health.state != before {
-            self.changed();
+            self.transitioned(&health);
         }
+    }
+
+    /// Logs a change of state (with its reason) and tells the gateway.
+    fn transitioned(&self, health: &Health) {
+        tracing::info!(
+            connection = %self.connection().name,
+            state = ?health.state,
+            reason = health.reason.as_deref().unwrap_or(""),
+            "connection state changed"
+        );
+        self.changed();
     }
 
     fn changed(&self) {
@@ -233,14 +244,16 @@ impl ConnectionState {
             ConnectionEffect::None => {}
             ConnectionEffect::NeedsCredentials => {
                 let mut health = lock(&self.health);
+                let before = health.state;
                 set_failed(
                     &self.state,
                     &mut health,
                     HealthState::NeedsCredentials,
                     failure,
                 );
-                drop(health);
-                self.changed();
+                if health.state != before {
+                    self.transitioned(&health);
+                }
             }
             ConnectionEffect::GateTool { scope } => {
                 let gate = Gate {
