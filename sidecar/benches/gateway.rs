@@ -31,6 +31,15 @@ const CONCURRENT_CLIENTS: usize = 32;
 const THROUGHPUT_WINDOW: Duration = Duration::from_secs(3);
 const STDIO_CALLS: usize = 2000;
 
+/// The sidecar measured: this workspace's, or `AIP_BENCH_SIDECAR` (to
+/// compare two builds in one run).
+fn sidecar_binary() -> PathBuf {
+    std::env::var_os("AIP_BENCH_SIDECAR").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_aip-sidecar")),
+        PathBuf::from,
+    )
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--null-stdio-server") {
         return null_stdio_server();
@@ -147,7 +156,7 @@ impl Gateway {
         std::fs::write(&config, format!(
             "apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {{name: bench}}\nspec:\n  allowed_tools: [up_read]\n  dlp:\n    patterns:\n      - {{name: Email, regex: '[a-z]+@[a-z]+\\.[a-z]{{2,}}'}}\n---\napiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {{name: up}}\nspec:\n  url: {upstream}\n  toolPrefix: up_\n"
         )).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_aip-sidecar"))
+        let mut child = Command::new(sidecar_binary())
             .args([
                 "run",
                 "--listen",
@@ -385,7 +394,7 @@ fn stdio_figures() -> Value {
     let me = std::env::current_exe().unwrap();
     let mut direct = Command::new(&me);
     direct.arg("--null-stdio-server");
-    let mut wrapped = Command::new(env!("CARGO_BIN_EXE_aip-sidecar"));
+    let mut wrapped = Command::new(sidecar_binary());
     wrapped
         .args(["stdio", "--policy"])
         .arg(&policy)

@@ -79,6 +79,7 @@ async fn route(admin: Arc<Admin>, req: Request<Incoming>) -> Result<Response<Bod
 }
 
 fn connections(gateway: &Gateway) -> Value {
+    let colliding = gateway.colliding_tools();
     let list: Vec<Value> = gateway
         .connections()
         .iter()
@@ -88,11 +89,18 @@ fn connections(gateway: &Gateway) -> Value {
                 .iter()
                 .filter_map(|t| t.get("name").cloned())
                 .collect();
+            let name = &c.connection().name;
+            let hidden: Vec<&String> = colliding
+                .iter()
+                .filter(|(connection, _)| connection == name)
+                .map(|(_, tool)| tool)
+                .collect();
             json!({
-                "name": c.connection().name,
+                "name": name,
                 "health": c.health(),
                 "tools": tools,
                 "gated_tools": c.gates(),
+                "colliding_tools": hidden,
             })
         })
         .collect();

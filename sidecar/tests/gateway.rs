@@ -493,3 +493,46 @@ async fn session_ended_by(reload: bool) {
     }
     assert_eq!(ping().await, 404, "the upstream ended it on DELETE");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_that_collide_after_normalization_are_hidden_refused_and_reported() {
+    let s = Stack::start(Setup {
+        faults: "  tools:
+    - {name: get_item, responses: [{sequence: [{return: lower}]}]}
+    - {name: GET_ITEM, responses: [{sequence: [{return: upper}]}]}
+    - {name: Ok, responses: [{sequence: [{return: fine}]}]}
+",
+        policy: "  allowed_tools: [up_get_item, up_ok]\n",
+        ..Setup::default()
+    })
+    .await;
+    let session = s.session().await;
+    let list = s.request(&session, json!(1), "tools/list").await;
+    let names: Vec<&Value> = list["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| &t["name"])
+        .collect();
+    assert_eq!(
+        names,
+        vec![&json!("up_Ok")],
+        "byte-identical, collisions hidden"
+    );
+    for tool in ["up_get_item", "up_GET_ITEM"] {
+        let r = s.call(&session, json!(2), tool, json!({})).await;
+        assert_eq!(r["error"]["code"], -32602, "{r}");
+    }
+    assert!(s.attempts().is_empty(), "nothing reached the upstream");
+    let fine = s.call(&session, json!(3), "up_Ok", json!({})).await;
+    assert_eq!(fine["result"]["content"][0]["text"], "fine");
+    let mut reported = s.gateway.colliding_tools();
+    reported.sort();
+    assert_eq!(
+        reported,
+        [
+            ("up".to_owned(), "up_GET_ITEM".to_owned()),
+            ("up".to_owned(), "up_get_item".to_owned())
+        ]
+    );
+}

@@ -662,11 +662,20 @@ impl Gateway {
                 });
             }
         }
-        let ambiguous = seen
+        let ambiguous: std::collections::HashSet<String> = seen
             .into_iter()
             .filter(|(_, n)| *n > 1)
             .map(|(k, _)| k)
             .collect();
+        for entry in &entries {
+            if ambiguous.contains(normalize_name(&entry.agent_name).as_ref()) {
+                tracing::warn!(
+                    connection = %entry.connection.connection().name,
+                    tool = %entry.agent_name,
+                    "tool hidden: its name collides with another after normalization"
+                );
+            }
+        }
         let by_name = entries
             .iter()
             .enumerate()
@@ -680,6 +689,22 @@ impl Gateway {
         });
         *cache = Some(built.clone());
         built
+    }
+
+    /// Tools hidden (and refused) because their agent-facing names collide
+    /// after normalization: (connection, agent-facing name).
+    pub fn colliding_tools(&self) -> Vec<(String, String)> {
+        let catalog = self.catalog();
+        catalog
+            .entries
+            .iter()
+            .filter(|e| {
+                catalog
+                    .ambiguous
+                    .contains(normalize_name(&e.agent_name).as_ref())
+            })
+            .map(|e| (e.connection.connection().name.clone(), e.agent_name.clone()))
+            .collect()
     }
 
     /// Finds the one tool whose agent-facing name is exactly `name`.
