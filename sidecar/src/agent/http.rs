@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http_body_util::combinators::BoxBody;
+use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Frame, Incoming};
 use hyper::header::HeaderValue;
@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::{AbortOnDropHandle, TaskTracker};
+use tokio_util::task::TaskTracker;
 
 use crate::gate::{AGENT_VERSIONS, Caller, Gateway, Reply};
 
@@ -38,7 +38,7 @@ const MAX_BODY: usize = 4 * 1024 * 1024;
 /// notifications are dropped and relayed requests refused).
 const MAX_QUEUED_EVENTS: usize = 256;
 
-type Body = BoxBody<Bytes, Infallible>;
+type Body = UnsyncBoxBody<Bytes, Infallible>;
 
 struct State {
     gateway: Arc<Gateway>,
@@ -232,11 +232,12 @@ fn delete(state: &State, req: &Request<Incoming>) -> Response<Body> {
     }
 }
 
-/// Handles a request of a client that accepts SSE in its own task, so
-/// that messages about it (progress, logging, a server's requests) reach
-/// the agent while it runs. The answer is plain JSON when nothing came
-/// before it; otherwise it is an SSE stream of those messages and then the
-/// response. The task ends if the agent hangs up.
+/// Handles a request of a client that accepts SSE so that messages about
+/// it (progress, logging, a server's requests) reach the agent while it
+/// runs. The answer is plain JSON when nothing came before it; otherwise it
+/// is an SSE stream of those messages and then the response, and the
+/// handling goes on inside the response body (dropped, with whatever it was
+/// doing, if the agent hangs up).
 async fn answer_live(
     state: &Arc<State>,
     message: crate::jsonrpc::Message,
@@ -249,19 +250,15 @@ async fn answer_live(
         events: Some(events),
     };
     let gateway = state.gateway.clone();
-    let mut handling = AbortOnDropHandle::new(tokio::spawn(async move {
-        gateway.handle_message(message, &caller).await
-    }));
+    let mut handling: Handling =
+        Box::pin(async move { gateway.handle_message(message, &caller).await });
     let first = tokio::select! {
         biased;
-        outcome = &mut handling => {
-            let outcome = outcome.unwrap_or(Reply::Nothing);
-            return reply(outcome, sse);
-        }
+        outcome = &mut handling => return reply(outcome, sse),
         first = heard.recv() => match first {
             Some(first) => first,
-            // The task ended between the two polls, having said nothing.
-            None => return reply(handling.await.unwrap_or(Reply::Nothing), sse),
+            // Nothing more can come; the response is still to come.
+            None => return reply(handling.await, sse),
         },
     };
     let mut live = Live {
@@ -270,7 +267,7 @@ async fn answer_live(
         handling: Some(handling),
     };
     live.queued.push_back(event(&first));
-    let mut r = Response::new(live.boxed());
+    let mut r = Response::new(live.boxed_unsync());
     r.headers_mut().insert(
         "content-type",
         HeaderValue::from_static("text/event-stream"),
@@ -278,12 +275,15 @@ async fn answer_live(
     r
 }
 
+/// A request being handled, movable into a response body.
+type Handling = Pin<Box<dyn Future<Output = Reply> + Send>>;
+
 /// The SSE body of a request answered live: each message about it as it
 /// comes, then its response (none if the agent cancelled it).
 struct Live {
     queued: VecDeque<Bytes>,
     heard: mpsc::Receiver<Value>,
-    handling: Option<AbortOnDropHandle<Reply>>,
+    handling: Option<Handling>,
 }
 
 impl hyper::body::Body for Live {
@@ -306,13 +306,13 @@ impl hyper::body::Body for Live {
                 this.queued.push_back(event(&message));
                 continue;
             }
-            let Poll::Ready(outcome) = Pin::new(handling).poll(cx) else {
+            let Poll::Ready(outcome) = handling.as_mut().poll(cx) else {
                 return Poll::Pending;
             };
             while let Ok(message) = this.heard.try_recv() {
                 this.queued.push_back(event(&message));
             }
-            if let Ok(Reply::Message(response)) = outcome {
+            if let Reply::Message(response) = outcome {
                 this.queued.push_back(event(&response));
             }
             this.handling = None;
@@ -369,7 +369,7 @@ fn listen(state: &Arc<State>, req: &Request<Incoming>) -> Response<Body> {
             session.streaming = false;
         }
     });
-    let mut r = Response::new(Channel(rx).boxed());
+    let mut r = Response::new(Channel(rx).boxed_unsync());
     r.headers_mut().insert(
         "content-type",
         HeaderValue::from_static("text/event-stream"),
@@ -442,7 +442,7 @@ fn rpc(status: StatusCode, message: &Value, sse: bool) -> Response<Body> {
     } else {
         (message.to_string(), "application/json")
     };
-    let mut r = Response::new(Full::new(Bytes::from(body)).boxed());
+    let mut r = Response::new(Full::new(Bytes::from(body)).boxed_unsync());
     *r.status_mut() = status;
     r.headers_mut()
         .insert("content-type", HeaderValue::from_static(content_type));
@@ -450,7 +450,7 @@ fn rpc(status: StatusCode, message: &Value, sse: bool) -> Response<Body> {
 }
 
 fn text(status: StatusCode, body: &'static str) -> Response<Body> {
-    let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())).boxed());
+    let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())).boxed_unsync());
     *r.status_mut() = status;
     r.headers_mut().insert(
         "content-type",
@@ -460,7 +460,7 @@ fn text(status: StatusCode, body: &'static str) -> Response<Body> {
 }
 
 fn empty(status: StatusCode) -> Response<Body> {
-    let mut r = Response::new(Full::new(Bytes::new()).boxed());
+    let mut r = Response::new(Full::new(Bytes::new()).boxed_unsync());
     *r.status_mut() = status;
     r
 }
