@@ -44,6 +44,9 @@ fn main() {
     if std::env::args().any(|a| a == "--null-stdio-server") {
         return null_stdio_server();
     }
+    if std::env::args().any(|a| a == "--relay") {
+        return line_relay();
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -384,8 +387,42 @@ fn null_stdio_server() {
     }
 }
 
+/// The floor for any stdio proxy on this machine: a process that copies
+/// lines between its stdio and the null server's and does nothing else (a
+/// thread per direction, blocking reads, a flush per line).
+fn line_relay() {
+    let me = std::env::current_exe().unwrap();
+    let mut server = Command::new(me)
+        .arg("--null-stdio-server")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut to_server = server.stdin.take().unwrap();
+    let from_server = BufReader::new(server.stdout.take().unwrap());
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { return };
+            if writeln!(to_server, "{line}")
+                .and(to_server.flush())
+                .is_err()
+            {
+                return;
+            }
+        }
+    });
+    let mut out = std::io::stdout().lock();
+    for line in from_server.lines() {
+        let Ok(line) = line else { return };
+        if writeln!(out, "{line}").and(out.flush()).is_err() {
+            return;
+        }
+    }
+}
+
 /// Per-call round trip and pipelined throughput over stdio, directly to the
-/// null server and through `aip-sidecar stdio`.
+/// null server, through a do-nothing line relay, and through
+/// `aip-sidecar stdio`.
 fn stdio_figures() -> Value {
     let dir = std::env::temp_dir().join(format!("aip-bench-stdio-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -401,19 +438,25 @@ fn stdio_figures() -> Value {
         .args(["--audit", "/dev/null", "--"])
         .arg(&me)
         .arg("--null-stdio-server");
-    // This machine is noisy: alternate the two, three rounds, keep medians.
-    let mut runs = (Vec::new(), Vec::new());
+    let mut relay = Command::new(&me);
+    relay.arg("--relay");
+    // This machine is noisy: alternate the three, three rounds, keep medians.
+    let mut runs = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..3 {
         runs.0.push(stdio_run(&mut direct));
         runs.1.push(stdio_run(&mut wrapped));
+        runs.2.push(stdio_run(&mut relay));
     }
     let (d50, d99, dtput) = median_run(runs.0);
     let (w50, w99, wtput) = median_run(runs.1);
+    let (r50, _, rtput) = median_run(runs.2);
     let _ = std::fs::remove_dir_all(&dir);
+    let tenth = |x: f64| (x * 10.0).round() / 10.0;
     json!({
         "direct_p50_us": d50, "direct_p99_us": d99, "wrapped_p50_us": w50, "wrapped_p99_us": w99,
-        "added_p50_us": ((w50 - d50) * 10.0).round() / 10.0,
+        "added_p50_us": tenth(w50 - d50),
         "direct_calls_per_s": dtput, "wrapped_calls_per_s": wtput,
+        "relay_added_p50_us": tenth(r50 - d50), "relay_calls_per_s": rtput,
     })
 }
 

@@ -20,12 +20,15 @@ impl Audit {
     }
 
     pub fn record(&self, line: &impl Serialize) {
-        let Ok(text) = serde_json::to_string(line) else {
+        let mut text = Vec::with_capacity(256);
+        if serde_json::to_writer(&mut text, line).is_err() {
             return;
-        };
+        }
+        text.push(b'\n');
         let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
-        // Losing an audit line must not take the data plane down.
-        let _ = writeln!(out, "{text}").and_then(|()| out.flush());
+        // One write per line (never torn across writes); losing an audit
+        // line must not take the data plane down.
+        let _ = out.write_all(&text).and_then(|()| out.flush());
     }
 
     /// A failed upstream call: what the reference's Records section asks for.

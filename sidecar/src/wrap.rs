@@ -46,7 +46,9 @@ enum Forwarded {
     Other,
 }
 
-type Pending = Arc<Mutex<HashMap<String, Forwarded>>>;
+/// Requests forwarded and not answered yet, by id (JSON text); a pipelining
+/// client can have many, so the hasher is a fast one (seeded per process).
+type Pending = Arc<Mutex<HashMap<String, Forwarded, foldhash::fast::RandomState>>>;
 /// Asks waiting for a decision, by the call's id (JSON text).
 type Asks = Arc<Mutex<HashMap<String, CancellationToken>>>;
 
@@ -127,7 +129,7 @@ impl Wrap {
                         &refused.refusal.to_string(),
                         refused.id.as_ref(),
                     ));
-                    let _ = to_agent.send(refused.response().to_string());
+                    let _ = to_agent.send(text(&refused.response()));
                     continue;
                 }
             };
@@ -138,7 +140,7 @@ impl Wrap {
                 if let Some(r) = evaluator.redactor() {
                     r.redact_strings(&mut value, &mut Vec::new());
                 }
-                let _ = to_server.send(value.to_string());
+                let _ = to_server.send(text(&value));
                 continue;
             }
             let Ok(request) = Request::from_value(&message.value) else {
@@ -147,10 +149,6 @@ impl Wrap {
             let verdict = evaluator.evaluate(&request);
             if verdict.decision == Decision::Allow && withdraws(&message, &asks) {
                 continue; // it cancelled an ask the server never saw
-            }
-            let mut value = message.value.clone();
-            if message.method() == Some("initialize") {
-                self.strip_capabilities(&mut value);
             }
             if let Some(id) = message.id() {
                 let forwarded = match message.method() {
@@ -167,17 +165,33 @@ impl Wrap {
                     ),
                     _ => Forwarded::Other,
                 };
-                lock(&pending).insert(id.to_string(), forwarded);
+                lock(&pending).insert(text(&id), forwarded);
             }
-            if verdict.decision == Decision::Ask {
+            if verdict.decision != Decision::Ask {
+                self.audit.record(&AuditRecord::for_request(
+                    &evaluator,
+                    &request,
+                    &verdict,
+                    SystemTime::now(),
+                ));
+                let is_initialize = message.method() == Some("initialize");
+                let mut value = message.value;
+                if is_initialize {
+                    self.strip_capabilities(&mut value);
+                }
+                self.deliver(&verdict, value, &to_agent, &to_server, &pending);
+                continue;
+            }
+            {
                 // Asks wait in their own task: nothing else is held up.
+                let value = message.value.clone();
                 let (this, to_agent, to_server, pending) = (
                     self.clone(),
                     to_agent.clone(),
                     to_server.clone(),
                     pending.clone(),
                 );
-                let key = message.id().map(Value::to_string).unwrap_or_default();
+                let key = message.id().map(text).unwrap_or_default();
                 let withdrawn = CancellationToken::new();
                 lock(&asks).insert(key.clone(), withdrawn.clone());
                 let asks = asks.clone();
@@ -210,15 +224,7 @@ impl Wrap {
                     ));
                     this.deliver(&verdict, value, &to_agent, &to_server, &pending);
                 });
-                continue;
             }
-            self.audit.record(&AuditRecord::for_request(
-                &evaluator,
-                &request,
-                &verdict,
-                SystemTime::now(),
-            ));
-            self.deliver(&verdict, value, &to_agent, &to_server, &pending);
         }
     }
 
@@ -231,14 +237,14 @@ impl Wrap {
         pending: &Pending,
     ) {
         if verdict.decision == Decision::Allow {
-            let _ = to_server.send(value.to_string());
+            let _ = to_server.send(text(&value));
             return;
         }
         if let Some(id) = value.get("id") {
-            lock(pending).remove(&id.to_string());
+            lock(pending).remove(&text(&id));
         }
         if let Some(response) = verdict.response() {
-            let _ = to_agent.send(response.to_string());
+            let _ = to_agent.send(text(&response));
         }
     }
 
@@ -281,7 +287,7 @@ impl Wrap {
             };
             if let Some(refusal) = self.refusal(&value) {
                 if let Some(to_server) = to_server.upgrade() {
-                    let _ = to_server.send(refusal.to_string());
+                    let _ = to_server.send(text(&refusal));
                 }
                 continue;
             }
@@ -290,7 +296,7 @@ impl Wrap {
             let forwarded = value
                 .get("id")
                 .filter(|_| is_response)
-                .and_then(|id| lock(&pending).remove(&id.to_string()));
+                .and_then(|id| lock(&pending).remove(&text(&id)));
             match forwarded {
                 Some(Forwarded::ToolsList) => filter_tools(&mut value, &evaluator),
                 Some(Forwarded::ToolsCall(_)) | Some(Forwarded::Other) | None => {}
@@ -316,7 +322,7 @@ impl Wrap {
                     self.audit.record(&line);
                 }
             }
-            let _ = to_agent.send(value.to_string());
+            let _ = to_agent.send(text(&value));
         }
     }
 }
@@ -355,7 +361,7 @@ fn withdraws(message: &jsonrpc::Message, asks: &Asks) -> bool {
     let Some(id) = message.params().and_then(|p| p.get("requestId")) else {
         return false;
     };
-    match lock(asks).remove(&id.to_string()) {
+    match lock(asks).remove(&text(&id)) {
         Some(ask) => {
             ask.cancel();
             true
@@ -385,7 +391,7 @@ async fn waiting_progress(
     match token {
         Some(token) => {
             crate::gate::progress_every(token, interval, |note| {
-                let _ = to_agent.send(note.to_string());
+                let _ = to_agent.send(text(&note));
             })
             .await
         }
@@ -489,6 +495,12 @@ pub fn agent_stdio() -> (
             |w| Box::new(w),
         );
     (input, output)
+}
+
+/// A message (or id) as one JSON line's text: serde's writer straight
+/// into the buffer, without the `Display` adapter's overhead.
+fn text(value: &Value) -> String {
+    serde_json::to_string(value).unwrap_or_default()
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
