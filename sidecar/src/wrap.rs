@@ -165,7 +165,7 @@ impl Wrap {
                     ),
                     _ => Forwarded::Other,
                 };
-                lock(&pending).insert(text(&id), forwarded);
+                lock(&pending).insert(text(id), forwarded);
             }
             if verdict.decision != Decision::Ask {
                 self.audit.record(&AuditRecord::for_request(
@@ -241,7 +241,7 @@ impl Wrap {
             return;
         }
         if let Some(id) = value.get("id") {
-            lock(pending).remove(&text(&id));
+            lock(pending).remove(&text(id));
         }
         if let Some(response) = verdict.response() {
             let _ = to_agent.send(text(&response));
@@ -296,7 +296,7 @@ impl Wrap {
             let forwarded = value
                 .get("id")
                 .filter(|_| is_response)
-                .and_then(|id| lock(&pending).remove(&text(&id)));
+                .and_then(|id| lock(&pending).remove(&text(id)));
             match forwarded {
                 Some(Forwarded::ToolsList) => filter_tools(&mut value, &evaluator),
                 Some(Forwarded::ToolsCall(_)) | Some(Forwarded::Other) | None => {}
@@ -361,7 +361,7 @@ fn withdraws(message: &jsonrpc::Message, asks: &Asks) -> bool {
     let Some(id) = message.params().and_then(|p| p.get("requestId")) else {
         return false;
     };
-    match lock(asks).remove(&text(&id)) {
+    match lock(asks).remove(&text(id)) {
         Some(ask) => {
             ask.cancel();
             true
