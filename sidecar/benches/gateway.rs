@@ -75,6 +75,13 @@ async fn run() -> Value {
     let direct_tput = throughput(&direct_url, "read").await;
     let via_tput = throughput(&gateway_url, "up_read").await;
     let peak_rss = gateway.peak_rss_kib();
+    // Resident memory after the load, split: the process's own (anonymous)
+    // and file-backed pages (the binary's code and the shared libraries,
+    // which the kernel maps around each touched page).
+    let (anon, file) = (
+        gateway.status_kib("RssAnon:"),
+        gateway.status_kib("RssFile:"),
+    );
     drop(gateway);
 
     let stdio = stdio_figures();
@@ -86,7 +93,8 @@ async fn run() -> Value {
             "direct_calls_per_s": direct_tput, "gateway_calls_per_s": via_tput,
         },
         "stdio": stdio,
-        "rss": {"idle_kib": idle_rss, "peak_under_load_kib": peak_rss},
+        "rss": {"idle_kib": idle_rss, "peak_under_load_kib": peak_rss,
+                "after_load_anon_kib": anon, "after_load_file_kib": file},
     })
 }
 
@@ -413,11 +421,13 @@ fn line_relay() {
     });
     let mut out = std::io::stdout().lock();
     for line in from_server.lines() {
-        let Ok(line) = line else { return };
+        let Ok(line) = line else { break };
         if writeln!(out, "{line}").and(out.flush()).is_err() {
-            return;
+            break;
         }
     }
+    let _ = server.kill();
+    let _ = server.wait();
 }
 
 /// Per-call round trip and pipelined throughput over stdio, directly to the
