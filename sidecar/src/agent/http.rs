@@ -195,7 +195,13 @@ async fn post(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
             Some(s) => s,
         }
     };
-    if !is_initialize && accepts && message.id().is_some() {
+    // Only requests that reach an upstream (or wait for a person) can have
+    // anything to say before their response.
+    let may_stream = matches!(
+        message.method(),
+        Some("tools/call" | "prompts/get" | "resources/read")
+    );
+    if may_stream && accepts && message.id().is_some() {
         return answer_live(state, message, session, sse).await;
     }
     let caller = Caller::new(session.clone());
