@@ -68,6 +68,13 @@ async fn route(server: &Arc<Server>, req: Request<Incoming>) -> Result<Response<
         ["api", "v1"] => return Ok(json_ok(&server.resources("", "v1")?)),
         ["apis", group] => return Ok(json_ok(&server.group(group)?)),
         ["apis", group, version] => return Ok(json_ok(&server.resources(group, version)?)),
+        ["openapi", "v3"] => return Ok(json_ok(&crate::openapi::root(&server.kinds()))),
+        ["openapi", "v3", rest @ ..] => {
+            let prefix = format!("/{}", rest.join("/"));
+            return crate::openapi::for_prefix(&server.kinds(), &prefix)
+                .map(|d| json_ok(&d))
+                .ok_or_else(|| ApiError::not_found("", "openapi", &prefix));
+        }
         _ => {}
     }
     let target = target(server, &segments)?;

@@ -12,6 +12,7 @@
 pub mod auth;
 pub mod http;
 pub mod kinds;
+pub mod openapi;
 pub mod patch;
 pub mod select;
 pub mod server;

@@ -57,6 +57,11 @@ impl Server {
             .cloned()
     }
 
+    /// Every kind served now.
+    pub fn kinds(&self) -> Vec<Kind> {
+        read(&self.kinds).clone()
+    }
+
     pub fn version(&self) -> Value {
         json!({
             "major": "1", "minor": MINOR,

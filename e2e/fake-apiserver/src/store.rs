@@ -287,10 +287,7 @@ impl Store {
     /// The changes after `from` for a watch, and a receiver for what comes
     /// next, taken together so that nothing falls between them. Gone when
     /// `from` is older than the history kept.
-    pub fn watch(
-        &self,
-        from: u64,
-    ) -> Result<(Vec<Arc<Event>>, Changes), ApiError> {
+    pub fn watch(&self, from: u64) -> Result<(Vec<Arc<Event>>, Changes), ApiError> {
         let inner = lock(&self.inner);
         if from < inner.oldest {
             return Err(ApiError::gone(format!(
