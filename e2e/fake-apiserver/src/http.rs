@@ -127,7 +127,26 @@ fn serve(
             ));
         }
     };
-    let _ = user;
+    let verb = match (&method, t.name.is_some()) {
+        (&Method::GET, false) if flag(query, "watch") => "watch",
+        (&Method::GET, false) => "list",
+        (&Method::GET, true) => "get",
+        (&Method::POST, _) => "create",
+        (&Method::PUT, _) => "update",
+        (&Method::PATCH, _) => "patch",
+        (&Method::DELETE, true) => "delete",
+        (&Method::DELETE, false) => "deletecollection",
+        _ => "unknown",
+    };
+    let attributes = crate::rbac::Attributes {
+        verb,
+        group: &kind.group,
+        resource: &kind.plural,
+        subresource: t.subresource.as_deref(),
+        namespace: t.namespace.as_deref().filter(|_| kind.namespaced),
+        name: t.name.as_deref(),
+    };
+    crate::rbac::authorize(store, user, &attributes)?;
     match (&method, t.name.as_deref()) {
         (&Method::GET, None) if flag(query, "watch") => watch(server, t, query),
         (&Method::GET, None) => list(server, t, query),

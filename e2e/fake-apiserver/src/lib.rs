@@ -14,6 +14,7 @@ pub mod http;
 pub mod kinds;
 pub mod openapi;
 pub mod patch;
+pub mod rbac;
 pub mod select;
 pub mod server;
 pub mod status;

@@ -190,3 +190,60 @@ async fn a_token_nobody_issued_is_refused() {
         "{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rbac_allows_what_roles_grant_and_forbids_the_rest() {
+    let tokens = aip_fake_apiserver::Tokens::parse("alice-token,alice,1001,\"team-a\"\n").unwrap();
+    let running = aip_fake_apiserver::start(Options {
+        tokens,
+        ..Options::default()
+    })
+    .await
+    .unwrap();
+    let admin = Kubectl::new(&running, ADMIN_TOKEN, "rbac-admin");
+    let alice = Kubectl::new(&running, "alice-token", "rbac-alice");
+    let grants = admin.file(
+        "rbac.yaml",
+        "apiVersion: v1
+kind: Namespace
+metadata: {name: team-a}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: settings, namespace: team-a}
+data: {mode: enabled}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: read-config, namespace: team-a}
+rules:
+  - {apiGroups: [\"\"], resources: [configmaps], verbs: [get, list, watch]}
+  - {apiGroups: [\"\"], resources: [secrets], verbs: [get], resourceNames: [allowed]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: team-a-reads, namespace: team-a}
+subjects: [{kind: Group, name: team-a, apiGroup: rbac.authorization.k8s.io}]
+roleRef: {kind: Role, name: read-config, apiGroup: rbac.authorization.k8s.io}
+",
+    );
+    tokio::task::spawn_blocking(move || {
+        admin.ok(&["apply", "-f", &grants]);
+        assert_eq!(alice.ok(&["get", "cm", "settings", "-n", "team-a", "-o", "jsonpath={.data.mode}"]), "enabled");
+        let (ok, text) = alice.run(&["delete", "cm", "settings", "-n", "team-a"]);
+        assert!(!ok);
+        assert!(text.contains(r#"Error from server (Forbidden): configmaps "settings" is forbidden: User "alice" cannot delete resource "configmaps" in API group "" in the namespace "team-a""#), "{text}");
+        let (ok, text) = alice.run(&["get", "cm", "-n", "default"]);
+        assert!(!ok && text.contains(r#"User "alice" cannot list resource "configmaps" in API group "" in the namespace "default""#), "{text}");
+        let (ok, text) = alice.run(&["get", "cm", "-A"]);
+        assert!(!ok && text.contains("at the cluster scope"), "{text}");
+        let (ok, text) = alice.run(&["get", "secret", "other", "-n", "team-a"]);
+        assert!(!ok && text.contains("Forbidden"), "resourceNames limit the grant: {text}");
+        let (_, text) = alice.run(&["get", "secret", "allowed", "-n", "team-a"]);
+        assert!(text.contains("NotFound"), "the named secret may be read (it just does not exist): {text}");
+        let _ = std::fs::remove_dir_all(&admin.dir);
+        let _ = std::fs::remove_dir_all(&alice.dir);
+    })
+    .await
+    .unwrap();
+}
