@@ -385,6 +385,7 @@ fn watch(
         }
     };
     let shutdown: CancellationToken = server.shutdown.clone();
+    let mut expiries = server.expiries();
     tokio::spawn(async move {
         let send = |line: Bytes| tx.try_send(line).is_ok();
         for object in initial.into_iter().filter(|o| matches(o)) {
@@ -439,6 +440,11 @@ fn watch(
                     let mark = json!({"kind": kind.kind, "apiVersion": kind.api_version(),
                         "metadata": {"resourceVersion": last_rv.to_string()}});
                     if tx.send(watch_line("BOOKMARK", &mark)).await.is_err() { return; }
+                }
+                _ = expiries.changed() => {
+                    let gone = ApiError::gone(format!("too old resource version: {last_rv}"));
+                    let _ = tx.send(watch_line("ERROR", &gone.status())).await;
+                    return;
                 }
                 () = &mut deadline => return,
                 () = shutdown.cancelled() => return,

@@ -20,6 +20,8 @@ pub struct Server {
     kinds: RwLock<Vec<Kind>>,
     tokens: Tokens,
     pub shutdown: CancellationToken,
+    /// Bumped to expire every open watch (410, as after etcd compaction).
+    expiries: tokio::sync::watch::Sender<u64>,
 }
 
 fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -33,6 +35,7 @@ impl Server {
             kinds: RwLock::new(kinds::builtins()),
             tokens,
             shutdown,
+            expiries: tokio::sync::watch::Sender::new(0),
         });
         let namespace = server
             .kind("", "v1", "namespaces")
@@ -42,6 +45,19 @@ impl Server {
             let _ = server.store.create(&namespace, "", object);
         }
         server
+    }
+
+    /// Ends every open watch with a 410 ERROR event and forgets the change
+    /// history, so clients must list again (what a real server does when
+    /// the resourceVersion they watch from is compacted away).
+    pub fn expire_watches(&self) {
+        self.store.compact();
+        self.expiries.send_modify(|n| *n += 1);
+    }
+
+    /// Changes when watches are expired.
+    pub fn expiries(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.expiries.subscribe()
     }
 
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<User, ApiError> {
