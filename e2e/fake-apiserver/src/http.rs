@@ -39,6 +39,8 @@ struct Target {
     namespace: Option<String>,
     name: Option<String>,
     subresource: Option<String>,
+    /// Reads answered as a Table, and what its rows carry.
+    table: Option<crate::table::Include>,
 }
 
 pub async fn handle(
@@ -77,7 +79,10 @@ async fn route(server: &Arc<Server>, req: Request<Incoming>) -> Result<Response<
         }
         _ => {}
     }
-    let target = target(server, &segments)?;
+    let mut target = target(server, &segments)?;
+    let accept = req.headers().get("accept").and_then(|v| v.to_str().ok());
+    target.table = crate::table::wanted(accept)
+        .then(|| crate::table::Include::parse(query.get("includeObject").map(String::as_str)));
     let method = req.method().clone();
     let content_type = req
         .headers()
@@ -150,10 +155,22 @@ fn serve(
     match (&method, t.name.as_deref()) {
         (&Method::GET, None) if flag(query, "watch") => watch(server, t, query),
         (&Method::GET, None) => list(server, t, query),
-        (&Method::GET, Some(name)) => store
-            .get(&kind.resource(), ns, name)
-            .map(|o| json_ok(&as_version(o, kind)))
-            .ok_or_else(|| ApiError::not_found(&kind.group, &kind.plural, name)),
+        (&Method::GET, Some(name)) => {
+            let object = store
+                .get(&kind.resource(), ns, name)
+                .ok_or_else(|| ApiError::not_found(&kind.group, &kind.plural, name))?;
+            let object = as_version(object, kind);
+            Ok(json_ok(&match t.table {
+                Some(include) => {
+                    let rv = object["metadata"]["resourceVersion"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned();
+                    crate::table::table(kind, &[object], include, &rv)
+                }
+                None => object,
+            }))
+        }
         (&Method::POST, None) if kind.review => {
             Err(ApiError::method_not_allowed("reviews are not served yet"))
         }
@@ -327,6 +344,15 @@ fn list(
         metadata["continue"] = json!(format!("{at_rv}:{}", offset + limit));
         metadata["remainingItemCount"] = json!(rest);
     }
+    if let Some(include) = t.table {
+        let rv = metadata["resourceVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let mut table = crate::table::table(kind, &items, include, &rv);
+        table["metadata"] = metadata;
+        return Ok(json_ok(&table));
+    }
     Ok(json_ok(&json!({
         "kind": format!("{}List", kind.kind),
         "apiVersion": kind.api_version(),
@@ -346,6 +372,20 @@ fn watch(
 ) -> Result<Response<Body>, ApiError> {
     let kind = t.kind.clone();
     let namespace = t.namespace.clone();
+    let as_table = t.table;
+    let render = move |object: Value, kind: &Kind| -> Value {
+        let object = as_version(object, kind);
+        match as_table {
+            Some(include) => {
+                let rv = object["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                crate::table::table(kind, &[object], include, &rv)
+            }
+            None => object,
+        }
+    };
     let labels = LabelSelector::parse(query.get("labelSelector").map_or("", String::as_str))?;
     let fields = FieldSelector::parse(query.get("fieldSelector").map_or("", String::as_str))?;
     let bookmarks = flag(query, "allowWatchBookmarks");
@@ -389,7 +429,7 @@ fn watch(
     tokio::spawn(async move {
         let send = |line: Bytes| tx.try_send(line).is_ok();
         for object in initial.into_iter().filter(|o| matches(o)) {
-            if !send(watch_line("ADDED", &as_version(object, &kind))) {
+            if !send(watch_line("ADDED", &render(object, &kind))) {
                 return;
             }
         }
@@ -407,7 +447,7 @@ fn watch(
                 (EventType::Modified, false, true) => "DELETED",
                 _ => return None,
             };
-            Some(watch_line(kind_name, &as_version(e.object.clone(), &kind)))
+            Some(watch_line(kind_name, &render(e.object.clone(), &kind)))
         };
         for e in backlog {
             last_rv = e.rv;
@@ -513,6 +553,7 @@ fn target(server: &Server, segments: &[&str]) -> Result<Target, ApiError> {
         namespace,
         name: rest.first().map(|s| (*s).to_owned()),
         subresource: rest.get(1).map(|s| (*s).to_owned()),
+        table: None,
     })
 }
 

@@ -19,6 +19,7 @@ pub mod select;
 pub mod server;
 pub mod status;
 pub mod store;
+pub mod table;
 pub mod tls;
 
 use std::net::SocketAddr;

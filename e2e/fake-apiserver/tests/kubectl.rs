@@ -23,6 +23,10 @@ spec:
       served: true
       storage: true
       subresources: {status: {}}
+      additionalPrinterColumns:
+        - {name: Size, type: integer, jsonPath: .spec.size}
+        - {name: Ready, type: string, jsonPath: '.status.conditions[?(@.type==\"Ready\")].status'}
+        - {name: Age, type: date, jsonPath: .metadata.creationTimestamp}
       schema:
         openAPIV3Schema:
           type: object
@@ -116,7 +120,16 @@ async fn kubectl_drives_crds_and_custom_resources() {
             k.ok(&["get", "widget", "w1", "-o", "jsonpath={.spec.size}"]),
             "5"
         );
-        assert!(k.ok(&["get", "widgets"]).contains("w1"));
+        let table = k.ok(&["get", "widgets"]);
+        let mut lines = table
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>());
+        assert_eq!(
+            lines.next().unwrap(),
+            ["NAME", "SIZE", "READY", "AGE"],
+            "{table}"
+        );
+        assert_eq!(lines.next().unwrap()[..2], ["w1", "5"], "{table}");
 
         // A watch sees the status change that `wait` waits for.
         let mut watch = k
