@@ -98,10 +98,10 @@ async fn route(server: &Arc<Server>, req: Request<Incoming>) -> Result<Response<
             )));
         }
     };
-    serve(server, &user, &target, method, &query, &content_type, &body)
+    serve(server, &user, &target, method, &query, &content_type, &body).await
 }
 
-fn serve(
+async fn serve(
     server: &Arc<Server>,
     user: &User,
     t: &Target,
@@ -152,6 +152,16 @@ fn serve(
         name: t.name.as_deref(),
     };
     crate::rbac::authorize(store, user, &attributes)?;
+    let review = |operation, name, object, old_object| crate::admission::Review {
+        kind,
+        subresource: t.subresource.as_deref(),
+        namespace: t.namespace.as_deref().filter(|_| kind.namespaced),
+        name,
+        operation,
+        user,
+        object,
+        old_object,
+    };
     match (&method, t.name.as_deref()) {
         (&Method::GET, None) if flag(query, "watch") => watch(server, t, query),
         (&Method::GET, None) => list(server, t, query),
@@ -180,6 +190,15 @@ fn serve(
             if kind.namespaced {
                 require_namespace(server, ns)?;
             }
+            let name = object
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
+            let object =
+                crate::admission::admit(store, &review("CREATE", &name, Some(&object), None))
+                    .await?
+                    .unwrap_or(object);
             let created = store.create(kind, ns, object)?;
             server.after_write(kind, &created);
             Ok(json_response(StatusCode::CREATED, &created))
@@ -187,6 +206,13 @@ fn serve(
         (&Method::PUT, Some(name)) => {
             let object = parse_object(body, content_type)?;
             check_identity(&object, kind)?;
+            let old = store.get(&kind.resource(), ns, name);
+            let object = crate::admission::admit(
+                store,
+                &review("UPDATE", name, Some(&object), old.as_ref()),
+            )
+            .await?
+            .unwrap_or(object);
             let updated = store.update(kind, ns, name, object, part)?;
             server.after_write(kind, &updated);
             Ok(json_ok(&updated))
@@ -203,6 +229,12 @@ fn serve(
                     if kind.namespaced {
                         require_namespace(server, ns)?;
                     }
+                    let object = crate::admission::admit(
+                        store,
+                        &review("CREATE", name, Some(&object), None),
+                    )
+                    .await?
+                    .unwrap_or(object);
                     let created = store.create(kind, ns, object)?;
                     server.after_write(kind, &created);
                     return Ok(json_response(StatusCode::CREATED, &created));
@@ -215,11 +247,19 @@ fn serve(
                 patched["metadata"]["resourceVersion"] =
                     stored["metadata"]["resourceVersion"].clone();
             }
+            let patched = crate::admission::admit(
+                store,
+                &review("UPDATE", name, Some(&patched), Some(&stored)),
+            )
+            .await?
+            .unwrap_or(patched);
             let updated = store.update(kind, ns, name, patched, part)?;
             server.after_write(kind, &updated);
             Ok(json_ok(&updated))
         }
         (&Method::DELETE, Some(name)) => {
+            let old = store.get(&kind.resource(), ns, name);
+            crate::admission::admit(store, &review("DELETE", name, None, old.as_ref())).await?;
             let deleted = store.delete(kind, ns, name)?;
             server.after_delete(kind, &deleted);
             Ok(json_ok(&deleted))

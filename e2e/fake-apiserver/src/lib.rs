@@ -9,6 +9,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod auth;
 pub mod http;
 pub mod kinds;
