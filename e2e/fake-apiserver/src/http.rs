@@ -120,6 +120,9 @@ async fn serve(
             t.name.as_deref().unwrap_or(""),
         ));
     }
+    if let Some(answer) = reviews(server, user, t, &method, content_type, body)? {
+        return Ok(answer);
+    }
     let part = match (t.subresource.as_deref(), kind.status) {
         (None, true) => Part::Main,
         (None, false) => Part::Whole,
@@ -180,9 +183,6 @@ async fn serve(
                 }
                 None => object,
             }))
-        }
-        (&Method::POST, None) if kind.review => {
-            Err(ApiError::method_not_allowed("reviews are not served yet"))
         }
         (&Method::POST, None) => {
             let object = parse_object(body, content_type)?;
@@ -289,6 +289,93 @@ async fn serve(
             "{method} is not supported here"
         ))),
     }
+}
+
+/// Requests answered at once rather than stored: TokenRequests,
+/// TokenReviews and SubjectAccessReviews (each authorized like any create).
+fn reviews(
+    server: &Server,
+    user: &User,
+    t: &Target,
+    method: &Method,
+    content_type: &str,
+    body: &[u8],
+) -> Result<Option<Response<Body>>, ApiError> {
+    let kind = &t.kind;
+    let token_request =
+        kind.plural == "serviceaccounts" && t.subresource.as_deref() == Some("token");
+    if *method != Method::POST || !(kind.review || token_request) {
+        return Ok(None);
+    }
+    let attributes = crate::rbac::Attributes {
+        verb: "create",
+        group: &kind.group,
+        resource: &kind.plural,
+        subresource: t.subresource.as_deref(),
+        namespace: t.namespace.as_deref().filter(|_| kind.namespaced),
+        name: t.name.as_deref(),
+    };
+    crate::rbac::authorize(&server.store, user, &attributes)?;
+    let request = parse_object(body, content_type)?;
+    let answer = match kind.plural.as_str() {
+        "serviceaccounts" => {
+            let ns = t.namespace.as_deref().unwrap_or_default();
+            let name = t.name.as_deref().unwrap_or_default();
+            server.signer.request(&server.store, ns, name, &request)?
+        }
+        "tokenreviews" => server.signer.review(&server.store, &request),
+        _ => subject_access_review(server, &request),
+    };
+    Ok(Some(json_response(StatusCode::CREATED, &answer)))
+}
+
+/// Whether the user a SubjectAccessReview names may do what it asks.
+fn subject_access_review(server: &Server, review: &Value) -> Value {
+    let spec = review.get("spec").cloned().unwrap_or(json!({}));
+    let text = |v: &Value, f: &str| {
+        v.get(f)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let user = User {
+        name: text(&spec, "user"),
+        uid: text(&spec, "uid"),
+        groups: spec
+            .get("groups")
+            .and_then(Value::as_array)
+            .map(|g| {
+                g.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default(),
+    };
+    let r = spec.get("resourceAttributes").cloned().unwrap_or(json!({}));
+    let (namespace, name, subresource) = (
+        text(&r, "namespace"),
+        text(&r, "name"),
+        text(&r, "subresource"),
+    );
+    let (verb, group, resource) = (text(&r, "verb"), text(&r, "group"), text(&r, "resource"));
+    let attributes = crate::rbac::Attributes {
+        verb: &verb,
+        group: &group,
+        resource: &resource,
+        subresource: Some(subresource.as_str()).filter(|s| !s.is_empty()),
+        namespace: Some(namespace.as_str()).filter(|s| !s.is_empty()),
+        name: Some(name.as_str()).filter(|s| !s.is_empty()),
+    };
+    let allowed = crate::rbac::allowed(&server.store, &user, &attributes);
+    let reason = if allowed {
+        "allowed by RBAC"
+    } else {
+        "no RBAC rule allows it"
+    };
+    json!({"kind": "SubjectAccessReview", "apiVersion": "authorization.k8s.io/v1",
+           "metadata": {"creationTimestamp": null}, "spec": spec,
+           "status": {"allowed": allowed, "reason": reason}})
 }
 
 /// The object as read through `kind`'s version (no conversion: the fields

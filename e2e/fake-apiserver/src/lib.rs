@@ -22,6 +22,7 @@ pub mod status;
 pub mod store;
 pub mod table;
 pub mod tls;
+pub mod tokens;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

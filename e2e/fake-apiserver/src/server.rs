@@ -22,6 +22,8 @@ pub struct Server {
     pub shutdown: CancellationToken,
     /// Bumped to expire every open watch (410, as after etcd compaction).
     expiries: tokio::sync::watch::Sender<u64>,
+    /// Signs and checks service-account tokens.
+    pub signer: crate::tokens::Signer,
 }
 
 fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -36,6 +38,7 @@ impl Server {
             tokens,
             shutdown,
             expiries: tokio::sync::watch::Sender::new(0),
+            signer: crate::tokens::Signer::default(),
         });
         let namespace = server
             .kind("", "v1", "namespaces")
@@ -60,9 +63,22 @@ impl Server {
         self.expiries.subscribe()
     }
 
+    /// A static token's user, or a service account's from a token this
+    /// server minted for its own audience.
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<User, ApiError> {
         let authorization = headers.get("authorization").and_then(|v| v.to_str().ok());
-        self.tokens.authenticate(authorization)
+        self.tokens
+            .authenticate(authorization)
+            .or_else(|unauthorized| {
+                let token = authorization
+                    .and_then(|a| a.strip_prefix("Bearer "))
+                    .ok_or(unauthorized.clone())?;
+                let audiences = [crate::tokens::ISSUER.to_owned()];
+                self.signer
+                    .authenticate(&self.store, token.trim(), &audiences)
+                    .map(|(user, _, _)| user)
+                    .map_err(|_| unauthorized)
+            })
     }
 
     /// The kind served at group/version/plural.
