@@ -16,6 +16,7 @@ pub mod kinds;
 pub mod openapi;
 pub mod patch;
 pub mod rbac;
+pub mod schema;
 pub mod select;
 pub mod server;
 pub mod status;

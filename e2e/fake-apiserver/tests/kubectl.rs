@@ -260,3 +260,59 @@ roleRef: {kind: Role, name: read-config, apiGroup: rbac.authorization.k8s.io}
     .await
     .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crd_schemas_default_prune_and_validate() {
+    let running = aip_fake_apiserver::start(Options::default()).await.unwrap();
+    let k = Kubectl::new(&running, ADMIN_TOKEN, "schema");
+    let crd = k.file(
+        "crd.yaml",
+        "apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: gadgets.example.io}
+spec:
+  group: example.io
+  scope: Namespaced
+  names: {plural: gadgets, singular: gadget, kind: Gadget}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema:
+          type: object
+          properties:
+            spec:
+              type: object
+              required: [size]
+              properties:
+                size: {type: integer, minimum: 1, maximum: 10}
+                mode: {type: string, enum: [fast, safe], default: safe}
+",
+    );
+    let gadget = |k: &Kubectl, name: &str, spec: &str| {
+        k.file(
+            name,
+            &format!(
+                "apiVersion: example.io/v1\nkind: Gadget\nmetadata: {{name: g}}\nspec: {spec}\n"
+            ),
+        )
+    };
+    tokio::task::spawn_blocking(move || {
+        k.ok(&["apply", "-f", &crd]);
+        k.ok(&["wait", "--for=condition=Established", "crd/gadgets.example.io"]);
+        let (ok, text) = k.run(&["apply", "-f", &gadget(&k, "bad.yaml", "{size: 11}")]);
+        assert!(!ok);
+        assert!(
+            text.contains(r#"Gadget.example.io "g" is invalid: spec.size: Invalid value: 11: should be less than or equal to 10"#),
+            "{text}"
+        );
+        let (ok, text) = k.run(&["apply", "-f", &gadget(&k, "unknown.yaml", "{size: 2, color: red}")]);
+        assert!(!ok && text.contains(r#"strict decoding error: unknown field "spec.color""#), "{text}");
+        k.ok(&["apply", "--validate=false", "-f", &gadget(&k, "lenient.yaml", "{size: 2, color: red}")]);
+        assert_eq!(k.ok(&["get", "gadget", "g", "-o", "jsonpath={.spec}"]), r#"{"mode":"safe","size":2}"#, "defaulted and pruned");
+        let _ = std::fs::remove_dir_all(&k.dir);
+    })
+    .await
+    .unwrap();
+}
