@@ -199,7 +199,8 @@ async fn serve(
                 crate::admission::admit(store, &review("CREATE", &name, Some(&object), None))
                     .await?
                     .unwrap_or(object);
-            let object = conform(kind, object, query)?;
+            let mut object = conform(kind, object, query)?;
+            crate::ssa::record_update(None, &mut object, manager(query), None, &kind.api_version());
             let created = store.create(kind, ns, object)?;
             server.after_write(kind, &created);
             Ok(json_response(StatusCode::CREATED, &created))
@@ -214,7 +215,10 @@ async fn serve(
             )
             .await?
             .unwrap_or(object);
-            let object = conform(kind, object, query)?;
+            let mut object = conform(kind, object, query)?;
+            let version = kind.api_version();
+            let sub = t.subresource.as_deref();
+            crate::ssa::record_update(old.as_ref(), &mut object, manager(query), sub, &version);
             let updated = store.update(kind, ns, name, object, part)?;
             server.after_write(kind, &updated);
             Ok(json_ok(&updated))
@@ -226,8 +230,9 @@ async fn serve(
                 (Some(s), _) => s,
                 (None, true) => {
                     // Server-side apply creates what does not exist.
-                    let object = parse_object(body, content_type)?;
-                    check_identity(&object, kind)?;
+                    let applied = parse_object(body, content_type)?;
+                    check_identity(&applied, kind)?;
+                    let object = crate::ssa::apply(None, &applied, &applying(kind, t, query))?;
                     if kind.namespaced {
                         require_namespace(server, ns)?;
                     }
@@ -244,7 +249,22 @@ async fn serve(
                 }
                 (None, false) => return Err(ApiError::not_found(&kind.group, &kind.plural, name)),
             };
-            let mut patched = crate::patch::apply(&stored, body, content_type)?;
+            let mut patched = if is_apply {
+                let applied = parse_object(body, content_type)?;
+                crate::ssa::apply(Some(&stored), &applied, &applying(kind, t, query))?
+            } else {
+                let mut patched = crate::patch::apply(&stored, body, content_type)?;
+                let version = kind.api_version();
+                let sub = t.subresource.as_deref();
+                crate::ssa::record_update(
+                    Some(&stored),
+                    &mut patched,
+                    manager(query),
+                    sub,
+                    &version,
+                );
+                patched
+            };
             // A patch never carries a stale resourceVersion unless it says so.
             if patched.pointer("/metadata/resourceVersion").is_none() {
                 patched["metadata"]["resourceVersion"] =
@@ -437,6 +457,26 @@ fn conform(
         }
     }
     Ok(object)
+}
+
+/// Who is writing: the `fieldManager` parameter, as kubectl and kube-rs
+/// send it.
+fn manager(query: &BTreeMap<String, String>) -> &str {
+    query.get("fieldManager").map_or("unknown", String::as_str)
+}
+
+/// A server-side apply's parameters.
+fn applying<'a>(
+    kind: &Kind,
+    t: &'a Target,
+    query: &'a BTreeMap<String, String>,
+) -> crate::ssa::Apply<'a> {
+    crate::ssa::Apply {
+        manager: manager(query),
+        force: flag(query, "force"),
+        subresource: t.subresource.as_deref(),
+        api_version: kind.api_version(),
+    }
 }
 
 /// The object as read through `kind`'s version (no conversion: the fields

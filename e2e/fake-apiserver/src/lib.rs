@@ -19,6 +19,7 @@ pub mod rbac;
 pub mod schema;
 pub mod select;
 pub mod server;
+pub mod ssa;
 pub mod status;
 pub mod store;
 pub mod table;

@@ -219,7 +219,17 @@ impl Store {
             },
             Part::Status => {
                 let status = object.get("status").cloned();
+                let managed = object.pointer("/metadata/managedFields").cloned();
                 object = stored.clone();
+                // Who owns which status fields is recorded with the write.
+                match managed {
+                    Some(m) => object["metadata"]["managedFields"] = m,
+                    None => {
+                        if let Some(meta) = object["metadata"].as_object_mut() {
+                            meta.remove("managedFields");
+                        }
+                    }
+                }
                 match status {
                     Some(s) => object["status"] = s,
                     None => {

@@ -112,10 +112,18 @@ async fn kubectl_drives_crds_and_custom_resources() {
             "w2.yaml",
             "apiVersion: example.io/v1\nkind: Widget\nmetadata: {name: w1}\nspec: {size: 5}\n",
         );
+        // Client-side apply owns spec.size: a server-side apply changing it
+        // conflicts, as on a real cluster, until it forces.
+        let (ok, text) = k.run(&["apply", "--server-side", "-f", &bigger]);
+        assert!(!ok);
         assert!(
-            k.ok(&["apply", "--server-side", "-f", &bigger])
-                .contains("serverside-applied")
+            text.contains(r#"Apply failed with 1 conflict: conflict with "kubectl-client-side-apply" using example.io/v1: .spec.size"#),
+            "{text}"
         );
+        let forced = k.ok(&["apply", "--server-side", "--force-conflicts", "-f", &bigger]);
+        assert!(forced.contains("serverside-applied"), "{forced}");
+        let managers = k.ok(&["get", "widget", "w1", "-o", "jsonpath={.metadata.managedFields[*].manager}"]);
+        assert!(managers.contains("kubectl"), "{managers}");
         assert_eq!(
             k.ok(&["get", "widget", "w1", "-o", "jsonpath={.spec.size}"]),
             "5"
