@@ -1,7 +1,14 @@
-//! The fake API server through kube-rs, as the operator will use it: CRUD
-//! on built-in kinds, optimistic concurrency, the status subresource,
-//! finalizers holding a delete, selectors, paging, and watches that resume
-//! from a resourceVersion or get 410 Gone.
+//! Behaviour the operator relies on, through kube-rs: CRUD, optimistic
+//! concurrency, the status subresource and generation, finalizers holding
+//! a delete, selectors, paging, and watches that resume from a
+//! resourceVersion or get 410 Gone.
+//!
+//! Against the fake by default. With `AIP_FIDELITY_KUBECONFIG=/path` the
+//! same tests run against a real cluster (each in its own namespace,
+//! deleted afterwards; the fidelity CRD `fidelitywidgets.aip.io` is left
+//! installed), so anyone with a cluster can confirm the fake behaves the
+//! same. Steps only the fake can stage (forcing a compaction) are skipped
+//! there.
 
 #![allow(clippy::unwrap_used)]
 
@@ -9,21 +16,104 @@ use std::time::Duration;
 
 use aip_fake_apiserver::{ADMIN_TOKEN, Options, Running};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
-    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
+    PatchParams, PostParams, WatchEvent, WatchParams,
 };
+use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, Config};
 use serde_json::json;
 
 const PATIENCE: Duration = Duration::from_secs(10);
 
-async fn client(running: &Running) -> Client {
-    let kubeconfig = kube::config::Kubeconfig::from_yaml(&running.kubeconfig(ADMIN_TOKEN)).unwrap();
-    let config = Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+/// Where the tests run: the fake (started here) or a real cluster.
+struct Target {
+    client: Client,
+    /// A namespace of the test's own.
+    namespace: String,
+    fake: Option<Running>,
+}
+
+impl Target {
+    async fn new(test: &str) -> Target {
+        let (kubeconfig, fake) = match std::env::var_os("AIP_FIDELITY_KUBECONFIG") {
+            Some(path) => (kube::config::Kubeconfig::read_from(path).unwrap(), None),
+            None => {
+                let running = aip_fake_apiserver::start(Options::default()).await.unwrap();
+                let kubeconfig =
+                    kube::config::Kubeconfig::from_yaml(&running.kubeconfig(ADMIN_TOKEN)).unwrap();
+                (kubeconfig, Some(running))
+            }
+        };
+        let config = Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .unwrap();
+        let client = Client::try_from(config).unwrap();
+        let namespace = format!("aip-fidelity-{test}-{:08x}", rand::random::<u32>());
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let object: Namespace =
+            serde_json::from_value(json!({"metadata": {"name": namespace}})).unwrap();
+        namespaces
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap();
+        Target {
+            client,
+            namespace,
+            fake,
+        }
+    }
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    /// Deletes the test's namespace.
+    async fn finish(self) {
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        let _ = namespaces
+            .delete(&self.namespace, &DeleteParams::default())
+            .await;
+    }
+}
+
+/// The fidelity CRD (installed if absent) and its resource.
+async fn widgets(t: &Target) -> Api<DynamicObject> {
+    let crds: Api<CustomResourceDefinition> = Api::all(t.client.clone());
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "metadata": {"name": "fidelitywidgets.aip.io"},
+        "spec": {"group": "aip.io", "scope": "Namespaced",
+            "names": {"plural": "fidelitywidgets", "singular": "fidelitywidget", "kind": "FidelityWidget"},
+            "versions": [{"name": "v1", "served": true, "storage": true, "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+                    "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}}]}
+    }))
+    .unwrap();
+    if crds
+        .get_opt("fidelitywidgets.aip.io")
         .await
-        .unwrap();
-    Client::try_from(config).unwrap()
+        .unwrap()
+        .is_none()
+    {
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+    }
+    let established = conditions::is_crd_established();
+    tokio::time::timeout(
+        PATIENCE,
+        await_condition(crds, "fidelitywidgets.aip.io", established),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk("aip.io", "v1", "FidelityWidget"));
+    Api::namespaced_with(t.client.clone(), &t.namespace, &resource)
 }
 
 fn config_map(name: &str, labels: serde_json::Value) -> ConfigMap {
@@ -35,9 +125,9 @@ fn config_map(name: &str, labels: serde_json::Value) -> ConfigMap {
 
 #[tokio::test]
 async fn create_get_update_and_conflicts() {
-    let running = aip_fake_apiserver::start(Options::default()).await.unwrap();
-    let client = client(&running).await;
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let t = Target::new("crud").await;
+    let client = t.client.clone();
+    let cms: Api<ConfigMap> = t.api();
     let created = cms
         .create(&PostParams::default(), &config_map("a", json!({})))
         .await
@@ -80,7 +170,8 @@ async fn create_get_update_and_conflicts() {
 
     let missing = cms.get("nope").await.unwrap_err();
     assert!(matches!(missing, kube::Error::Api(ref e) if e.code == 404 && e.reason == "NotFound"));
-    let elsewhere: Api<ConfigMap> = Api::namespaced(client.clone(), "no-such-namespace");
+    let elsewhere: Api<ConfigMap> =
+        Api::namespaced(client.clone(), "aip-fidelity-no-such-namespace");
     let refused = elsewhere
         .create(&PostParams::default(), &config_map("a", json!({})))
         .await
@@ -98,29 +189,35 @@ async fn create_get_update_and_conflicts() {
         .await
         .unwrap();
     assert!(named.metadata.name.unwrap().starts_with("gen-"));
+    t.finish().await;
 }
 
 #[tokio::test]
 async fn the_status_subresource_and_generation() {
-    let running = aip_fake_apiserver::start(Options::default()).await.unwrap();
-    let pods: Api<Pod> = Api::namespaced(client(&running).await, "default");
-    let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "p"},
-        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
-        "status": {"phase": "Ignored"}}))
+    let t = Target::new("status").await;
+    let widgets = widgets(&t).await;
+    let widget: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "aip.io/v1", "kind": "FidelityWidget",
+        "metadata": {"name": "w"}, "spec": {"size": 1}, "status": {"phase": "Ignored"}}))
     .unwrap();
-    let created = pods.create(&PostParams::default(), &pod).await.unwrap();
-    assert_eq!(created.metadata.generation, Some(1));
-    // Status goes through /status only; spec through the main resource only.
-    let status =
-        Patch::Merge(json!({"status": {"phase": "Running"}, "spec": {"nodeName": "sneaky"}}));
-    let patched = pods
-        .patch_status("p", &PatchParams::default(), &status)
+    let created = widgets
+        .create(&PostParams::default(), &widget)
         .await
         .unwrap();
-    assert_eq!(patched.status.unwrap().phase.as_deref(), Some("Running"));
+    assert_eq!(created.metadata.generation, Some(1));
+    assert!(
+        created.data.get("status").is_none(),
+        "status is not written on create"
+    );
+    // Status goes through /status only; spec through the main resource only.
+    let status = Patch::Merge(json!({"status": {"phase": "Running"}, "spec": {"size": 9}}));
+    let patched = widgets
+        .patch_status("w", &PatchParams::default(), &status)
+        .await
+        .unwrap();
+    assert_eq!(patched.data["status"]["phase"], "Running");
     assert_eq!(
-        patched.spec.unwrap().node_name,
-        None,
+        patched.data["spec"]["size"], 1,
         "a status write ignores spec"
     );
     assert_eq!(
@@ -128,15 +225,14 @@ async fn the_status_subresource_and_generation() {
         Some(1),
         "status is not a spec change"
     );
-    let main = Patch::Merge(json!({"spec": {"nodeName": "n1"}, "status": {"phase": "Failed"}}));
-    let patched = pods
-        .patch("p", &PatchParams::default(), &main)
+    let main = Patch::Merge(json!({"spec": {"size": 2}, "status": {"phase": "Failed"}}));
+    let patched = widgets
+        .patch("w", &PatchParams::default(), &main)
         .await
         .unwrap();
-    assert_eq!(patched.spec.unwrap().node_name.as_deref(), Some("n1"));
+    assert_eq!(patched.data["spec"]["size"], 2);
     assert_eq!(
-        patched.status.unwrap().phase.as_deref(),
-        Some("Running"),
+        patched.data["status"]["phase"], "Running",
         "a main write ignores status"
     );
     assert_eq!(
@@ -144,12 +240,19 @@ async fn the_status_subresource_and_generation() {
         Some(2),
         "a spec change bumps generation"
     );
+    let labels = Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}}));
+    let patched = widgets
+        .patch("w", &PatchParams::default(), &labels)
+        .await
+        .unwrap();
+    assert_eq!(patched.metadata.generation, Some(2), "metadata is not spec");
+    t.finish().await;
 }
 
 #[tokio::test]
 async fn finalizers_hold_a_delete_until_removed() {
-    let running = aip_fake_apiserver::start(Options::default()).await.unwrap();
-    let cms: Api<ConfigMap> = Api::namespaced(client(&running).await, "default");
+    let t = Target::new("finalizers").await;
+    let cms: Api<ConfigMap> = t.api();
     let mut cm = config_map("held", json!({}));
     cm.metadata.finalizers = Some(vec!["aip.io/test".into()]);
     cms.create(&PostParams::default(), &cm).await.unwrap();
@@ -165,12 +268,13 @@ async fn finalizers_hold_a_delete_until_removed() {
         .unwrap();
     let gone = cms.get("held").await.unwrap_err();
     assert!(matches!(gone, kube::Error::Api(ref e) if e.code == 404));
+    t.finish().await;
 }
 
 #[tokio::test]
 async fn selectors_and_paging() {
-    let running = aip_fake_apiserver::start(Options::default()).await.unwrap();
-    let cms: Api<ConfigMap> = Api::namespaced(client(&running).await, "default");
+    let t = Target::new("selectors").await;
+    let cms: Api<ConfigMap> = t.api();
     for (name, app) in [("a", "web"), ("b", "api"), ("c", "web"), ("d", "db")] {
         cms.create(
             &PostParams::default(),
@@ -209,16 +313,15 @@ async fn selectors_and_paging() {
         .unwrap();
     assert!(rest.metadata.continue_.as_deref().is_none_or(str::is_empty));
     assert_eq!(names(rest), ["d"]);
+    t.finish().await;
 }
 
 #[tokio::test]
 async fn watches_resume_from_a_resource_version_and_expire() {
-    let running = aip_fake_apiserver::start(Options::default()).await.unwrap();
-    let client = client(&running).await;
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let listed = namespaces.list(&ListParams::default()).await.unwrap();
+    let t = Target::new("watch").await;
+    let cms: Api<ConfigMap> = t.api();
+    let listed = cms.list(&ListParams::default()).await.unwrap();
     let from = listed.metadata.resource_version.unwrap();
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     cms.create(&PostParams::default(), &config_map("w", json!({})))
         .await
         .unwrap();
@@ -241,7 +344,11 @@ async fn watches_resume_from_a_resource_version_and_expire() {
         .unwrap();
     assert!(matches!(second, WatchEvent::Deleted(_)), "{second:?}");
 
-    // After compaction, resuming from the old version is 410 Gone.
+    // After compaction, resuming from the old version is 410 Gone (only
+    // the fake can be made to compact on demand).
+    let Some(running) = &t.fake else {
+        return t.finish().await;
+    };
     running.server.store.compact();
     let mut expired = Box::pin(cms.watch(&params, &from).await.unwrap());
     let error = tokio::time::timeout(PATIENCE, expired.next())
@@ -253,4 +360,5 @@ async fn watches_resume_from_a_resource_version_and_expire() {
         matches!(error, WatchEvent::Error(ref e) if e.code == 410),
         "{error:?}"
     );
+    t.finish().await;
 }
