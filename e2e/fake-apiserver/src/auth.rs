@@ -50,6 +50,11 @@ impl Tokens {
         Ok(Tokens(users))
     }
 
+    /// Every (token, user).
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &User)> {
+        self.0.iter()
+    }
+
     pub fn insert(&mut self, token: &str, user: User) {
         self.0.insert(token.to_owned(), user);
     }

@@ -47,6 +47,7 @@ pub async fn handle(
     server: Arc<Server>,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
+    let verb = req.method().to_string();
     let response = match route(&server, req).await {
         Ok(r) => r,
         Err(e) => json_response(
@@ -54,19 +55,39 @@ pub async fn handle(
             &e.status(),
         ),
     };
+    let labels = crate::metrics::RequestLabels {
+        verb,
+        code: response.status().as_u16().to_string(),
+    };
+    server.metrics.requests.get_or_create(&labels).inc();
     Ok(response)
 }
 
 async fn route(server: &Arc<Server>, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
-    let user = server.authenticate(req.headers())?;
     let path = req.uri().path().trim_end_matches('/').to_owned();
+    // Public, as `system:public-info-viewer` makes them on a real server.
+    match path.as_str() {
+        "/healthz" | "/readyz" | "/livez" => return Ok(text(StatusCode::OK, "ok")),
+        "/version" => return Ok(json_ok(&server.version())),
+        "/metrics" => {
+            let body = Full::new(Bytes::from(server.metrics.text()));
+            let mut r = Response::new(BodyExt::boxed_unsync(body));
+            r.headers_mut().insert(
+                "content-type",
+                HeaderValue::from_static(
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                ),
+            );
+            return Ok(r);
+        }
+        _ => {}
+    }
+    let user = server.authenticate(req.headers())?;
     let query = query(req.uri().query());
     let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     match segments.as_slice() {
-        ["version"] => return Ok(json_ok(&server.version())),
         ["api"] => return Ok(json_ok(&server.core_versions())),
         ["apis"] => return Ok(json_ok(&server.groups())),
-        ["healthz" | "readyz" | "livez"] => return Ok(text(StatusCode::OK, "ok")),
         ["api", "v1"] => return Ok(json_ok(&server.resources("", "v1")?)),
         ["apis", group] => return Ok(json_ok(&server.group(group)?)),
         ["apis", group, version] => return Ok(json_ok(&server.resources(group, version)?)),
@@ -654,7 +675,10 @@ fn watch(
     };
     let shutdown: CancellationToken = server.shutdown.clone();
     let mut expiries = server.expiries();
+    let open = server.clone();
     tokio::spawn(async move {
+        open.metrics.watches.inc();
+        let _closed = Closed(open);
         let send = |line: Bytes| tx.try_send(line).is_ok();
         for object in initial.into_iter().filter(|o| matches(o)) {
             if !send(watch_line("ADDED", &render(object, &kind))) {
@@ -721,6 +745,15 @@ fn watch(
         }
     });
     Ok(stream_response(rx))
+}
+
+/// Counts a watch closed when dropped.
+struct Closed(Arc<Server>);
+
+impl Drop for Closed {
+    fn drop(&mut self) {
+        self.0.metrics.watches.dec();
+    }
 }
 
 fn watch_line(kind: &str, object: &Value) -> Bytes {

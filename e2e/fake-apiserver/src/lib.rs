@@ -13,6 +13,7 @@ pub mod admission;
 pub mod auth;
 pub mod http;
 pub mod kinds;
+pub mod metrics;
 pub mod openapi;
 pub mod patch;
 pub mod rbac;

@@ -19,6 +19,10 @@ struct Cli {
     /// Write a kubeconfig for the bootstrap administrator here.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
+    /// Write the CA (`ca.crt`) and a kubeconfig per user
+    /// (`admin.kubeconfig`, `USER.kubeconfig`) here.
+    #[arg(long)]
+    out_dir: Option<PathBuf>,
     /// Serve plain HTTP instead of HTTPS (kubectl then sends no tokens).
     #[arg(long)]
     plain_http: bool,
@@ -43,6 +47,10 @@ async fn main() -> ExitCode {
             }
         },
     };
+    let users: Vec<(String, String)> = tokens
+        .iter()
+        .map(|(token, user)| (user.name.replace([':', '/'], "-"), token.clone()))
+        .collect();
     let options = aip_fake_apiserver::Options {
         listen: cli.listen,
         tokens,
@@ -61,9 +69,36 @@ async fn main() -> ExitCode {
         eprintln!("aip-fake-apiserver: {}: {e}", path.display());
         return ExitCode::FAILURE;
     }
+    if let Some(dir) = &cli.out_dir
+        && let Err(e) = write_out(dir, &running, &users)
+    {
+        eprintln!("aip-fake-apiserver: {}: {e}", dir.display());
+        return ExitCode::FAILURE;
+    }
     eprintln!("aip-fake-apiserver: serving on {}", running.url());
     let shutdown = tokio_util::sync::CancellationToken::new();
     aip_runtime::cancel_on_signal(shutdown.clone()).await;
     running.stop();
     ExitCode::SUCCESS
+}
+
+/// The CA and one kubeconfig per user, for tests and scripts.
+fn write_out(
+    dir: &std::path::Path,
+    running: &aip_fake_apiserver::Running,
+    users: &[(String, String)],
+) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    if let Some(ca) = &running.ca_pem {
+        std::fs::write(dir.join("ca.crt"), ca)?;
+    }
+    let admin = running.kubeconfig(aip_fake_apiserver::ADMIN_TOKEN);
+    std::fs::write(dir.join("admin.kubeconfig"), admin)?;
+    for (name, token) in users {
+        std::fs::write(
+            dir.join(format!("{name}.kubeconfig")),
+            running.kubeconfig(token),
+        )?;
+    }
+    Ok(())
 }

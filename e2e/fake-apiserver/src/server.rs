@@ -24,6 +24,7 @@ pub struct Server {
     expiries: tokio::sync::watch::Sender<u64>,
     /// Signs and checks service-account tokens.
     pub signer: crate::tokens::Signer,
+    pub metrics: crate::metrics::Metrics,
 }
 
 fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -39,6 +40,7 @@ impl Server {
             shutdown,
             expiries: tokio::sync::watch::Sender::new(0),
             signer: crate::tokens::Signer::default(),
+            metrics: crate::metrics::Metrics::default(),
         });
         let namespace = server
             .kind("", "v1", "namespaces")
