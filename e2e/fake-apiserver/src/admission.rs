@@ -20,6 +20,7 @@ use crate::auth::User;
 use crate::kinds::{Kind, Resource};
 use crate::status::ApiError;
 use crate::store::Store;
+use crate::values::strings;
 
 /// One admission decision to make.
 pub struct Review<'a> {
@@ -105,17 +106,6 @@ fn webhooks(store: &Store, plural: &str, review: &Review<'_>) -> Vec<Value> {
             target.is_none_or(|o| label_selector_matches(w.get("objectSelector"), o))
         })
         .collect()
-}
-
-fn strings(v: Option<&Value>) -> Vec<String> {
-    v.and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .map(str::to_owned)
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 fn matches_rules(webhook: &Value, review: &Review<'_>) -> bool {

@@ -183,17 +183,7 @@ async fn serve(
             let object = store
                 .get(&kind.resource(), ns, name)
                 .ok_or_else(|| ApiError::not_found(&kind.group, &kind.plural, name))?;
-            let object = as_version(object, kind);
-            Ok(json_ok(&match t.table {
-                Some(include) => {
-                    let rv = object["metadata"]["resourceVersion"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_owned();
-                    crate::table::table(kind, &[object], include, &rv)
-                }
-                None => object,
-            }))
+            Ok(json_ok(&render(object, kind, t.table)))
         }
         (&Method::POST, None) => {
             let object = parse_object(body, content_type)?;
@@ -396,16 +386,7 @@ fn subject_access_review(server: &Server, review: &Value) -> Value {
     let user = User {
         name: text(&spec, "user"),
         uid: text(&spec, "uid"),
-        groups: spec
-            .get("groups")
-            .and_then(Value::as_array)
-            .map(|g| {
-                g.iter()
-                    .filter_map(Value::as_str)
-                    .map(str::to_owned)
-                    .collect()
-            })
-            .unwrap_or_default(),
+        groups: crate::values::strings(spec.get("groups")),
     };
     let r = spec.get("resourceAttributes").cloned().unwrap_or(json!({}));
     let (namespace, name, subresource) = (
@@ -531,6 +512,22 @@ fn applying<'a>(
     }
 }
 
+/// One object as the client asked for it: through `kind`'s version, as a
+/// one-row Table if it asked for tables.
+fn render(object: Value, kind: &Kind, table: Option<crate::table::Include>) -> Value {
+    let object = as_version(object, kind);
+    match table {
+        Some(include) => {
+            let rv = object["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            crate::table::table(kind, &[object], include, &rv)
+        }
+        None => object,
+    }
+}
+
 /// The object as read through `kind`'s version (no conversion: the fields
 /// are the same).
 fn as_version(mut object: Value, kind: &Kind) -> Value {
@@ -653,19 +650,7 @@ fn watch(
     let kind = t.kind.clone();
     let namespace = t.namespace.clone();
     let as_table = t.table;
-    let render = move |object: Value, kind: &Kind| -> Value {
-        let object = as_version(object, kind);
-        match as_table {
-            Some(include) => {
-                let rv = object["metadata"]["resourceVersion"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned();
-                crate::table::table(kind, &[object], include, &rv)
-            }
-            None => object,
-        }
-    };
+    let render = move |object: Value, kind: &Kind| render(object, kind, as_table);
     let labels = LabelSelector::parse(query.get("labelSelector").map_or("", String::as_str))?;
     let fields = FieldSelector::parse(query.get("fieldSelector").map_or("", String::as_str))?;
     let bookmarks = flag(query, "allowWatchBookmarks");

@@ -245,17 +245,7 @@ pub fn from_crd(crd: &Value) -> Result<Vec<Kind>, String> {
             ));
         }
     };
-    let strings = |path: &str| -> Vec<String> {
-        spec.pointer(path)
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(Value::as_str)
-                    .map(str::to_owned)
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
+    let strings = |path: &str| crate::values::strings(spec.pointer(path));
     let versions = spec
         .get("versions")
         .and_then(Value::as_array)

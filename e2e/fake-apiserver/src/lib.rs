@@ -26,6 +26,7 @@ pub mod store;
 pub mod table;
 pub mod tls;
 pub mod tokens;
+pub mod values;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -418,16 +418,7 @@ fn metadata(object: &mut Value) -> Result<&mut Map<String, Value>, ApiError> {
 }
 
 pub fn finalizers(object: &Value) -> Vec<String> {
-    object
-        .pointer("/metadata/finalizers")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .map(str::to_owned)
-                .collect()
-        })
-        .unwrap_or_default()
+    crate::values::strings(object.pointer("/metadata/finalizers"))
 }
 
 fn uuid() -> String {

@@ -59,6 +59,16 @@ impl Default for Signer {
     }
 }
 
+/// The audiences asked for, or the API server's own.
+fn audiences_or_default(value: Option<&Value>) -> Vec<String> {
+    let audiences = crate::values::strings(value);
+    if audiences.is_empty() {
+        vec![ISSUER.to_owned()]
+    } else {
+        audiences
+    }
+}
+
 fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -117,17 +127,7 @@ impl Signer {
             .get(&core("serviceaccounts"), namespace, name)
             .ok_or_else(|| ApiError::not_found("", "serviceaccounts", name))?;
         let spec = request.get("spec").cloned().unwrap_or(json!({}));
-        let audiences: Vec<String> = spec
-            .get("audiences")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(Value::as_str)
-                    .map(str::to_owned)
-                    .collect()
-            })
-            .filter(|a: &Vec<String>| !a.is_empty())
-            .unwrap_or_else(|| vec![ISSUER.to_owned()]);
+        let audiences = audiences_or_default(spec.get("audiences"));
         let seconds = spec
             .get("expirationSeconds")
             .and_then(Value::as_u64)
@@ -240,17 +240,7 @@ impl Signer {
             .pointer("/spec/token")
             .and_then(Value::as_str)
             .unwrap_or_default();
-        let audiences: Vec<String> = review
-            .pointer("/spec/audiences")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(Value::as_str)
-                    .map(str::to_owned)
-                    .collect()
-            })
-            .filter(|a: &Vec<String>| !a.is_empty())
-            .unwrap_or_else(|| vec![ISSUER.to_owned()]);
+        let audiences = audiences_or_default(review.pointer("/spec/audiences"));
         let status = match self.authenticate(store, token, &audiences) {
             Ok((user, claims, matched)) => {
                 let mut extra = json!({});
