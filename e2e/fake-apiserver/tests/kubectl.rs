@@ -85,10 +85,33 @@ impl Kubectl {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_drives_crds_and_custom_resources() {
-    let running = aip_fake_apiserver::start(Options::default()).await.unwrap();
-    let k = Kubectl::new(&running, ADMIN_TOKEN, "admin");
+    // A platform engineer from the token file, made cluster-admin by RBAC.
+    let tokens =
+        aip_fake_apiserver::Tokens::parse("platform-token,platform,3001,\"platform-team\"\n")
+            .unwrap();
+    let running = aip_fake_apiserver::start(Options {
+        tokens,
+        ..Options::default()
+    })
+    .await
+    .unwrap();
+    let bootstrap = Kubectl::new(&running, ADMIN_TOKEN, "bootstrap");
+    let binding = bootstrap.file(
+        "binding.yaml",
+        "apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: platform-admins}
+subjects: [{kind: Group, name: platform-team, apiGroup: rbac.authorization.k8s.io}]
+roleRef: {kind: ClusterRole, name: cluster-admin, apiGroup: rbac.authorization.k8s.io}
+",
+    );
+    let k = Kubectl::new(&running, "platform-token", "platform");
     let crd = k.file("crd.yaml", CRD);
     tokio::task::spawn_blocking(move || {
+        let (ok, text) = k.run(&["get", "crds"]);
+        assert!(!ok && text.contains("Forbidden"), "nothing before the binding: {text}");
+        bootstrap.ok(&["apply", "-f", &binding]);
+        let _ = std::fs::remove_dir_all(&bootstrap.dir);
         assert!(k.ok(&["apply", "-f", &crd]).contains("created"));
         k.ok(&[
             "wait",
