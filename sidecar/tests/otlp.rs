@@ -95,18 +95,20 @@ async fn spans_reach_an_otlp_collector() {
         .spawn()
         .unwrap();
     let stderr = BufReader::new(sidecar.stderr.take().unwrap());
+    // Both the address line and the first healthy check, in either order.
     let (agent, healthy) = tokio::task::spawn_blocking(move || {
-        let mut agent = None;
+        let (mut agent, mut healthy) = (None, false);
         for line in stderr.lines() {
             let line = line.unwrap();
             if let Some(rest) = line.split("agents at http://").nth(1) {
                 agent = rest.split('/').next().map(str::to_owned);
             }
-            if line.contains("connection state changed") && line.contains("Healthy") {
-                return (agent, true);
+            healthy |= line.contains("connection state changed") && line.contains("Healthy");
+            if agent.is_some() && healthy {
+                break;
             }
         }
-        (agent, false)
+        (agent, healthy)
     })
     .await
     .unwrap();
