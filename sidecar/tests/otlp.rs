@@ -98,7 +98,8 @@ async fn spans_reach_an_otlp_collector() {
     // Both the address line and the first healthy check, in either order.
     let (agent, healthy) = tokio::task::spawn_blocking(move || {
         let (mut agent, mut healthy) = (None, false);
-        for line in stderr.lines() {
+        let mut lines = stderr.lines();
+        for line in lines.by_ref() {
             let line = line.unwrap();
             if let Some(rest) = line.split("agents at http://").nth(1) {
                 agent = rest.split('/').next().map(str::to_owned);
@@ -108,6 +109,8 @@ async fn spans_reach_an_otlp_collector() {
                 break;
             }
         }
+        // Keep reading, so the sidecar never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(drop));
         (agent, healthy)
     })
     .await
