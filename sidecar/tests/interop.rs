@@ -94,6 +94,26 @@ impl Everything {
     }
 }
 
+impl Everything {
+    /// The gateway's connection to this server, over Streamable HTTP.
+    fn setup(&self) -> Setup<'static> {
+        Setup {
+            url: Some(self.1.clone()),
+            ..Setup::default()
+        }
+    }
+}
+
+/// The gateway's connection to server-everything run as a stdio server.
+fn stdio_everything() -> Setup<'static> {
+    let server = everything();
+    let command = ["node", server.to_str().unwrap(), "stdio"];
+    Setup {
+        command: Some(command.map(str::to_owned).to_vec()),
+        ..Setup::default()
+    }
+}
+
 impl Drop for Everything {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -151,9 +171,8 @@ async fn python_sdk_through_the_gateway_to_server_everything_over_http() {
     let everything = Everything::start();
     let s = Stack::start(Setup {
         policy: EVERYTHING_POLICY,
-        url: Some(everything.1.clone()),
         prefix: "ev_",
-        ..Setup::default()
+        ..everything.setup()
     })
     .await;
     let url = format!("http://{}/mcp", s.addr);
@@ -268,22 +287,12 @@ fn the_stdio_wrap_works_with_the_fault_server_and_an_argv_with_spaces() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn progress_notifications_reach_the_agent_through_the_gateway() {
     let everything = Everything::start();
-    progress_through(Setup {
-        url: Some(everything.1.clone()),
-        ..Setup::default()
-    })
-    .await;
+    progress_through(everything.setup()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn progress_notifications_from_a_stdio_connection_reach_the_agent() {
-    let server = everything();
-    let command = ["node", server.to_str().unwrap(), "stdio"];
-    progress_through(Setup {
-        command: Some(command.map(str::to_owned).to_vec()),
-        ..Setup::default()
-    })
-    .await;
+    progress_through(stdio_everything()).await;
 }
 
 /// server-everything behind the gateway (`setup` says how it is reached):
@@ -326,9 +335,8 @@ async fn prompts_and_resources_through_the_gateway_where_the_policy_allows() {
 ";
     let s = Stack::start(Setup {
         policy,
-        url: Some(everything.1.clone()),
         prefix: "ev_",
-        ..Setup::default()
+        ..everything.setup()
     })
     .await;
     let url = format!("http://{}/mcp", s.addr);
@@ -384,22 +392,12 @@ async fn prompts_and_resources_through_the_gateway_where_the_policy_allows() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sampling_requests_reach_the_agent_when_the_connection_opts_in() {
     let everything = Everything::start();
-    sampling_through(Setup {
-        url: Some(everything.1.clone()),
-        ..Setup::default()
-    })
-    .await;
+    sampling_through(everything.setup()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sampling_requests_from_a_stdio_connection_reach_the_agent() {
-    let server = everything();
-    let command = ["node", server.to_str().unwrap(), "stdio"];
-    sampling_through(Setup {
-        command: Some(command.map(str::to_owned).to_vec()),
-        ..Setup::default()
-    })
-    .await;
+    sampling_through(stdio_everything()).await;
 }
 
 /// server-everything, offered sampling by its connection, asks the client
@@ -497,16 +495,10 @@ async fn two_agents_with_the_same_progress_token_each_get_their_own_progress() {
     // Both Python clients use their request id as the progress token, so
     // the tokens collide; the gateway's own tokens keep them apart on the
     // one stdio server they share.
-    let server = everything();
     let s = Stack::start(Setup {
         policy: "  allowed_tools: [ev_trigger-long-running-operation]\n",
         prefix: "ev_",
-        command: Some(
-            ["node", server.to_str().unwrap(), "stdio"]
-                .map(str::to_owned)
-                .to_vec(),
-        ),
-        ..Setup::default()
+        ..stdio_everything()
     })
     .await;
     let url = format!("http://{}/mcp", s.addr);
