@@ -229,7 +229,9 @@ async fn serve(
         (&Method::PATCH, Some(name)) => {
             // Applied to the latest object and retried when another write
             // got in between, as the real server does — unless the patch
-            // itself names a resourceVersion (then a conflict is the answer).
+            // may name a resourceVersion (then a conflict is the answer; the
+            // test is textual, so a patch that merely mentions the word is
+            // treated as pinned, which only costs it the retry).
             let pinned = String::from_utf8_lossy(body).contains("resourceVersion");
             let mut attempts = 0;
             loop {
@@ -279,7 +281,8 @@ async fn serve(
                         );
                         patched
                     };
-                    // A patch never carries a stale resourceVersion unless it says so.
+                    // A patch that removed resourceVersion is unconditional: it
+                    // applies to the object just read.
                     if patched.pointer("/metadata/resourceVersion").is_none() {
                         patched["metadata"]["resourceVersion"] =
                             stored["metadata"]["resourceVersion"].clone();

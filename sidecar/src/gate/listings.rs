@@ -228,11 +228,9 @@ impl Gateway {
     ) -> Reply {
         let id = message.id().cloned().unwrap_or(Value::Null);
         let name = string_param(message, "name");
-        let mut route = self.current(&self.prompt_routes, &name, |r| &r.0);
-        if route.is_none() {
-            self.learn_routes("prompts/list").await;
-            route = self.current(&self.prompt_routes, &name, |r| &r.0);
-        }
+        let route = self
+            .routed(&self.prompt_routes, &name, |r| &r.0, "prompts/list")
+            .await;
         let Some((connection, upstream_name)) = route else {
             let unknown = format!("Unknown prompt: {name}");
             return Reply::Message(error(Some(&id), -32602, &unknown, None));
@@ -252,11 +250,9 @@ impl Gateway {
     ) -> Reply {
         let id = message.id().cloned().unwrap_or(Value::Null);
         let uri = string_param(message, "uri");
-        let mut route = self.current(&self.resource_routes, &uri, |c| c);
-        if route.is_none() {
-            self.learn_routes("resources/list").await;
-            route = self.current(&self.resource_routes, &uri, |c| c);
-        }
+        let route = self
+            .routed(&self.resource_routes, &uri, |c| c, "resources/list")
+            .await;
         // A URI no listing names (a template's instance): with one usable
         // connection there is only one place to ask.
         let usable = self.usable_connections();
@@ -269,6 +265,22 @@ impl Gateway {
         let request = json!({"jsonrpc": "2.0", "method": "resources/read", "params": params});
         self.forward(&connection, request, message, evaluator, caller)
             .await
+    }
+
+    /// The route for `key`: as last listed, or after listing `method`
+    /// everywhere again when it is unknown.
+    async fn routed<T: Clone>(
+        &self,
+        routes: &Mutex<HashMap<String, T>>,
+        key: &str,
+        connection_of: impl Fn(&T) -> &Arc<ConnectionState>,
+        method: &str,
+    ) -> Option<T> {
+        if let Some(route) = self.current(routes, key, &connection_of) {
+            return Some(route);
+        }
+        self.learn_routes(method).await;
+        self.current(routes, key, &connection_of)
     }
 
     /// The route a listing recorded for `key`, if its connection is still
