@@ -28,10 +28,8 @@ clippy:
 ## pyenv: a virtualenv with the Python MCP SDK, for the interop tests.
 pyenv: $(PYENV)/.installed
 
-$(PYENV)/.installed: e2e/fault-server/tests/requirements.txt
-	python3 -m venv $(PYENV)
-	$(PYENV)/bin/pip install --quiet --disable-pip-version-check -r e2e/fault-server/tests/requirements.txt
-	touch $@
+$(PYENV)/.installed: e2e/fault-server/tests/requirements.txt scripts/ensure-pyenv.sh
+	@scripts/ensure-pyenv.sh
 
 ## npmenv: @modelcontextprotocol/server-everything (pinned), for interop tests.
 npmenv: $(NPMENV)/.installed
