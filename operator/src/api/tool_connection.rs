@@ -1,0 +1,232 @@
+//! ToolConnection: a remote MCP server the governed agents may reach, with
+//! credentials from Secrets of its own namespace. Shaped like the sidecar's
+//! standalone ToolConnection documents, with Secrets where those read
+//! environment variables and files.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub const DEFAULT_TIMEOUT_SECONDS: u32 = 10;
+pub const MAX_TIMEOUT_SECONDS: u32 = 60;
+pub const DEFAULT_MAX_RESPONSE_BYTES: u64 = 1_000_000;
+pub const DEFAULT_HEALTH_INTERVAL_SECONDS: u32 = 30;
+pub const DEFAULT_HEALTH_TIMEOUT_SECONDS: u32 = 5;
+
+/// A remote MCP server (Streamable HTTP) and how to reach it.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "aip.io",
+    version = "v1alpha1",
+    kind = "ToolConnection",
+    doc = "A remote MCP server that governed agents may reach through their aip sidecar.",
+    plural = "toolconnections",
+    shortname = "tconn",
+    category = "aip",
+    namespaced,
+    status = "ToolConnectionStatus",
+    printcolumn = r#"{"name":"URL","type":"string","jsonPath":".spec.url"}"#,
+    printcolumn = r#"{"name":"Health","type":"string","jsonPath":".status.health.state"}"#,
+    printcolumn = r#"{"name":"Tools","type":"integer","jsonPath":".status.toolCount"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "!has(self.tls) || self.url.startsWith('https://')", "message": "tls applies to https:// URLs only"}
+]))]
+pub struct ToolConnectionSpec {
+    /// The server's MCP endpoint (http:// or https://). Redirects are never
+    /// followed.
+    #[schemars(regex(pattern = r"^https?://[^\s]+$"))]
+    pub url: String,
+
+    /// Headers sent with every request, values from Secrets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<HeaderSpec>,
+
+    /// Shortcut for an `Authorization: Bearer <token>` header.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bearer_token: Option<ValueSpec>,
+
+    /// How to verify an https:// server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsSpec>,
+
+    /// Per-call timeout in seconds (default 10, at most 60).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 60))]
+    pub timeout_seconds: Option<u32>,
+
+    /// Largest response accepted from the server, in bytes (default
+    /// 1000000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1024))]
+    pub max_response_bytes: Option<u64>,
+
+    /// How often and how patiently the operator probes the server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check: Option<HealthCheckSpec>,
+
+    /// Prepended to the server's tool names as agents see them, e.g.
+    /// "github_".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[A-Za-z0-9_.-]*$"))]
+    pub tool_prefix: Option<String>,
+
+    /// Client capabilities offered to the server. None unless opted in:
+    /// with one, the server's requests of that kind reach the agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_capabilities: Option<ClientCapabilities>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HeaderSpec {
+    /// The header's name; the gateway's own (Mcp-Session-Id,
+    /// MCP-Protocol-Version, Content-Type, Content-Length, Host) are refused.
+    #[schemars(regex(pattern = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$"))]
+    pub name: String,
+    pub value_from: ValueSource,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ValueSpec {
+    pub value_from: ValueSource,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ValueSource {
+    /// A key of a Secret in the ToolConnection's namespace. The author must
+    /// be allowed to read it (checked at admission).
+    pub secret_key_ref: SecretKeyRef,
+}
+
+#[derive(
+    Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema,
+)]
+pub struct SecretKeyRef {
+    pub name: String,
+    pub key: String,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TlsSpec {
+    /// A Secret key holding the PEM CA bundle to trust instead of the
+    /// built-in web roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_secret_ref: Option<SecretKeyRef>,
+    /// Verify the certificate for this name instead of the URL's host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_name: Option<String>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthCheckSpec {
+    /// Seconds between probes (default 30).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub interval_seconds: Option<u32>,
+    /// Deadline of one probe in seconds (default 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 60))]
+    pub timeout_seconds: Option<u32>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct ClientCapabilities {
+    #[serde(default)]
+    pub sampling: bool,
+    #[serde(default)]
+    pub elicitation: bool,
+    #[serde(default)]
+    pub roots: bool,
+}
+
+impl ToolConnectionSpec {
+    /// Every Secret key this connection reads, in spec order.
+    pub fn secret_refs(&self) -> Vec<(String, &SecretKeyRef)> {
+        let mut out: Vec<(String, &SecretKeyRef)> = self
+            .headers
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                (
+                    format!("spec.headers[{i}].valueFrom.secretKeyRef"),
+                    &h.value_from.secret_key_ref,
+                )
+            })
+            .collect();
+        if let Some(b) = &self.bearer_token {
+            out.push((
+                "spec.bearerToken.valueFrom.secretKeyRef".to_owned(),
+                &b.value_from.secret_key_ref,
+            ));
+        }
+        if let Some(ca) = self.tls.as_ref().and_then(|t| t.ca_secret_ref.as_ref()) {
+            out.push(("spec.tls.caSecretRef".to_owned(), ca));
+        }
+        out
+    }
+}
+
+/// Health as the operator's probes and the sidecars' calls show it.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum HealthState {
+    #[default]
+    Unchecked,
+    Healthy,
+    /// The probe fails while sidecars report successful calls.
+    Degraded,
+    Unreachable,
+    NeedsCredentials,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Health {
+    pub state: HealthState,
+    /// Why, in words (never a credential).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The HTTP status of the last failing exchange, if it had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_status: Option<u16>,
+    /// The scope a 403 `insufficient_scope` challenge asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub required_scope: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_check_time: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<Time>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DiscoveredTool {
+    /// The name as the server lists it.
+    pub name: String,
+    /// sha256:... of its input schema (what a rule's schema_hash pins).
+    pub schema_hash: String,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolConnectionStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<Health>,
+    /// The tools the last successful probe listed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<DiscoveredTool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_count: Option<u32>,
+    /// CredentialsResolved and Healthy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}

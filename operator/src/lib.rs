@@ -1,0 +1,8 @@
+//! aip-operator: the control plane. It validates AgentPolicies and
+//! ToolConnections, resolves credentials, probes connection health, compiles
+//! one configuration per agent pod and streams it to that pod's sidecar.
+//!
+//! It must never write a credential anywhere but the sidecar's TLS stream:
+//! not in a status, an Event, a log line or an error message.
+
+pub mod api;

@@ -1,0 +1,28 @@
+//! crds/aip.io.yaml must be exactly what the Rust types generate.
+
+#[test]
+fn checked_in_crds_match_the_rust_types() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/aip.io.yaml");
+    let on_disk = std::fs::read_to_string(path).expect("crds/aip.io.yaml is checked in");
+    assert!(
+        on_disk == aip_operator::api::crds_yaml(),
+        "crds/aip.io.yaml is stale: run `cargo run -p aip-operator --bin crdgen > crds/aip.io.yaml`"
+    );
+}
+
+#[test]
+fn every_kind_is_in_the_aip_category_with_its_own_short_name() {
+    let crds = aip_operator::api::crds();
+    let shorts: Vec<String> = crds
+        .iter()
+        .flat_map(|c| c.spec.names.short_names.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(shorts, ["agp", "tconn", "apr"]);
+    for crd in &crds {
+        assert_eq!(
+            crd.spec.names.categories.as_deref(),
+            Some(&["aip".to_owned()][..])
+        );
+        assert_eq!(crd.spec.scope, "Namespaced");
+    }
+}
