@@ -6,3 +6,6 @@
 //! not in a status, an Event, a log line or an error message.
 
 pub mod api;
+pub mod index;
+pub mod selector;
+pub mod validate;

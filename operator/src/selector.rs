@@ -1,0 +1,153 @@
+//! Label selectors (matchLabels and matchExpressions), as Kubernetes
+//! evaluates them, checked once and then matched many times.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Selector {
+    requirements: Vec<Requirement>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Requirement {
+    In(String, Vec<String>),
+    NotIn(String, Vec<String>),
+    Exists(String),
+    DoesNotExist(String),
+}
+
+impl Selector {
+    /// Absent or empty selects everything, as a NetworkPolicy's `{}` does.
+    pub fn from_label_selector(selector: Option<&LabelSelector>) -> Result<Selector, String> {
+        let Some(selector) = selector else {
+            return Ok(Selector::default());
+        };
+        let mut requirements: Vec<Requirement> = selector
+            .match_labels
+            .iter()
+            .flatten()
+            .map(|(k, v)| Requirement::In(k.clone(), vec![v.clone()]))
+            .collect();
+        for (i, e) in selector.match_expressions.iter().flatten().enumerate() {
+            let values = e.values.clone().unwrap_or_default();
+            let (requirement, needs_values) = match e.operator.as_str() {
+                "In" => (Requirement::In(e.key.clone(), values.clone()), true),
+                "NotIn" => (Requirement::NotIn(e.key.clone(), values.clone()), true),
+                "Exists" => (Requirement::Exists(e.key.clone()), false),
+                "DoesNotExist" => (Requirement::DoesNotExist(e.key.clone()), false),
+                other => {
+                    return Err(format!(
+                        "matchExpressions[{i}].operator: {other:?} is not one of In, NotIn, Exists, DoesNotExist"
+                    ));
+                }
+            };
+            if needs_values == values.is_empty() {
+                return Err(format!(
+                    "matchExpressions[{i}]: operator {} {} values",
+                    e.operator,
+                    if needs_values { "needs" } else { "takes no" }
+                ));
+            }
+            requirements.push(requirement);
+        }
+        Ok(Selector { requirements })
+    }
+
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.requirements.iter().all(|r| match r {
+            Requirement::In(k, vs) => labels.get(k).is_some_and(|v| vs.contains(v)),
+            Requirement::NotIn(k, vs) => labels.get(k).is_none_or(|v| !vs.contains(v)),
+            Requirement::Exists(k) => labels.contains_key(k),
+            Requirement::DoesNotExist(k) => !labels.contains_key(k),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn expression(key: &str, op: &str, values: &[&str]) -> LabelSelectorRequirement {
+        LabelSelectorRequirement {
+            key: key.to_owned(),
+            operator: op.to_owned(),
+            values: (!values.is_empty()).then(|| values.iter().map(|v| (*v).to_owned()).collect()),
+        }
+    }
+
+    #[test]
+    fn absent_and_empty_select_everything() {
+        let any = labels(&[("x", "y")]);
+        assert!(Selector::from_label_selector(None).unwrap().matches(&any));
+        let empty = LabelSelector::default();
+        assert!(
+            Selector::from_label_selector(Some(&empty))
+                .unwrap()
+                .matches(&BTreeMap::new())
+        );
+    }
+
+    #[test]
+    fn labels_and_expressions_are_anded() {
+        let s = LabelSelector {
+            match_labels: Some(labels(&[("app", "agent")])),
+            match_expressions: Some(vec![
+                expression("tier", "In", &["a", "b"]),
+                expression("canary", "DoesNotExist", &[]),
+                expression("team", "NotIn", &["red"]),
+                expression("zone", "Exists", &[]),
+            ]),
+        };
+        let s = Selector::from_label_selector(Some(&s)).unwrap();
+        assert!(s.matches(&labels(&[("app", "agent"), ("tier", "a"), ("zone", "1")])));
+        assert!(s.matches(&labels(&[
+            ("app", "agent"),
+            ("tier", "b"),
+            ("zone", "1"),
+            ("team", "blue")
+        ])));
+        assert!(!s.matches(&labels(&[("app", "agent"), ("tier", "c"), ("zone", "1")])));
+        assert!(!s.matches(&labels(&[
+            ("app", "agent"),
+            ("tier", "a"),
+            ("zone", "1"),
+            ("canary", "")
+        ])));
+        assert!(!s.matches(&labels(&[
+            ("app", "agent"),
+            ("tier", "a"),
+            ("zone", "1"),
+            ("team", "red")
+        ])));
+        assert!(!s.matches(&labels(&[("app", "agent"), ("tier", "a")])));
+    }
+
+    #[test]
+    fn malformed_expressions_are_named() {
+        let bad = |e| LabelSelector {
+            match_expressions: Some(vec![e]),
+            ..LabelSelector::default()
+        };
+        let e =
+            Selector::from_label_selector(Some(&bad(expression("a", "Like", &["x"])))).unwrap_err();
+        assert_eq!(
+            e,
+            "matchExpressions[0].operator: \"Like\" is not one of In, NotIn, Exists, DoesNotExist"
+        );
+        let e = Selector::from_label_selector(Some(&bad(expression("a", "In", &[])))).unwrap_err();
+        assert_eq!(e, "matchExpressions[0]: operator In needs values");
+        let e = Selector::from_label_selector(Some(&bad(expression("a", "Exists", &["x"]))))
+            .unwrap_err();
+        assert_eq!(e, "matchExpressions[0]: operator Exists takes no values");
+    }
+}
