@@ -6,6 +6,8 @@
 //! not in a status, an Event, a log line or an error message.
 
 pub mod api;
+pub mod grpc;
 pub mod index;
+pub mod metrics;
 pub mod selector;
 pub mod validate;

@@ -1,0 +1,234 @@
+//! The `aip.config.v1.Config` service: each sidecar's one long-lived Watch
+//! stream of its pod's configuration, its Reports, and (with the approvals
+//! work) RequestApproval. This module only translates between the index and
+//! the protocol; who a caller is comes from `auth`.
+
+pub mod auth;
+mod snapshot;
+pub mod tls;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime};
+
+use aip_proto::v1::config_server::{Config, ConfigServer};
+use aip_proto::v1::{
+    ApprovalRequest, ApprovalUpdate, ReportRequest, ReportResponse, Snapshot, WatchRequest,
+};
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use crate::index::{Index, ObjectKey};
+use crate::metrics::Metrics;
+pub use auth::{AuthError, Authenticate, PodIdentity, TokenReviewer};
+
+/// How long a reviewed token is trusted without asking the API server
+/// again (never past its own expiry).
+const REVIEW_CACHE: Duration = Duration::from_secs(60);
+
+/// What one sidecar reported about one connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Evidence {
+    pub connection: ObjectKey,
+    pub pod: String,
+    pub state: String,
+    pub reason: String,
+    pub http_status: u32,
+    pub required_scope: String,
+    pub successful_calls: u64,
+    pub network_failures: u64,
+    pub credential_failures: u64,
+}
+
+/// Where the service tells the rest of the operator what it learned.
+#[derive(Clone)]
+pub struct Signals {
+    /// Policies whose status may have changed (acks).
+    pub policies: mpsc::UnboundedSender<ObjectKey>,
+    /// Connection evidence from sidecars.
+    pub evidence: mpsc::UnboundedSender<Evidence>,
+}
+
+pub struct ConfigService<A> {
+    index: Arc<Mutex<Index>>,
+    auth: Arc<A>,
+    signals: Signals,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+    reviewed: Mutex<HashMap<[u8; 32], (PodIdentity, Instant)>>,
+    /// When each pod was last sent each version, for propagation latency.
+    sent: SentLog,
+}
+
+impl<A: Authenticate> ConfigService<A> {
+    pub fn new(
+        index: Arc<Mutex<Index>>,
+        auth: A,
+        signals: Signals,
+        metrics: Arc<Metrics>,
+        shutdown: CancellationToken,
+    ) -> ConfigService<A> {
+        ConfigService {
+            index,
+            auth: Arc::new(auth),
+            signals,
+            metrics,
+            shutdown,
+            reviewed: Mutex::new(HashMap::new()),
+            sent: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    /// The caller's pod, from its bearer token.
+    async fn identify<T>(&self, request: &Request<T>) -> Result<PodIdentity, Status> {
+        let result = self.identify_token(request).await;
+        if let Err(e) = &result {
+            self.metrics.auth_failure(e.metric_label());
+        }
+        result.map_err(|e| Status::unauthenticated(e.to_string()))
+    }
+
+    async fn identify_token<T>(&self, request: &Request<T>) -> Result<PodIdentity, AuthError> {
+        let token = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .filter(|t| !t.is_empty())
+            .ok_or(AuthError::Missing)?;
+        let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let now = Instant::now();
+        if let Some((id, until)) = lock(&self.reviewed).get(&key)
+            && *until > now
+        {
+            return Ok(id.clone());
+        }
+        let id = self.auth.authenticate(token).await?;
+        if id.expires.is_some_and(|e| e <= SystemTime::now()) {
+            return Err(AuthError::Rejected("the token has expired".to_owned()));
+        }
+        let trust_for = id
+            .expires
+            .and_then(|e| e.duration_since(SystemTime::now()).ok())
+            .map_or(REVIEW_CACHE, |left| left.min(REVIEW_CACHE));
+        let mut cache = lock(&self.reviewed);
+        cache.retain(|_, (_, until)| *until > now);
+        cache.insert(key, (id.clone(), now + trust_for));
+        Ok(id)
+    }
+}
+
+/// When each pod (namespace, name) was last sent which version.
+pub(crate) type SentLog = Arc<Mutex<HashMap<(String, String), (u64, Instant)>>>;
+
+type SnapshotStream = Pin<Box<dyn Stream<Item = Result<Snapshot, Status>> + Send>>;
+type ApprovalStream = Pin<Box<dyn Stream<Item = Result<ApprovalUpdate, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl<A: Authenticate> Config for ConfigService<A> {
+    type WatchStream = SnapshotStream;
+    type RequestApprovalStream = ApprovalStream;
+
+    async fn watch(
+        &self,
+        request: Request<WatchRequest>,
+    ) -> Result<Response<SnapshotStream>, Status> {
+        let id = self.identify(&request).await?;
+        let Some(configs) = lock(&self.index).subscribe(&id.namespace, &id.pod, &id.uid) else {
+            // The pod watch may not have seen a brand-new pod yet: worth a retry.
+            return Err(Status::unavailable(format!(
+                "pod {}/{} (uid {}) is not known to the operator (yet)",
+                id.namespace, id.pod, id.uid
+            )));
+        };
+        tracing::info!(namespace = %id.namespace, pod = %id.pod, sidecar = %request.get_ref().sidecar_version, "sidecar connected");
+        let (tx, rx) = mpsc::channel(2);
+        let stream = snapshot::Stream {
+            id,
+            configs,
+            tx,
+            metrics: self.metrics.clone(),
+            sent: self.sent.clone(),
+            shutdown: self.shutdown.clone(),
+        };
+        tokio::spawn(stream.run());
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn report(
+        &self,
+        request: Request<ReportRequest>,
+    ) -> Result<Response<ReportResponse>, Status> {
+        let id = self.identify(&request).await?;
+        let report = request.into_inner();
+        let pod_key = (id.namespace.clone(), id.pod.clone());
+        if let Some((version, at)) = lock(&self.sent).get(&pod_key).copied()
+            && version == report.applied_version
+        {
+            self.metrics.propagation(at.elapsed());
+        }
+        if !report.refused_reason.is_empty() {
+            tracing::warn!(namespace = %id.namespace, pod = %id.pod, reason = %report.refused_reason, "a sidecar refused its configuration");
+        }
+        let touched =
+            lock(&self.index).ack(&id.namespace, &id.pod, &id.uid, report.applied_version);
+        for policy in touched {
+            let _ = self.signals.policies.send(policy);
+        }
+        for c in report.connections {
+            let _ = self.signals.evidence.send(Evidence {
+                connection: ObjectKey::new(&id.namespace, &c.connection),
+                pod: id.pod.clone(),
+                state: c.state,
+                reason: c.reason,
+                http_status: c.http_status,
+                required_scope: c.required_scope,
+                successful_calls: c.successful_calls,
+                network_failures: c.network_failures,
+                credential_failures: c.credential_failures,
+            });
+        }
+        Ok(Response::new(ReportResponse {}))
+    }
+
+    async fn request_approval(
+        &self,
+        request: Request<ApprovalRequest>,
+    ) -> Result<Response<ApprovalStream>, Status> {
+        self.identify(&request).await?;
+        Err(Status::unimplemented(
+            "approvals through the operator are not available in this version",
+        ))
+    }
+}
+
+/// Serves the Config service on `listener` until `shutdown`.
+pub async fn serve<A: Authenticate>(
+    listener: tokio::net::TcpListener,
+    tls: tls::ServerTls,
+    service: ConfigService<A>,
+) -> anyhow::Result<()> {
+    let shutdown = service.shutdown.clone();
+    let addr: Option<SocketAddr> = listener.local_addr().ok();
+    tracing::info!(address = ?addr, "gRPC config service listening");
+    tonic::transport::Server::builder()
+        .tls_config(tls.config())?
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .add_service(ConfigServer::new(service))
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener),
+            shutdown.cancelled_owned(),
+        )
+        .await?;
+    Ok(())
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}

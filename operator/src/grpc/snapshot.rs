@@ -1,0 +1,134 @@
+//! One Watch stream: the pod's current configuration, then every new one,
+//! until the pod goes away, its token expires, the sidecar leaves or the
+//! operator stops.
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use aip_proto::v1;
+use secrecy::ExposeSecret;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+
+use super::{PodIdentity, SentLog, lock};
+use crate::index::PodConfig;
+use crate::metrics::Metrics;
+
+pub(super) struct Stream {
+    pub id: PodIdentity,
+    pub configs: watch::Receiver<Arc<PodConfig>>,
+    pub tx: mpsc::Sender<Result<v1::Snapshot, Status>>,
+    pub metrics: Arc<Metrics>,
+    pub sent: SentLog,
+    pub shutdown: CancellationToken,
+}
+
+impl Stream {
+    pub async fn run(self) {
+        let key = (self.id.namespace.clone(), self.id.pod.clone());
+        let sent = self.sent.clone();
+        self.pump().await;
+        lock(&sent).remove(&key);
+    }
+
+    async fn pump(mut self) {
+        let _connected = self.metrics.sidecar_connected();
+        let expires = self.id.expires.map(|at| {
+            let left = at.duration_since(SystemTime::now()).unwrap_or_default();
+            tokio::time::Instant::now() + left
+        });
+        loop {
+            let config = self.configs.borrow_and_update().clone();
+            let version = config.version;
+            if self.tx.send(Ok(to_proto(&config))).await.is_err() {
+                return;
+            }
+            self.metrics.pushed();
+            lock(&self.sent).insert(
+                (self.id.namespace.clone(), self.id.pod.clone()),
+                (version, Instant::now()),
+            );
+            let end = tokio::select! {
+                changed = self.configs.changed() => match changed {
+                    Ok(()) => continue,
+                    Err(_) => Status::not_found(format!("pod {}/{} is gone", self.id.namespace, self.id.pod)),
+                },
+                () = sleep_until(expires) => Status::unauthenticated("the token has expired; reconnect with the refreshed one"),
+                () = self.tx.closed() => return,
+                () = self.shutdown.cancelled() => Status::unavailable("the operator is shutting down"),
+            };
+            let _ = self.tx.send(Err(end)).await;
+            return;
+        }
+    }
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The wire form of a pod's configuration. The only place credentials
+/// leave `SecretString`.
+pub fn to_proto(config: &PodConfig) -> v1::Snapshot {
+    v1::Snapshot {
+        version: config.version,
+        policy: config.policy.as_ref().map(|p| v1::Policy {
+            namespace: p.namespace.clone(),
+            name: p.name.clone(),
+            hash: p.hash.clone(),
+            document_json: p.document_json.clone(),
+        }),
+        connections: config
+            .connections
+            .iter()
+            .map(|c| {
+                let (headers, ca_pem, credentials_error) = match &c.credentials {
+                    Ok(cred) => (
+                        cred.headers
+                            .iter()
+                            .map(|(name, value)| v1::Header {
+                                name: name.clone(),
+                                value: value.expose_secret().to_owned(),
+                            })
+                            .collect(),
+                        cred.ca_pem.clone().unwrap_or_default(),
+                        String::new(),
+                    ),
+                    Err(e) => (Vec::new(), String::new(), e.clone()),
+                };
+                v1::Connection {
+                    name: c.name.clone(),
+                    url: c.url.clone(),
+                    headers,
+                    credentials_error,
+                    timeout_ms: millis(c.timeout),
+                    max_response_bytes: c.max_response_bytes,
+                    health_interval_ms: millis(c.health_interval),
+                    health_deadline_ms: millis(c.health_deadline),
+                    tool_prefix: c.tool_prefix.clone(),
+                    capabilities: Some(v1::Capabilities {
+                        sampling: c.capabilities.sampling,
+                        elicitation: c.capabilities.elicitation,
+                        roots: c.capabilities.roots,
+                    }),
+                    tls: Some(v1::Tls {
+                        ca_pem,
+                        server_name: c.server_name.clone().unwrap_or_default(),
+                    }),
+                }
+            })
+            .collect(),
+        deny_reason: config.deny_reason.clone().unwrap_or_default(),
+        approval: Some(v1::Approval {
+            timeout_seconds: u32::try_from(config.approval_timeout().as_secs()).unwrap_or(u32::MAX),
+        }),
+    }
+}
+
+fn millis(d: std::time::Duration) -> u32 {
+    u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
+}

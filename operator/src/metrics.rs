@@ -1,0 +1,146 @@
+//! The operator's Prometheus metrics.
+
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindErrorLabel {
+    pub kind: String,
+    pub error: String,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    connected: Gauge<i64, std::sync::atomic::AtomicI64>,
+    pushes: Counter<u64, AtomicU64>,
+    propagation: Histogram,
+    auth_failures: Family<ReasonLabel, Counter>,
+    reconciles: Family<KindLabel, Counter>,
+    reconcile_errors: Family<KindErrorLabel, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("aip_operator");
+        let connected = Gauge::default();
+        registry.register(
+            "connected_sidecars",
+            "Sidecars with an open Watch stream",
+            connected.clone(),
+        );
+        let pushes = Counter::default();
+        registry.register(
+            "config_pushes",
+            "Configuration snapshots sent to sidecars",
+            pushes.clone(),
+        );
+        let propagation = Histogram::new([
+            0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+        ]);
+        registry.register(
+            "propagation_seconds",
+            "From sending a snapshot to the sidecar's ack of it",
+            propagation.clone(),
+        );
+        let auth_failures = Family::default();
+        registry.register(
+            "sidecar_auth_failures",
+            "Sidecar calls refused, by reason",
+            auth_failures.clone(),
+        );
+        let reconciles = Family::default();
+        registry.register("reconciles", "Reconciliations by kind", reconciles.clone());
+        let reconcile_errors = Family::default();
+        registry.register(
+            "reconcile_errors",
+            "Failed reconciliations by kind and error",
+            reconcile_errors.clone(),
+        );
+        Metrics {
+            registry,
+            connected,
+            pushes,
+            propagation,
+            auth_failures,
+            reconciles,
+            reconcile_errors,
+        }
+    }
+
+    /// Counts a connected sidecar until the guard drops.
+    pub fn sidecar_connected(&self) -> ConnectedGuard {
+        self.connected.inc();
+        ConnectedGuard(self.connected.clone())
+    }
+
+    pub fn pushed(&self) {
+        self.pushes.inc();
+    }
+
+    pub fn propagation(&self, took: Duration) {
+        self.propagation.observe(took.as_secs_f64());
+    }
+
+    pub fn auth_failure(&self, reason: &str) {
+        self.auth_failures
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    pub fn reconciled(&self, kind: &str) {
+        self.reconciles
+            .get_or_create(&KindLabel {
+                kind: kind.to_owned(),
+            })
+            .inc();
+    }
+
+    pub fn reconcile_failed(&self, kind: &str, error: &str) {
+        self.reconcile_errors
+            .get_or_create(&KindErrorLabel {
+                kind: kind.to_owned(),
+                error: error.to_owned(),
+            })
+            .inc();
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+pub struct ConnectedGuard(Gauge<i64, std::sync::atomic::AtomicI64>);
+
+impl Drop for ConnectedGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}

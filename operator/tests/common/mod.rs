@@ -1,0 +1,100 @@
+//! Shared by the operator's integration tests: a fake API server with an
+//! admin client, pods and their minted service-account tokens.
+
+#![allow(dead_code, clippy::unwrap_used)]
+
+use aip_fake_apiserver::{ADMIN_TOKEN, Options, Running};
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use kube::api::{Api, PostParams};
+use kube::{Client, Config};
+use serde_json::json;
+
+pub struct Cluster {
+    pub running: Running,
+    pub admin: Client,
+}
+
+impl Cluster {
+    pub async fn start() -> Cluster {
+        let running = aip_fake_apiserver::start(Options::default()).await.unwrap();
+        let admin = client(&running, ADMIN_TOKEN).await;
+        Cluster { running, admin }
+    }
+
+    pub async fn namespace(&self, name: &str) {
+        let namespaces: Api<Namespace> = Api::all(self.admin.clone());
+        namespaces
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+
+    pub async fn service_account(&self, ns: &str, name: &str) {
+        let accounts: Api<ServiceAccount> = Api::namespaced(self.admin.clone(), ns);
+        accounts
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// Creates a pod running as `account`; returns its uid.
+    pub async fn pod(
+        &self,
+        ns: &str,
+        name: &str,
+        account: &str,
+        labels: serde_json::Value,
+    ) -> String {
+        let pods: Api<Pod> = Api::namespaced(self.admin.clone(), ns);
+        let pod = pods
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": {"name": name, "labels": labels},
+                    "spec": {"serviceAccountName": account, "containers": [{"name": "agent", "image": "agent"}]}}))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+        pod.metadata.uid.unwrap()
+    }
+
+    /// A token for `account` bound to pod `pod` (uid), for `audiences`
+    /// (empty: the API server's own).
+    pub async fn token(
+        &self,
+        ns: &str,
+        account: &str,
+        pod: &str,
+        uid: &str,
+        audiences: &[&str],
+    ) -> String {
+        let accounts: Api<ServiceAccount> = Api::namespaced(self.admin.clone(), ns);
+        let mut spec = json!({"expirationSeconds": 3600,
+            "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": pod, "uid": uid}});
+        if !audiences.is_empty() {
+            spec["audiences"] = json!(audiences);
+        }
+        let request: TokenRequest = serde_json::from_value(json!({"spec": spec})).unwrap();
+        let minted = accounts
+            .create_token_request(account, &PostParams::default(), &request)
+            .await
+            .unwrap();
+        minted.status.unwrap().token.unwrap()
+    }
+}
+
+pub async fn client(running: &Running, token: &str) -> Client {
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(&running.kubeconfig(token)).unwrap();
+    let config = Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    Client::try_from(config).unwrap()
+}

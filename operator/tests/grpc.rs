@@ -1,0 +1,288 @@
+//! The Config service over real gRPC and TLS on loopback, authenticating
+//! sidecars by TokenReview against the fake API server: a pod gets its own
+//! configuration and every change to it, acks count as synced, and a token
+//! for the wrong audience, no token, or a pod that is gone get nothing.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aip_operator::api::AgentPolicySpec;
+use aip_operator::grpc::{ConfigService, Signals, TokenReviewer, tls::ServerTls};
+use aip_operator::index::{Index, ObjectKey, PodMeta};
+use aip_operator::metrics::Metrics;
+use aip_proto::v1::config_client::ConfigClient;
+use aip_proto::v1::{ConnectionEvidence, ReportRequest, Snapshot, WatchRequest};
+use common::Cluster;
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+use tonic::{Code, Streaming};
+
+const AUDIENCE: &str = aip_proto::TOKEN_AUDIENCE;
+const PATIENCE: Duration = Duration::from_secs(10);
+
+struct Harness {
+    cluster: Cluster,
+    index: Arc<Mutex<Index>>,
+    channel: Channel,
+    policies: mpsc::UnboundedReceiver<ObjectKey>,
+    evidence: mpsc::UnboundedReceiver<aip_operator::grpc::Evidence>,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+fn policy(tools: &[&str]) -> AgentPolicySpec {
+    serde_json::from_value(json!({
+        "allowed_tools": tools,
+        "podSelector": {"matchLabels": {"app": "a"}},
+    }))
+    .unwrap()
+}
+
+async fn harness() -> Harness {
+    let cluster = Cluster::start().await;
+    let index = Arc::new(Mutex::new(Index::new()));
+    let (ptx, policies) = mpsc::unbounded_channel();
+    let (etx, evidence) = mpsc::unbounded_channel();
+    let metrics = Arc::new(Metrics::new());
+    let shutdown = CancellationToken::new();
+    let service = ConfigService::new(
+        index.clone(),
+        TokenReviewer::new(cluster.admin.clone(), AUDIENCE),
+        Signals {
+            policies: ptx,
+            evidence: etx,
+        },
+        metrics.clone(),
+        shutdown.clone(),
+    );
+    let tls = ServerTls::self_signed(&["localhost".to_owned()]).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(aip_operator::grpc::serve(listener, tls.clone(), service));
+    let channel = Endpoint::from_shared(format!("https://{addr}"))
+        .unwrap()
+        .tls_config(
+            ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(&tls.cert_pem))
+                .domain_name("localhost"),
+        )
+        .unwrap()
+        .connect_lazy();
+    Harness {
+        cluster,
+        index,
+        channel,
+        policies,
+        evidence,
+        metrics,
+        shutdown,
+    }
+}
+
+impl Harness {
+    /// A pod in the cluster and in the index; its uid.
+    async fn pod(&self, name: &str, app: &str) -> String {
+        let uid = self
+            .cluster
+            .pod("agents", name, "runner", json!({"app": app}))
+            .await;
+        self.index.lock().unwrap().apply_pod(PodMeta {
+            namespace: "agents".to_owned(),
+            name: name.to_owned(),
+            uid: uid.clone(),
+            labels: BTreeMap::from([("app".to_owned(), app.to_owned())]),
+        });
+        uid
+    }
+
+    async fn watch(&self, token: Option<&str>) -> Result<Streaming<Snapshot>, tonic::Status> {
+        let mut request = tonic::Request::new(WatchRequest {
+            sidecar_version: "test".to_owned(),
+            applied_version: 0,
+        });
+        if let Some(t) = token {
+            request
+                .metadata_mut()
+                .insert("authorization", format!("Bearer {t}").parse().unwrap());
+        }
+        ConfigClient::new(self.channel.clone())
+            .watch(request)
+            .await
+            .map(tonic::Response::into_inner)
+    }
+}
+
+async fn next(stream: &mut Streaming<Snapshot>) -> Result<Option<Snapshot>, tonic::Status> {
+    tokio::time::timeout(PATIENCE, stream.message())
+        .await
+        .expect("a message or the end within the patience")
+}
+
+#[tokio::test]
+async fn a_sidecar_gets_its_pods_config_and_every_change() {
+    let mut h = harness().await;
+    h.cluster.namespace("agents").await;
+    h.cluster.service_account("agents", "runner").await;
+    let uid = h.pod("agent-1", "a").await;
+    h.index
+        .lock()
+        .unwrap()
+        .apply_policy("agents", "p", Some(1), &policy(&["read_file"]));
+    let token = h
+        .cluster
+        .token("agents", "runner", "agent-1", &uid, &[AUDIENCE])
+        .await;
+
+    let mut stream = h.watch(Some(&token)).await.unwrap();
+    let first = next(&mut stream).await.unwrap().unwrap();
+    let p = first.policy.as_ref().unwrap();
+    assert_eq!((p.namespace.as_str(), p.name.as_str()), ("agents", "p"));
+    assert!(p.document_json.contains("read_file"));
+
+    h.index
+        .lock()
+        .unwrap()
+        .apply_policy("agents", "p", Some(2), &policy(&["read_file", "ls"]));
+    let second = next(&mut stream).await.unwrap().unwrap();
+    assert!(second.version > first.version);
+    assert!(
+        second
+            .policy
+            .as_ref()
+            .unwrap()
+            .document_json
+            .contains("\"ls\"")
+    );
+    assert_ne!(second.policy.as_ref().unwrap().hash, p.hash);
+
+    // The ack counts as synced and the policy's status writer hears of it.
+    let mut report = tonic::Request::new(ReportRequest {
+        applied_version: second.version,
+        refused_reason: String::new(),
+        connections: vec![ConnectionEvidence {
+            connection: "gh".to_owned(),
+            state: "NeedsCredentials".to_owned(),
+            http_status: 401,
+            credential_failures: 1,
+            ..ConnectionEvidence::default()
+        }],
+    });
+    report
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    ConfigClient::new(h.channel.clone())
+        .report(report)
+        .await
+        .unwrap();
+    assert_eq!(h.policies.recv().await, Some(ObjectKey::new("agents", "p")));
+    let view = h.index.lock().unwrap().policy_view("agents", "p").unwrap();
+    assert_eq!((view.governed_pods, view.synced_pods), (1, 1));
+    let evidence = h.evidence.recv().await.unwrap();
+    assert_eq!(evidence.connection, ObjectKey::new("agents", "gh"));
+    assert_eq!(
+        (evidence.pod.as_str(), evidence.http_status),
+        ("agent-1", 401)
+    );
+
+    let metrics = h.metrics.encode();
+    assert!(
+        metrics.contains("aip_operator_connected_sidecars 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("aip_operator_propagation_seconds_count 1"),
+        "{metrics}"
+    );
+
+    // The pod goes away: its stream ends.
+    h.index.lock().unwrap().delete_pod("agents", "agent-1");
+    let end = next(&mut stream).await.unwrap_err();
+    assert_eq!(end.code(), Code::NotFound, "{end:?}");
+}
+
+#[tokio::test]
+async fn each_token_gets_its_own_pods_config_only() {
+    let h = harness().await;
+    h.cluster.namespace("agents").await;
+    h.cluster.service_account("agents", "runner").await;
+    h.pod("agent-a", "a").await;
+    let uid_b = h.pod("agent-b", "b").await;
+    h.index
+        .lock()
+        .unwrap()
+        .apply_policy("agents", "p", Some(1), &policy(&["read_file"]));
+    let token_b = h
+        .cluster
+        .token("agents", "runner", "agent-b", &uid_b, &[AUDIENCE])
+        .await;
+    let mut stream = h.watch(Some(&token_b)).await.unwrap();
+    let snapshot = next(&mut stream).await.unwrap().unwrap();
+    assert!(snapshot.policy.is_none(), "agent-b is not governed by p");
+    assert_eq!(
+        snapshot.deny_reason,
+        "no AgentPolicy in namespace agents selects this pod"
+    );
+}
+
+#[tokio::test]
+async fn wrong_audience_missing_token_and_unknown_pods_get_nothing() {
+    let h = harness().await;
+    h.cluster.namespace("agents").await;
+    h.cluster.service_account("agents", "runner").await;
+    let uid = h.pod("agent-1", "a").await;
+
+    // The API server's own audience: what a pod's default token carries.
+    let default = h
+        .cluster
+        .token("agents", "runner", "agent-1", &uid, &[])
+        .await;
+    let refused = h.watch(Some(&default)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated);
+    assert!(
+        refused.message().contains("audience"),
+        "{}",
+        refused.message()
+    );
+
+    let refused = h.watch(None).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated);
+    assert!(
+        refused.message().starts_with("no bearer token"),
+        "{}",
+        refused.message()
+    );
+
+    let refused = h.watch(Some("not-a-token")).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated);
+
+    // A valid token for a pod the index has not seen (yet): retryable.
+    let uid2 = h
+        .cluster
+        .pod("agents", "agent-2", "runner", json!({}))
+        .await;
+    let token2 = h
+        .cluster
+        .token("agents", "runner", "agent-2", &uid2, &[AUDIENCE])
+        .await;
+    let refused = h.watch(Some(&token2)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+
+    let metrics = h.metrics.encode();
+    assert!(
+        metrics.contains("aip_operator_sidecar_auth_failures_total{reason=\"missing\"} 1"),
+        "{metrics}"
+    );
+}
