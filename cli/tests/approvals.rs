@@ -41,7 +41,7 @@ async fn list_approve_and_deny_through_the_admin_port() {
     let gateway = Gateway::with_approvals(config, approvals.clone(), shutdown.clone());
     let admin = Arc::new(Admin {
         gateway,
-        approval_token: secrecy::SecretString::from("t0ken".to_owned()),
+        approval_token: Some(secrecy::SecretString::from("t0ken".to_owned())),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());

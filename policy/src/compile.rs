@@ -1,6 +1,8 @@
 //! Document -> Evaluator: everything that can be decided once is decided here,
 //! so that evaluating a call is lookups and precompiled matches only.
 
+use std::sync::Arc;
+
 use regex::Regex;
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -74,7 +76,9 @@ pub(crate) struct ToolEntry {
 #[derive(Debug)]
 pub(crate) struct CompiledRule {
     pub action: Action,
-    pub limiter: Option<Limiter>,
+    /// Shared with the next compilation when it keeps the same limit, so
+    /// a reload does not refill the bucket.
+    pub limiter: Option<Arc<Limiter>>,
     pub strict_args: Option<bool>,
     /// In argument-name order, so the first failure reported is stable.
     pub args: Vec<ArgRule>,
@@ -140,6 +144,35 @@ impl Evaluator {
         }
     }
 
+    /// Compiles a validated policy that replaces `previous`: a tool whose
+    /// rule keeps the same rate limit keeps its bucket, so a configuration
+    /// push that leaves the rule alone does not hand out a fresh burst.
+    pub fn compile_after(
+        policy: &AgentPolicy,
+        options: &CompileOptions,
+        previous: &Evaluator,
+    ) -> Result<Evaluator, PolicyErrors> {
+        let mut next = Evaluator::compile(policy, options)?;
+        let (Some(new), Some(old)) = (next.policy.as_mut(), previous.policy.as_ref()) else {
+            return Ok(next);
+        };
+        for (tool, entry) in &mut new.tools {
+            let Some(limiter) = entry.rule.as_mut().and_then(|r| r.limiter.as_mut()) else {
+                continue;
+            };
+            let kept = old
+                .tools
+                .get(tool)
+                .and_then(|e| e.rule.as_ref())
+                .and_then(|r| r.limiter.as_ref())
+                .filter(|l| l.limit == limiter.limit);
+            if let Some(kept) = kept {
+                *limiter = kept.clone();
+            }
+        }
+        Ok(next)
+    }
+
     /// Compiles a validated policy.
     pub fn compile(
         policy: &AgentPolicy,
@@ -155,7 +188,7 @@ impl Evaluator {
             let path = format!("spec.tool_rules[{i}]");
             let limiter = match rule.rate_limit.as_deref().map(RateLimit::parse) {
                 None => None,
-                Some(Ok(limit)) => Some(Limiter::new(limit, options.clock.clone())),
+                Some(Ok(limit)) => Some(Arc::new(Limiter::new(limit, options.clock.clone()))),
                 Some(Err(e)) => {
                     errors.push(field(&format!("{path}.rate_limit"), e.to_string()));
                     None

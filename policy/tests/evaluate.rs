@@ -315,6 +315,35 @@ mod rate_limits {
         clock.advance(Duration::from_secs(30));
         assert_eq!(call(&e, "s", json!({})).decision, Decision::Allow);
     }
+
+    #[test]
+    fn a_recompile_keeps_the_bucket_of_an_unchanged_limit_only() {
+        let clock = ManualClock::default();
+        let opts = CompileOptions {
+            clock: RateClock::Manual(clock.clone()),
+            ..options()
+        };
+        let doc = |extra: &str| {
+            let text = format!(
+                "apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {{name: t}}\nspec:\n  tool_rules:\n    - {{tool: s, rate_limit: 1/minute}}\n    - {{tool: u, rate_limit: {extra}}}\n"
+            );
+            aip_policy::AgentPolicy::from_yaml(&text).unwrap()
+        };
+        let first = Evaluator::compile(&doc("1/minute"), &opts).unwrap();
+        assert_eq!(call(&first, "s", json!({})).decision, Decision::Allow);
+        assert_eq!(call(&first, "u", json!({})).decision, Decision::Allow);
+        // u's limit changes, s's does not.
+        let second = Evaluator::compile_after(&doc("2/minute"), &opts, &first).unwrap();
+        assert_eq!(
+            call(&second, "s", json!({})).decision,
+            Decision::RateLimited,
+            "s's bucket was carried over, still empty"
+        );
+        assert_eq!(call(&second, "u", json!({})).decision, Decision::Allow);
+        assert_eq!(call(&second, "u", json!({})).decision, Decision::Allow);
+        let fresh = Evaluator::compile(&doc("2/minute"), &opts).unwrap();
+        assert_eq!(call(&fresh, "s", json!({})).decision, Decision::Allow);
+    }
 }
 
 mod protected_paths {

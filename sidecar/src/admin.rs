@@ -27,8 +27,10 @@ type Body = BoxBody<Bytes, Infallible>;
 
 pub struct Admin {
     pub gateway: Arc<Gateway>,
-    /// Bearer token for the approval routes.
-    pub approval_token: SecretString,
+    /// Bearer token for the approval routes; None: there are none (in
+    /// Kubernetes mode decisions come only through the API server, since
+    /// anything on loopback is reachable by the agent).
+    pub approval_token: Option<SecretString>,
 }
 
 pub async fn serve(
@@ -73,7 +75,12 @@ async fn route(admin: Arc<Admin>, req: Request<Incoming>) -> Result<Response<Bod
         (&Method::GET, "/connections") => {
             json_response(StatusCode::OK, &connections(&admin.gateway))
         }
-        (_, p) if p == "/approvals" || p.starts_with("/approvals/") => approvals(&admin, req).await,
+        (_, p)
+            if admin.approval_token.is_some()
+                && (p == "/approvals" || p.starts_with("/approvals/")) =>
+        {
+            approvals(&admin, req).await
+        }
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     })
 }
@@ -164,9 +171,10 @@ fn authorized(admin: &Admin, req: &Request<Incoming>) -> bool {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or_default();
-    Sha256::digest(presented.as_bytes())
-        == Sha256::digest(admin.approval_token.expose_secret().as_bytes())
-        && !presented.is_empty()
+    admin.approval_token.as_ref().is_some_and(|token| {
+        Sha256::digest(presented.as_bytes()) == Sha256::digest(token.expose_secret().as_bytes())
+            && !presented.is_empty()
+    })
 }
 
 fn json_response(status: StatusCode, value: &Value) -> Response<Body> {

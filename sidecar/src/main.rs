@@ -11,7 +11,7 @@ use std::time::Duration;
 use aip_sidecar::admin::{self, Admin};
 use aip_sidecar::agent::http as agent_http;
 use aip_sidecar::audit::Audit;
-use aip_sidecar::config::file;
+use aip_sidecar::config::{file, operator};
 use aip_sidecar::gate::{Gateway, GatewayOptions};
 use clap::{Parser, Subcommand};
 use secrecy::SecretString;
@@ -73,9 +73,35 @@ struct StdioArgs {
 
 #[derive(clap::Args)]
 struct RunArgs {
-    /// Multi-document YAML: one AgentPolicy and any ToolConnections.
-    #[arg(long)]
-    config: PathBuf,
+    /// Standalone mode: multi-document YAML with one AgentPolicy and any
+    /// ToolConnections.
+    #[arg(
+        long,
+        required_unless_present = "operator",
+        conflicts_with = "operator"
+    )]
+    config: Option<PathBuf>,
+    /// Kubernetes mode: the operator's gRPC service (https://HOST:PORT).
+    #[arg(long, env = "AIP_OPERATOR_URL", requires = "operator_ca")]
+    operator: Option<String>,
+    /// PEM CA bundle that signed the operator's certificate.
+    #[arg(long, env = "AIP_OPERATOR_CA")]
+    operator_ca: Option<PathBuf>,
+    /// Verify the operator's certificate for this name instead of the
+    /// URL's host.
+    #[arg(long, env = "AIP_OPERATOR_SERVER_NAME")]
+    operator_server_name: Option<String>,
+    /// The projected service-account token (audience aip.io/sidecar).
+    #[arg(
+        long,
+        env = "AIP_TOKEN_FILE",
+        default_value = "/var/run/secrets/aip.io/serviceaccount/token"
+    )]
+    token_file: PathBuf,
+    /// Kubernetes mode: refuse every tool call once the operator has been
+    /// away this long (e.g. 30m). Default: keep the last configuration.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    max_staleness: Option<Duration>,
     /// Where agents connect (loopback).
     #[arg(long, default_value = "127.0.0.1:8808")]
     listen: String,
@@ -223,36 +249,57 @@ fn check(path: &Path) -> ExitCode {
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
-    let watched = watch_config(
-        &args.config,
-        Duration::from_millis(args.reload_ms),
-        &shutdown,
-    );
+    let (evidence_tx, evidence) = tokio::sync::watch::channel(None);
+    let kubernetes = args.operator.is_some();
+    let config = match (&args.config, &args.operator, &args.operator_ca) {
+        (Some(path), _, _) => {
+            watch_config(path, Duration::from_millis(args.reload_ms), &shutdown).config
+        }
+        (None, Some(url), Some(ca)) => {
+            let source = operator::OperatorSource {
+                url: url.clone(),
+                ca_file: ca.clone(),
+                server_name: args.operator_server_name.clone(),
+                token_file: args.token_file.clone(),
+                max_staleness: args.max_staleness,
+            };
+            operator::watch(source, evidence, shutdown.clone())?.config
+        }
+        _ => anyhow::bail!("give --config FILE, or --operator URL with --operator-ca FILE"),
+    };
     let audit = audit_sink(args.audit.as_deref(), || Box::new(std::io::stdout()))?;
     let options = GatewayOptions {
         approval_timeout: Duration::from_secs(args.approval_timeout_seconds),
         ..GatewayOptions::default()
     };
-    let gateway = Gateway::new(
-        watched.config.clone(),
-        Audit::new(audit),
-        options,
-        shutdown.clone(),
-    );
-    let token_file = args
-        .approval_token_file
-        .clone()
-        .unwrap_or_else(default_token_file);
-    let approval_token = approval_token(&token_file)?;
+    let gateway = Gateway::new(config, Audit::new(audit), options, shutdown.clone());
+    let evidence_gateway = gateway.clone();
+    let _ = evidence_tx.send(Some(
+        Arc::new(move || operator::gateway_evidence(&evidence_gateway)) as operator::EvidenceFn,
+    ));
+    // In Kubernetes mode approvals come only through the API server: the
+    // agent shares this loopback, so no route here may grant anything.
+    let (approval_token, token_note) = if kubernetes {
+        (None, "approvals through Kubernetes".to_owned())
+    } else {
+        let token_file = args
+            .approval_token_file
+            .clone()
+            .unwrap_or_else(default_token_file);
+        let token = approval_token(&token_file)?;
+        (
+            Some(token),
+            format!("approval token in {}", token_file.display()),
+        )
+    };
 
     let agent_listener = tokio::net::TcpListener::bind(&args.listen).await?;
     let admin_listener = tokio::net::TcpListener::bind(&args.admin).await?;
     eprintln!(
-        "aip-sidecar: agents at http://{}{} ; admin at http://{} ; approval token in {}",
+        "aip-sidecar: agents at http://{}{} ; admin at http://{} ; {token_note}",
         agent_listener.local_addr()?,
         agent_http::MCP_PATH,
         admin_listener.local_addr()?,
-        token_file.display()
     );
     tokio::spawn(aip_runtime::cancel_on_signal(shutdown.clone()));
     let admin = Arc::new(Admin {
@@ -300,7 +347,7 @@ async fn stdio(args: StdioArgs) -> anyhow::Result<i32> {
             Gateway::with_approvals(watched.config.clone(), approvals.clone(), shutdown.clone());
         let admin = Arc::new(Admin {
             gateway,
-            approval_token,
+            approval_token: Some(approval_token),
         });
         tokio::spawn(admin::serve(admin, listener, shutdown.clone()));
     }

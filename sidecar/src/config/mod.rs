@@ -4,6 +4,7 @@
 
 pub mod connection;
 pub mod file;
+pub mod operator;
 
 use std::fmt;
 use std::sync::Arc;

@@ -1,0 +1,299 @@
+//! Kubernetes mode's configuration source against an in-test operator (a
+//! real aip.config.v1 gRPC server over TLS on loopback): snapshots become
+//! the gateway's configuration and are acked; a lost operator leaves the last
+//! configuration in force, or, past --max-staleness, fails closed; the token
+//! file is read again at every connection; a snapshot the sidecar cannot
+//! compile is refused and reported, keeping the previous one.
+
+#![allow(clippy::unwrap_used)]
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aip_proto::v1::config_server::{Config as ConfigApi, ConfigServer};
+use aip_proto::v1::{
+    ApprovalRequest, ApprovalUpdate, Policy, ReportRequest, ReportResponse, Snapshot, WatchRequest,
+};
+use aip_sidecar::config::Config;
+use aip_sidecar::config::operator::{self, OperatorSource};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::Stream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+const PATIENCE: Duration = Duration::from_secs(10);
+
+type Feed = mpsc::Sender<Result<Snapshot, Status>>;
+
+/// The operator's side: each Watch hands the test a sender for that
+/// stream; reports and presented tokens are recorded.
+struct Operator {
+    streams: mpsc::UnboundedSender<Feed>,
+    reports: mpsc::UnboundedSender<ReportRequest>,
+    tokens: Arc<Mutex<Vec<String>>>,
+}
+
+impl Operator {
+    fn token<T>(&self, r: &Request<T>) {
+        let t = r.metadata().get("authorization").unwrap().to_str().unwrap();
+        self.tokens.lock().unwrap().push(t.to_owned());
+    }
+}
+
+type Snapshots = Pin<Box<dyn Stream<Item = Result<Snapshot, Status>> + Send>>;
+type Updates = Pin<Box<dyn Stream<Item = Result<ApprovalUpdate, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ConfigApi for Operator {
+    type WatchStream = Snapshots;
+    type RequestApprovalStream = Updates;
+
+    async fn watch(&self, r: Request<WatchRequest>) -> Result<Response<Snapshots>, Status> {
+        self.token(&r);
+        let (tx, rx) = mpsc::channel(4);
+        self.streams.send(tx).unwrap();
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    async fn report(&self, r: Request<ReportRequest>) -> Result<Response<ReportResponse>, Status> {
+        self.token(&r);
+        let _ = self.reports.send(r.into_inner());
+        Ok(Response::new(ReportResponse {}))
+    }
+
+    async fn request_approval(
+        &self,
+        _: Request<ApprovalRequest>,
+    ) -> Result<Response<Updates>, Status> {
+        Err(Status::unimplemented("not here"))
+    }
+}
+
+struct Harness {
+    config: watch::Receiver<Arc<Config>>,
+    streams: mpsc::UnboundedReceiver<Feed>,
+    reports: mpsc::UnboundedReceiver<ReportRequest>,
+    tokens: Arc<Mutex<Vec<String>>>,
+    token_file: std::path::PathBuf,
+    _dir: tempdir::Dir,
+    shutdown: CancellationToken,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+mod tempdir {
+    pub struct Dir(pub std::path::PathBuf);
+    impl Dir {
+        pub fn new() -> Dir {
+            let p = std::env::temp_dir().join(format!(
+                "aip-operator-source-{}-{}",
+                std::process::id(),
+                rand_suffix()
+            ));
+            std::fs::create_dir_all(&p).unwrap();
+            Dir(p)
+        }
+    }
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    fn rand_suffix() -> u64 {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        N.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+async fn harness(max_staleness: Option<Duration>) -> Harness {
+    let dir = tempdir::Dir::new();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["operator.test".to_owned()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let ca_file = dir.0.join("ca.crt");
+    std::fs::write(&ca_file, cert.pem()).unwrap();
+    let token_file = dir.0.join("token");
+    std::fs::write(&token_file, "token-1\n").unwrap();
+
+    let (stx, streams) = mpsc::unbounded_channel();
+    let (rtx, reports) = mpsc::unbounded_channel();
+    let tokens = Arc::new(Mutex::new(Vec::new()));
+    let service = Operator {
+        streams: stx,
+        reports: rtx,
+        tokens: tokens.clone(),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    let identity = tonic::transport::Identity::from_pem(cert.pem(), key.serialize_pem());
+    let server = tonic::transport::Server::builder()
+        .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+        .unwrap()
+        .add_service(ConfigServer::new(service))
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener),
+            shutdown.clone().cancelled_owned(),
+        );
+    tokio::spawn(server);
+
+    let (_, evidence) = watch::channel(None);
+    let watched = operator::watch(
+        OperatorSource {
+            url: format!("https://{addr}"),
+            ca_file,
+            server_name: Some("operator.test".to_owned()),
+            token_file: token_file.clone(),
+            max_staleness,
+        },
+        evidence,
+        shutdown.clone(),
+    )
+    .unwrap();
+    Harness {
+        config: watched.config,
+        streams,
+        reports,
+        tokens,
+        token_file,
+        _dir: dir,
+        shutdown,
+    }
+}
+
+fn snapshot(version: u64, tools: &[&str]) -> Snapshot {
+    let document = serde_json::json!({
+        "apiVersion": "aip.io/v1alpha1", "kind": "AgentPolicy",
+        "metadata": {"name": "p"}, "spec": {"allowed_tools": tools},
+    });
+    let policy = aip_policy::AgentPolicy::from_value(&document).unwrap();
+    Snapshot {
+        version,
+        policy: Some(Policy {
+            namespace: "agents".to_owned(),
+            name: "p".to_owned(),
+            hash: aip_policy::hash::policy_hash(&policy),
+            document_json: document.to_string(),
+        }),
+        ..Snapshot::default()
+    }
+}
+
+async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(PATIENCE, f).await.expect("in time")
+}
+
+/// Waits until the gateway's config satisfies `ok`.
+async fn config_until(h: &mut Harness, ok: impl Fn(&Config) -> bool) {
+    within(h.config.wait_for(|c| ok(c))).await.unwrap();
+}
+
+fn allows(config: &Config, tool: &str) -> bool {
+    config
+        .policy
+        .as_ref()
+        .is_some_and(|p| p.spec.allowed_tools.iter().flatten().any(|t| t == tool))
+}
+
+#[tokio::test]
+async fn snapshots_become_the_config_and_are_acked() {
+    let mut h = harness(None).await;
+    assert!(
+        h.config.borrow().policy.is_none(),
+        "nothing allowed before the first config"
+    );
+    let feed = within(h.streams.recv()).await.unwrap();
+    feed.send(Ok(snapshot(7, &["read_file"]))).await.unwrap();
+    config_until(&mut h, |c| allows(c, "read_file")).await;
+    let report = within(h.reports.recv()).await.unwrap();
+    assert_eq!(
+        (report.applied_version, report.refused_reason.as_str()),
+        (7, "")
+    );
+    assert_eq!(h.tokens.lock().unwrap()[0], "Bearer token-1");
+
+    // A policy the sidecar cannot accept is refused and reported; the
+    // previous one stays.
+    let mut bad = snapshot(8, &["x"]);
+    bad.policy.as_mut().unwrap().document_json =
+        r#"{"apiVersion":"aip.io/v1alpha1","kind":"AgentPolicy","metadata":{"name":"p"},"spec":{"tool_rules":[{"tool":"x","rate_limit":"lots"}]}}"#.to_owned();
+    feed.send(Ok(bad)).await.unwrap();
+    let report = within(h.reports.recv()).await.unwrap();
+    assert_eq!(report.applied_version, 7);
+    assert!(
+        report
+            .refused_reason
+            .contains("spec.tool_rules[0].rate_limit"),
+        "{}",
+        report.refused_reason
+    );
+    assert!(allows(&h.config.borrow(), "read_file"));
+}
+
+#[tokio::test]
+async fn a_lost_operator_leaves_the_last_config_and_reconnects_with_a_fresh_token() {
+    let mut h = harness(None).await;
+    let feed = within(h.streams.recv()).await.unwrap();
+    feed.send(Ok(snapshot(1, &["read_file"]))).await.unwrap();
+    config_until(&mut h, |c| allows(c, "read_file")).await;
+
+    // The kubelet rotates the token; then the operator drops the stream.
+    std::fs::write(&h.token_file, "token-2").unwrap();
+    feed.send(Err(Status::unavailable("operator restarting")))
+        .await
+        .unwrap();
+    drop(feed);
+    let feed = within(h.streams.recv()).await.unwrap();
+    assert!(allows(&h.config.borrow(), "read_file"), "kept while away");
+    assert_eq!(h.tokens.lock().unwrap().last().unwrap(), "Bearer token-2");
+    feed.send(Ok(snapshot(2, &["ls"]))).await.unwrap();
+    config_until(&mut h, |c| allows(c, "ls")).await;
+}
+
+#[tokio::test]
+async fn past_max_staleness_every_call_is_refused_until_the_operator_returns() {
+    let mut h = harness(Some(Duration::from_millis(300))).await;
+    let feed = within(h.streams.recv()).await.unwrap();
+    feed.send(Ok(snapshot(1, &["read_file"]))).await.unwrap();
+    config_until(&mut h, |c| allows(c, "read_file")).await;
+    // The operator goes away and stays away: every reconnection fails.
+    feed.send(Err(Status::unavailable("gone"))).await.unwrap();
+    drop(feed);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        tokio::select! {
+            f = h.streams.recv() => {
+                let f = f.unwrap();
+                f.send(Err(Status::unavailable("still gone"))).await.unwrap();
+            }
+            r = h.config.wait_for(|c| c.policy.is_none()) => { r.unwrap(); break; }
+            () = tokio::time::sleep_until(deadline) => panic!("never failed closed"),
+        }
+    }
+    assert!(h.config.borrow().policy.is_none());
+    // Back: the next snapshot restores service.
+    let feed = within(h.streams.recv()).await.unwrap();
+    feed.send(Ok(snapshot(3, &["read_file"]))).await.unwrap();
+    config_until(&mut h, |c| allows(c, "read_file")).await;
+}
+
+#[test]
+fn an_unchanged_policy_keeps_its_evaluator() {
+    let first = operator::from_snapshot(&snapshot(1, &["a"]), &Config::empty()).unwrap();
+    let mut same = snapshot(2, &["a"]);
+    same.connections = Vec::new();
+    let second = operator::from_snapshot(&same, &first).unwrap();
+    assert!(Arc::ptr_eq(&first.evaluator, &second.evaluator));
+    let third = operator::from_snapshot(&snapshot(3, &["b"]), &second).unwrap();
+    assert!(!Arc::ptr_eq(&second.evaluator, &third.evaluator));
+}
