@@ -5,9 +5,13 @@
 //! It must never write a credential anywhere but the sidecar's TLS stream:
 //! not in a status, an Event, a log line or an error message.
 
+pub mod admin;
 pub mod api;
+pub mod controllers;
 pub mod grpc;
 pub mod index;
+pub mod lease;
 pub mod metrics;
+pub mod runtime;
 pub mod selector;
 pub mod validate;

@@ -140,7 +140,16 @@ impl<A: Authenticate> Config for ConfigService<A> {
         request: Request<WatchRequest>,
     ) -> Result<Response<SnapshotStream>, Status> {
         let id = self.identify(&request).await?;
-        let Some(configs) = lock(&self.index).subscribe(&id.namespace, &id.pod, &id.uid) else {
+        let subscribed = {
+            let index = lock(&self.index);
+            if !index.is_synced() {
+                return Err(Status::unavailable(
+                    "the operator is still loading the cluster's state",
+                ));
+            }
+            index.subscribe(&id.namespace, &id.pod, &id.uid)
+        };
+        let Some(configs) = subscribed else {
             // The pod watch may not have seen a brand-new pod yet: worth a retry.
             return Err(Status::unavailable(format!(
                 "pod {}/{} (uid {}) is not known to the operator (yet)",

@@ -99,10 +99,23 @@ pub struct PolicyView {
     pub missing_connections: Vec<String>,
 }
 
-#[derive(Default)]
 pub struct Index {
     namespaces: HashMap<String, Namespace>,
     version: u64,
+    /// Whether the cluster's state has been listed once. Before that, a
+    /// pod's config could be wrong (a policy not yet seen), so none is
+    /// served.
+    synced: bool,
+}
+
+impl Default for Index {
+    fn default() -> Index {
+        Index {
+            namespaces: HashMap::new(),
+            version: 0,
+            synced: true,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -137,8 +150,26 @@ struct PodEntry {
 }
 
 impl Index {
+    /// An index that is complete as it is fed (tests, benchmarks).
     pub fn new() -> Index {
         Index::default()
+    }
+
+    /// An index that serves nothing until `mark_synced`: the operator's,
+    /// while its watches make their first lists.
+    pub fn loading() -> Index {
+        Index {
+            synced: false,
+            ..Index::default()
+        }
+    }
+
+    pub fn mark_synced(&mut self) {
+        self.synced = true;
+    }
+
+    pub fn is_synced(&self) -> bool {
+        self.synced
     }
 
     /// Adds or replaces a policy. Returns the policies whose view changed.

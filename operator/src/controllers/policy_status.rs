@@ -1,0 +1,326 @@
+//! AgentPolicy status: Accepted (with aip-policy's exact field-path errors),
+//! Ready (every governed sidecar runs the current hash), Conflict (a pod is
+//! also selected by another policy), the hash and "synced/governed". Written
+//! with server-side apply, only by the lease holder, only when it changes.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+use tokio::sync::{mpsc, watch};
+
+use crate::api::{AgentPolicy, AgentPolicyStatus};
+use crate::index::{Index, ObjectKey, PolicyView};
+use crate::metrics::Metrics;
+
+pub const FIELD_MANAGER: &str = "aip-operator";
+
+pub struct Context {
+    pub client: Client,
+    pub index: Arc<Mutex<Index>>,
+    pub leader: watch::Receiver<bool>,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("writing the status: {0}")]
+    Patch(#[source] kube::Error),
+}
+
+impl Error {
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Patch(_) => "patch",
+        }
+    }
+}
+
+/// Runs the status writer until the stream of policies ends.
+pub async fn run(ctx: Arc<Context>, touched: mpsc::UnboundedReceiver<ObjectKey>) {
+    let api: Api<AgentPolicy> = Api::all(ctx.client.clone());
+    let touched = tokio_stream::wrappers::UnboundedReceiverStream::new(touched)
+        .map(|k| ObjectRef::new(&k.name).within(&k.namespace));
+    Controller::new(api, watcher::Config::default())
+        .reconcile_on(touched)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| async {})
+        .await;
+}
+
+async fn reconcile(policy: Arc<AgentPolicy>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.metrics.reconciled("AgentPolicy");
+    if !*ctx.leader.borrow() {
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    }
+    let ns = policy.namespace().unwrap_or_default();
+    let name = policy.name_any();
+    let Some(view) = ctx
+        .index
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .policy_view(&ns, &name)
+    else {
+        // The feed has not seen it yet; it will signal when it has.
+        return Ok(Action::await_change());
+    };
+    if view.generation != policy.metadata.generation {
+        return Ok(Action::await_change());
+    }
+    let current = policy.status.clone().unwrap_or_default();
+    let desired = desired(&view, &current, Time(jiff_now()));
+    if desired == current {
+        return Ok(Action::requeue(Duration::from_secs(300)));
+    }
+    let api: Api<AgentPolicy> = Api::namespaced(ctx.client.clone(), &ns);
+    let patch = json!({
+        "apiVersion": "aip.io/v1alpha1", "kind": "AgentPolicy",
+        "status": desired,
+    });
+    api.patch_status(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(patch),
+    )
+    .await
+    .map_err(Error::Patch)?;
+    announce(&ctx, &policy, &view, &current, &desired).await;
+    Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+fn error_policy(_: Arc<AgentPolicy>, error: &Error, ctx: Arc<Context>) -> Action {
+    tracing::warn!(%error, "AgentPolicy status not written; retrying");
+    ctx.metrics
+        .reconcile_failed("AgentPolicy", error.metric_label());
+    Action::requeue(Duration::from_secs(2))
+}
+
+fn jiff_now() -> k8s_openapi::jiff::Timestamp {
+    k8s_openapi::jiff::Timestamp::now()
+}
+
+/// The status the view calls for. Conditions keep their transition time
+/// while their status stays the same.
+pub fn desired(view: &PolicyView, current: &AgentPolicyStatus, now: Time) -> AgentPolicyStatus {
+    let generation = view.generation;
+    let condition = |type_: &str, ok: bool, reason: &str, message: String| {
+        let status = if ok { "True" } else { "False" };
+        let since = current
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_ && c.status == status)
+            .map_or_else(|| now.clone(), |c| c.last_transition_time.clone());
+        Condition {
+            type_: type_.to_owned(),
+            status: status.to_owned(),
+            reason: reason.to_owned(),
+            message,
+            observed_generation: generation,
+            last_transition_time: since,
+        }
+    };
+    let accepted = if view.errors.is_empty() {
+        condition(
+            "Accepted",
+            true,
+            "Valid",
+            "the policy validates and compiles".to_owned(),
+        )
+    } else {
+        let errors: Vec<String> = view.errors.iter().map(ToString::to_string).collect();
+        let kept = view.accepted.as_ref().map_or_else(
+            || {
+                " No earlier version was accepted: the pods it selects refuse every tool call."
+                    .to_owned()
+            },
+            |a| {
+                format!(
+                    " Pods keep enforcing the last accepted version ({}).",
+                    a.hash
+                )
+            },
+        );
+        condition(
+            "Accepted",
+            false,
+            "Invalid",
+            format!("{}.{kept}", errors.join("; ")),
+        )
+    };
+    let conflict = if view.conflicts.is_empty() {
+        condition("Conflict", false, "NoConflict", String::new())
+    } else {
+        let pods: Vec<String> = view
+            .conflicts
+            .iter()
+            .take(10)
+            .map(|(pod, others)| format!("{pod} (also {})", others.join(", ")))
+            .collect();
+        let more = view.conflicts.len().saturating_sub(10);
+        let tail = if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        };
+        condition(
+            "Conflict",
+            true,
+            "PodsSelectedTwice",
+            format!(
+                "pods selected by more than one AgentPolicy get neither and refuse every tool call: {}{tail}",
+                pods.join("; ")
+            ),
+        )
+    };
+    let ready = if !view.errors.is_empty() {
+        condition(
+            "Ready",
+            false,
+            "NotAccepted",
+            "the current spec is not accepted".to_owned(),
+        )
+    } else if !view.missing_connections.is_empty() {
+        condition(
+            "Ready",
+            false,
+            "MissingConnections",
+            format!(
+                "no ToolConnection named {} in this namespace",
+                view.missing_connections.join(", ")
+            ),
+        )
+    } else if view.synced_pods < view.governed_pods {
+        condition(
+            "Ready",
+            false,
+            "Syncing",
+            format!(
+                "{} of {} governed sidecars run the current policy",
+                view.synced_pods, view.governed_pods
+            ),
+        )
+    } else {
+        condition(
+            "Ready",
+            true,
+            "Synced",
+            format!(
+                "{} governed sidecars run the current policy",
+                view.governed_pods
+            ),
+        )
+    };
+    AgentPolicyStatus {
+        conditions: vec![accepted, ready, conflict],
+        observed_generation: generation,
+        policy_hash: view.accepted.as_ref().map(|a| a.hash.clone()),
+        mode: view.accepted.as_ref().map(|a| a.mode.as_str().to_owned()),
+        governed_pods: view.governed_pods,
+        synced_pods: view.synced_pods,
+        synced: Some(format!("{}/{}", view.synced_pods, view.governed_pods)),
+    }
+}
+
+/// Events for what a person should notice: a refused spec, and pods caught
+/// between two policies (on the pods too).
+async fn announce(
+    ctx: &Context,
+    policy: &AgentPolicy,
+    view: &PolicyView,
+    before: &AgentPolicyStatus,
+    after: &AgentPolicyStatus,
+) {
+    let became = |type_: &str, status: &str| {
+        let was = before
+            .conditions
+            .iter()
+            .any(|c| c.type_ == type_ && c.status == status);
+        let is = after
+            .conditions
+            .iter()
+            .any(|c| c.type_ == type_ && c.status == status);
+        is && !was
+    };
+    let reference = policy.object_ref(&());
+    if became("Accepted", "False") {
+        let note = after
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Accepted")
+            .map(|c| c.message.clone());
+        publish(
+            ctx,
+            EventType::Warning,
+            "Invalid",
+            "Validate",
+            note,
+            &reference,
+        )
+        .await;
+    }
+    if became("Conflict", "True") {
+        let ns = policy.namespace().unwrap_or_default();
+        for (pod, others) in view.conflicts.iter().take(10) {
+            let note = format!(
+                "selected by AgentPolicies {} and {}: every tool call is refused until only one selects it",
+                policy.name_any(),
+                others.join(", ")
+            );
+            let pod_ref = ObjectReference {
+                api_version: Some("v1".to_owned()),
+                kind: Some("Pod".to_owned()),
+                name: Some(pod.clone()),
+                namespace: Some(ns.clone()),
+                ..ObjectReference::default()
+            };
+            publish(
+                ctx,
+                EventType::Warning,
+                "PolicyConflict",
+                "Select",
+                Some(note.clone()),
+                &pod_ref,
+            )
+            .await;
+            publish(
+                ctx,
+                EventType::Warning,
+                "PolicyConflict",
+                "Select",
+                Some(note),
+                &reference,
+            )
+            .await;
+        }
+    }
+}
+
+async fn publish(
+    ctx: &Context,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: Option<String>,
+    reference: &ObjectReference,
+) {
+    let event = KubeEvent {
+        type_,
+        reason: reason.to_owned(),
+        note: note.map(|n| n.chars().take(1000).collect()),
+        action: action.to_owned(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, reference).await {
+        tracing::warn!(error = %e, reason, "event not recorded");
+    }
+}

@@ -1,0 +1,175 @@
+//! Wires the operator together: arguments, the Kubernetes client, the index
+//! and its feeds, the lease, the status writers, the gRPC and admin servers,
+//! and a graceful stop on SIGTERM.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use kube::runtime::events::{Recorder, Reporter};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::admin;
+use crate::controllers::{feed, policy_status};
+use crate::grpc::{self, ConfigService, Signals, TokenReviewer, tls::ServerTls};
+use crate::index::Index;
+use crate::lease::{self, LeaseConfig};
+use crate::metrics::Metrics;
+
+/// The aip operator: validates AgentPolicies and ToolConnections, compiles
+/// one configuration per agent pod and streams it to that pod's sidecar.
+#[derive(clap::Parser, Debug)]
+#[command(name = "aip-operator", version)]
+pub struct Args {
+    /// Where sidecars connect (gRPC over TLS).
+    #[arg(long, env = "AIP_GRPC_LISTEN", default_value = "0.0.0.0:8443")]
+    pub grpc_listen: SocketAddr,
+    /// Health, readiness and metrics.
+    #[arg(long, env = "AIP_ADMIN_LISTEN", default_value = "0.0.0.0:8080")]
+    pub admin_listen: SocketAddr,
+    /// The gRPC server's certificate (PEM); with --tls-key.
+    #[arg(long, env = "AIP_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    #[arg(long, env = "AIP_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// Dev mode: serve a self-signed certificate for these names (comma
+    /// separated) instead of --tls-cert, and write it to --dev-tls-out.
+    #[arg(long, value_delimiter = ',', conflicts_with = "tls_cert")]
+    pub dev_tls_names: Vec<String>,
+    /// Where dev mode writes its certificate, for sidecars to trust.
+    #[arg(long)]
+    pub dev_tls_out: Option<PathBuf>,
+    /// The audience sidecar tokens must carry.
+    #[arg(long, default_value = aip_proto::TOKEN_AUDIENCE)]
+    pub token_audience: String,
+    /// The namespace of the leader-election Lease (the operator's own).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "aip-system")]
+    pub namespace: String,
+    /// This replica's identity in the Lease (its pod name).
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
+    #[arg(long, default_value = "aip-operator")]
+    pub lease_name: String,
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    pub lease_duration: Duration,
+    /// Diagnostics format on stderr.
+    #[arg(long, value_enum, default_value = "json")]
+    pub log_format: aip_runtime::LogFormat,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let shutdown = CancellationToken::new();
+    tokio::spawn(aip_runtime::cancel_on_signal(shutdown.clone()));
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API (KUBECONFIG or in-cluster)")?;
+    let tls = server_tls(&args)?;
+    let identity = args
+        .pod_name
+        .clone()
+        .unwrap_or_else(|| format!("aip-operator-{}", std::process::id()));
+    let metrics = Arc::new(Metrics::new());
+    let index = Arc::new(Mutex::new(Index::loading()));
+    let (policies_tx, policies_rx) = mpsc::unbounded_channel();
+    let (connections_tx, mut connections_rx) = mpsc::unbounded_channel();
+    let (evidence_tx, mut evidence_rx) = mpsc::unbounded_channel();
+    let (leader_tx, leader) = watch::channel(false);
+
+    let grpc_listener = tokio::net::TcpListener::bind(args.grpc_listen)
+        .await
+        .with_context(|| format!("binding the gRPC address {}", args.grpc_listen))?;
+    let admin_listener = tokio::net::TcpListener::bind(args.admin_listen)
+        .await
+        .with_context(|| format!("binding the admin address {}", args.admin_listen))?;
+    tracing::info!(grpc = %grpc_listener.local_addr()?, admin = %admin_listener.local_addr()?, identity = %identity, "aip-operator starting");
+
+    let (ready_tx, ready) = watch::channel(false);
+    let admin = Arc::new(admin::Admin {
+        metrics: metrics.clone(),
+        ready,
+    });
+    let service = ConfigService::new(
+        index.clone(),
+        TokenReviewer::new(client.clone(), &args.token_audience),
+        Signals {
+            policies: policies_tx.clone(),
+            evidence: evidence_tx,
+        },
+        metrics.clone(),
+        shutdown.clone(),
+    );
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "aip-operator".to_owned(),
+            instance: Some(identity.clone()),
+        },
+    );
+    let status_ctx = Arc::new(policy_status::Context {
+        client: client.clone(),
+        index: index.clone(),
+        leader: leader.clone(),
+        recorder,
+        metrics: metrics.clone(),
+    });
+    let lease_config = LeaseConfig {
+        namespace: args.namespace.clone(),
+        name: args.lease_name.clone(),
+        identity,
+        duration: args.lease_duration,
+        renew_every: args.lease_duration / 3,
+    };
+    let touched = feed::Touched {
+        policies: policies_tx,
+        connections: connections_tx,
+    };
+    // Connection status and evidence are consumed by the health work; until
+    // then they are drained so that nothing accumulates.
+    let drain = async move {
+        loop {
+            tokio::select! {
+                Some(_) = connections_rx.recv() => {}
+                Some(e) = evidence_rx.recv() => tracing::debug!(connection = %e.connection.name, pod = %e.pod, state = %e.state, "connection evidence"),
+                else => return,
+            }
+        }
+    };
+    let lease_task = tokio::spawn(lease::run(
+        client.clone(),
+        lease_config,
+        leader_tx,
+        shutdown.clone(),
+    ));
+    tokio::select! {
+        r = grpc::serve(grpc_listener, tls, service) => r.context("the gRPC server")?,
+        () = feed::until(feed::run(client.clone(), index.clone(), touched, ready_tx), shutdown.clone()) => {}
+        () = feed::until(policy_status::run(status_ctx, policies_rx), shutdown.clone()) => {}
+        () = admin::serve(admin, admin_listener, shutdown.clone()) => {}
+        () = feed::until(drain, shutdown.clone()) => {}
+    }
+    shutdown.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(5), lease_task).await;
+    tracing::info!("aip-operator stopped");
+    Ok(())
+}
+
+fn server_tls(args: &Args) -> anyhow::Result<ServerTls> {
+    match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => ServerTls::from_files(cert, key),
+        _ if !args.dev_tls_names.is_empty() => {
+            let tls = ServerTls::self_signed(&args.dev_tls_names)?;
+            if let Some(out) = &args.dev_tls_out {
+                std::fs::write(out, &tls.cert_pem)
+                    .with_context(|| format!("writing the dev certificate to {}", out.display()))?;
+            }
+            tracing::warn!(names = ?args.dev_tls_names, "dev mode: serving a self-signed certificate");
+            Ok(tls)
+        }
+        _ => anyhow::bail!(
+            "give --tls-cert and --tls-key, or --dev-tls-names for a self-signed dev certificate"
+        ),
+    }
+}
