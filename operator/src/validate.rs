@@ -57,28 +57,14 @@ pub fn agent_policy(
             Ok(_) => Some(policy),
         },
     };
-    let selector = match Selector::from_label_selector(spec.pod_selector.as_ref()) {
-        Ok(s) => Some(s),
-        Err(e) => {
-            errors.push(field("spec.podSelector", e));
-            None
-        }
-    };
-    for (i, c) in spec.tool_connections.iter().enumerate() {
-        if let Some(problem) = aip_policy::kubernetes::name_problem(c) {
-            errors.push(field(
-                &format!("spec.toolConnections[{i}]"),
-                format!("{c:?} is not a ToolConnection name: it {problem}"),
-            ));
-        }
-    }
-    let approval_timeout = spec
-        .approval
-        .as_ref()
-        .and_then(|a| a.timeout_seconds)
-        .map_or(DEFAULT_APPROVAL_TIMEOUT, |s| Duration::from_secs(s.into()));
-    match (accepted, selector) {
-        (Some(policy), Some(selector)) if errors.is_empty() => {
+    let binding = binding(spec).map_err(|e| errors.extend(e)).ok();
+    match (accepted, binding) {
+        (Some(policy), Some(binding)) if errors.is_empty() => {
+            let approval_timeout = spec
+                .approval
+                .as_ref()
+                .and_then(|a| a.timeout_seconds)
+                .map_or(DEFAULT_APPROVAL_TIMEOUT, |s| Duration::from_secs(s.into()));
             let accepted = AcceptedPolicy {
                 namespace: namespace.to_owned(),
                 name: name.to_owned(),
@@ -88,12 +74,32 @@ pub fn agent_policy(
                 mode: policy.spec.mode(),
                 approval_timeout,
             };
-            let binding = Binding {
-                selector,
-                connections: spec.tool_connections.clone(),
-            };
             Ok((Arc::new(accepted), binding))
         }
+        _ => Err(errors),
+    }
+}
+
+/// The binding fields alone: which pods, which connections. Valid even when
+/// the AIP part is not, so that the pods a broken policy selects are known.
+pub fn binding(spec: &AgentPolicySpec) -> Result<Binding, Vec<FieldError>> {
+    let mut errors = Vec::new();
+    let selector = Selector::from_label_selector(spec.pod_selector.as_ref())
+        .map_err(|e| errors.push(field("spec.podSelector", e)))
+        .ok();
+    for (i, c) in spec.tool_connections.iter().enumerate() {
+        if let Some(problem) = aip_policy::kubernetes::name_problem(c) {
+            errors.push(field(
+                &format!("spec.toolConnections[{i}]"),
+                format!("{c:?} is not a ToolConnection name: it {problem}"),
+            ));
+        }
+    }
+    match selector {
+        Some(selector) if errors.is_empty() => Ok(Binding {
+            selector,
+            connections: spec.tool_connections.clone(),
+        }),
         _ => Err(errors),
     }
 }

@@ -297,3 +297,22 @@ fn an_unchanged_policy_keeps_its_evaluator() {
     let third = operator::from_snapshot(&snapshot(3, &["b"]), &second).unwrap();
     assert!(!Arc::ptr_eq(&second.evaluator, &third.evaluator));
 }
+
+#[test]
+fn keep_previous_keeps_the_policy_in_force_and_denies_without_one() {
+    let running = operator::from_snapshot(&snapshot(1, &["a"]), &Config::empty()).unwrap();
+    let keep = Snapshot {
+        version: 2,
+        keep_previous: true,
+        deny_reason: "AgentPolicy p is not accepted".to_owned(),
+        ..Snapshot::default()
+    };
+    let kept = operator::from_snapshot(&keep, &running).unwrap();
+    assert!(Arc::ptr_eq(&kept.evaluator, &running.evaluator));
+    assert!(kept.policy.is_some());
+    let fresh = operator::from_snapshot(&keep, &Config::empty()).unwrap();
+    assert!(
+        fresh.policy.is_none(),
+        "nothing to keep: every call is refused"
+    );
+}

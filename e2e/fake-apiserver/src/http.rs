@@ -425,6 +425,9 @@ fn conform(
     mut object: Value,
     query: &BTreeMap<String, String>,
 ) -> Result<Value, ApiError> {
+    if kind.group.is_empty() && kind.kind == "Secret" {
+        merge_string_data(&mut object);
+    }
     let Some(schema) = &kind.schema else {
         return Ok(object);
     };
@@ -472,6 +475,28 @@ fn conform(
         }
     }
     Ok(object)
+}
+
+/// A Secret's `stringData` is write-only: the API server merges it into
+/// `data` (base64), over keys of the same name, and never stores it.
+fn merge_string_data(secret: &mut Value) {
+    use base64::Engine;
+    let Some(map) = secret.as_object_mut() else {
+        return;
+    };
+    let Some(Value::Object(strings)) = map.remove("stringData") else {
+        return;
+    };
+    let data = map
+        .entry("data")
+        .or_insert_with(|| Value::Object(serde_json::Map::new()));
+    if let Some(data) = data.as_object_mut() {
+        for (k, v) in strings {
+            let text = v.as_str().unwrap_or_default();
+            let encoded = base64::engine::general_purpose::STANDARD.encode(text);
+            data.insert(k, Value::String(encoded));
+        }
+    }
 }
 
 /// The admission review of a write to `t` by `user`.

@@ -362,3 +362,22 @@ async fn watches_resume_from_a_resource_version_and_expire() {
     );
     t.finish().await;
 }
+
+#[tokio::test]
+async fn secret_string_data_is_merged_into_data() {
+    let t = Target::new("secrets").await;
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = t.api();
+    let secret = serde_json::from_value(json!({
+        "metadata": {"name": "s"},
+        "data": {"kept": "a2VwdA==", "token": "b2xk"},
+        "stringData": {"token": "new"},
+    }))
+    .unwrap();
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let stored = serde_json::to_value(secrets.get("s").await.unwrap()).unwrap();
+    assert_eq!(stored["data"], json!({"kept": "a2VwdA==", "token": "bmV3"}));
+    assert!(stored.get("stringData").is_none(), "{stored}");
+}

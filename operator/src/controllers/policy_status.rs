@@ -51,8 +51,12 @@ pub async fn run(ctx: Arc<Context>, touched: mpsc::UnboundedReceiver<ObjectKey>)
     let api: Api<AgentPolicy> = Api::all(ctx.client.clone());
     let touched = tokio_stream::wrappers::UnboundedReceiverStream::new(touched)
         .map(|k| ObjectRef::new(&k.name).within(&k.namespace));
+    // Gaining the lease means every status may be stale: rewrite them all.
+    let leading = tokio_stream::wrappers::WatchStream::new(ctx.leader.clone())
+        .filter_map(|l| async move { l.then_some(()) });
     Controller::new(api, watcher::Config::default())
         .reconcile_on(touched)
+        .reconcile_all_on(leading)
         .run(reconcile, error_policy, ctx)
         .for_each(|_| async {})
         .await;
@@ -61,7 +65,8 @@ pub async fn run(ctx: Arc<Context>, touched: mpsc::UnboundedReceiver<ObjectKey>)
 async fn reconcile(policy: Arc<AgentPolicy>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.metrics.reconciled("AgentPolicy");
     if !*ctx.leader.borrow() {
-        return Ok(Action::requeue(Duration::from_secs(5)));
+        // The replica that gains the lease reconciles everything then.
+        return Ok(Action::await_change());
     }
     let ns = policy.namespace().unwrap_or_default();
     let name = policy.name_any();
@@ -223,8 +228,18 @@ pub fn desired(view: &PolicyView, current: &AgentPolicyStatus, now: Time) -> Age
     AgentPolicyStatus {
         conditions: vec![accepted, ready, conflict],
         observed_generation: generation,
-        policy_hash: view.accepted.as_ref().map(|a| a.hash.clone()),
-        mode: view.accepted.as_ref().map(|a| a.mode.as_str().to_owned()),
+        // With no accepted version known (a restart while the spec is
+        // invalid) the sidecars keep what they run: the hash last reported.
+        policy_hash: view
+            .accepted
+            .as_ref()
+            .map(|a| a.hash.clone())
+            .or_else(|| current.policy_hash.clone()),
+        mode: view
+            .accepted
+            .as_ref()
+            .map(|a| a.mode.as_str().to_owned())
+            .or_else(|| current.mode.clone()),
         governed_pods: view.governed_pods,
         synced_pods: view.synced_pods,
         synced: Some(format!("{}/{}", view.synced_pods, view.governed_pods)),

@@ -123,6 +123,7 @@ pub fn to_proto(config: &PodConfig) -> v1::Snapshot {
             })
             .collect(),
         deny_reason: config.deny_reason.clone().unwrap_or_default(),
+        keep_previous: config.keep_previous,
         approval: Some(v1::Approval {
             timeout_seconds: u32::try_from(config.approval_timeout().as_secs()).unwrap_or(u32::MAX),
         }),

@@ -34,11 +34,16 @@ pub struct PodConfig {
     pub policy: Option<Arc<AcceptedPolicy>>,
     pub deny_reason: Option<String>,
     pub connections: Vec<Arc<ResolvedConnection>>,
+    /// The governing policy is invalid and no accepted version is known:
+    /// a sidecar that runs a policy keeps it (one that runs none refuses
+    /// every call).
+    pub keep_previous: bool,
 }
 
 impl PodConfig {
     fn same_content(&self, other: &PodConfig) -> bool {
         self.policy == other.policy
+            && self.keep_previous == other.keep_previous
             && self.deny_reason == other.deny_reason
             && self.connections.len() == other.connections.len()
             && self
@@ -132,6 +137,24 @@ struct PolicyEntry {
     errors: Vec<FieldError>,
     /// The last spec that passed validation.
     accepted: Option<(Arc<AcceptedPolicy>, Binding)>,
+    /// The current spec's binding when nothing was ever accepted (an
+    /// operator restarted while the spec is invalid): its pods are told to
+    /// keep what they run.
+    unaccepted: Option<Binding>,
+}
+
+impl PolicyEntry {
+    /// The binding in effect: the accepted one, else the current spec's.
+    fn binding(&self) -> Option<&Binding> {
+        match (&self.accepted, &self.unaccepted) {
+            (Some((_, b)), _) | (None, Some(b)) => Some(b),
+            (None, None) => None,
+        }
+    }
+
+    fn selector(&self) -> Option<&crate::selector::Selector> {
+        self.binding().map(|b| &b.selector)
+    }
 }
 
 struct ConnectionEntry {
@@ -191,15 +214,20 @@ impl Index {
                 generation,
                 errors: Vec::new(),
                 accepted: None,
+                unaccepted: None,
             });
         entry.generation = generation;
         match validate::agent_policy(namespace, name, spec) {
             Ok(accepted) => {
                 entry.errors.clear();
                 entry.accepted = Some(accepted);
+                entry.unaccepted = None;
             }
             // The last accepted spec stays in force.
-            Err(errors) => entry.errors = errors,
+            Err(errors) => {
+                entry.errors = errors;
+                entry.unaccepted = validate::binding(spec).ok();
+            }
         }
         self.rematch_policy(namespace, name)
     }
@@ -308,6 +336,7 @@ impl Index {
                     policy: None,
                     deny_reason: None,
                     connections: Vec::new(),
+                    keep_previous: false,
                 }));
                 let entry = PodEntry {
                     uid: pod.uid,
@@ -458,11 +487,7 @@ impl Index {
         let Some(ns) = self.namespaces.get_mut(namespace) else {
             return BTreeSet::new();
         };
-        let selector = ns
-            .policies
-            .get(policy)
-            .and_then(|p| p.accepted.as_ref())
-            .map(|(_, b)| b.selector.clone());
+        let selector = ns.policies.get(policy).and_then(|p| p.selector().cloned());
         let mut touched = BTreeSet::from([ObjectKey::new(namespace, policy)]);
         let mut republish = Vec::new();
         for (pod_name, pod) in &mut ns.pods {
@@ -496,9 +521,8 @@ impl Index {
             .policies
             .iter()
             .filter(|(_, p)| {
-                p.accepted
-                    .as_ref()
-                    .is_some_and(|(_, b)| b.connections.iter().any(|c| connections.contains(c)))
+                p.binding()
+                    .is_some_and(|b| b.connections.iter().any(|c| connections.contains(c)))
             })
             .map(|(name, _)| name.clone())
             .collect();
@@ -550,12 +574,20 @@ impl Namespace {
     fn matching(&self, labels: &BTreeMap<String, String>) -> Vec<String> {
         self.policies
             .iter()
-            .filter(|(_, p)| {
-                p.accepted
-                    .as_ref()
-                    .is_some_and(|(_, b)| b.selector.matches(labels))
-            })
+            .filter(|(_, p)| p.selector().is_some_and(|s| s.matches(labels)))
             .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    /// The existing connections a binding grants, each once.
+    fn granted(&self, binding: &Binding) -> Vec<Arc<ResolvedConnection>> {
+        let mut seen = BTreeSet::new();
+        binding
+            .connections
+            .iter()
+            .filter(|c| seen.insert(*c))
+            .filter_map(|c| self.connections.get(c))
+            .map(|c| c.resolved.clone())
             .collect()
     }
 
@@ -566,6 +598,7 @@ impl Namespace {
             policy: None,
             deny_reason: Some(reason),
             connections: Vec::new(),
+            keep_previous: false,
         };
         let Some(pod) = self.pods.get(name) else {
             return deny("the pod is unknown".to_owned());
@@ -585,23 +618,30 @@ impl Namespace {
                 ));
             }
         };
-        let Some((accepted, binding)) = self.policies.get(policy).and_then(|p| p.accepted.as_ref())
-        else {
-            return deny(format!("AgentPolicy {policy} has never been accepted"));
+        let entry = self.policies.get(policy);
+        let Some((accepted, binding)) = entry.and_then(|p| p.accepted.as_ref()) else {
+            // Its spec is invalid and no accepted version is known here
+            // (the operator restarted since): a sidecar keeps what it runs,
+            // taking only fresh credentials for the connections it has.
+            let granted = entry
+                .and_then(|p| p.unaccepted.as_ref())
+                .map(|b| self.granted(b))
+                .unwrap_or_default();
+            return PodConfig {
+                keep_previous: true,
+                connections: granted,
+                ..deny(format!(
+                    "AgentPolicy {policy} is not accepted and this operator knows no earlier version"
+                ))
+            };
         };
-        let mut seen = BTreeSet::new();
-        let connections = binding
-            .connections
-            .iter()
-            .filter(|c| seen.insert(*c))
-            .filter_map(|c| self.connections.get(c))
-            .map(|c| c.resolved.clone())
-            .collect();
+        let connections = self.granted(binding);
         PodConfig {
             version: 0,
             policy: Some(accepted.clone()),
             deny_reason: None,
             connections,
+            keep_previous: false,
         }
     }
 }

@@ -445,3 +445,35 @@ fn bearer_token_value_spec_round_trips() {
         })
     );
 }
+
+#[test]
+fn a_policy_never_accepted_here_tells_its_pods_to_keep_what_they_run() {
+    // An operator restarted while the spec is invalid: it knows the pods the
+    // policy selects, not the version they run.
+    let mut index = Index::new();
+    index.apply_pod(pod("agents", "a-1", "u1", &[("app", "a")]));
+    index.apply_pod(pod("agents", "b-1", "u2", &[("app", "b")]));
+    let mut bad = policy("a", &["read_file"], &[]);
+    bad.tool_rules = Some(vec![ToolRule {
+        tool: "x".to_owned(),
+        action: None,
+        rate_limit: Some("lots".to_owned()),
+        strict_args: None,
+        allow_args: None,
+        schema_hash: None,
+    }]);
+    index.apply_policy("agents", "p", Some(3), &bad);
+    let governed = current(&index, "agents", "a-1", "u1");
+    assert!(governed.keep_previous);
+    assert!(governed.policy.is_none());
+    assert_eq!(
+        governed.deny_reason.as_deref(),
+        Some("AgentPolicy p is not accepted and this operator knows no earlier version")
+    );
+    assert!(!current(&index, "agents", "b-1", "u2").keep_previous);
+    // Fixed: the pods get it, and keep_previous is over.
+    index.apply_policy("agents", "p", Some(4), &policy("a", &["read_file"], &[]));
+    let fixed = current(&index, "agents", "a-1", "u1");
+    assert!(!fixed.keep_previous);
+    assert_eq!(fixed.policy.as_ref().unwrap().name, "p");
+}

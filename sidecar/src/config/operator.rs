@@ -268,6 +268,32 @@ pub fn from_snapshot(snapshot: &v1::Snapshot, previous: &Config) -> Result<Confi
         .iter()
         .map(connection)
         .collect::<Result<Vec<_>, _>>()?;
+    if snapshot.keep_previous && previous.policy.is_some() {
+        tracing::warn!(reason = %snapshot.deny_reason, "the policy is invalid upstream; keeping the one in force");
+        // The same connections as before, with whatever fresh credentials
+        // the operator has for them; nothing newly granted.
+        let fresh: Vec<Arc<Connection>> = snapshot
+            .connections
+            .iter()
+            .map(connection)
+            .collect::<Result<_, _>>()?;
+        let connections = previous
+            .connections
+            .iter()
+            .map(|old| {
+                fresh
+                    .iter()
+                    .find(|c| c.name == old.name)
+                    .unwrap_or(old)
+                    .clone()
+            })
+            .collect();
+        return Ok(Config {
+            evaluator: previous.evaluator.clone(),
+            policy: previous.policy.clone(),
+            connections,
+        });
+    }
     let Some(p) = &snapshot.policy else {
         if !snapshot.deny_reason.is_empty() {
             tracing::warn!(reason = %snapshot.deny_reason, "no policy applies to this pod; every tool call is refused");

@@ -1,0 +1,127 @@
+//! An MCP agent over Streamable HTTP, as simple as a test needs: one
+//! HTTP/1.1 exchange per message on a fresh connection.
+
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+pub struct Agent {
+    pub addr: SocketAddr,
+    pub session: String,
+    next_id: u64,
+}
+
+impl Agent {
+    /// initialize + notifications/initialized.
+    pub async fn connect(addr: SocketAddr) -> Agent {
+        let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "e2e", "version": "1"}}});
+        let (status, headers, _) = post(addr, &[], &init).await;
+        assert_eq!(status, 200);
+        let session = headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("mcp-session-id"))
+            .map(|(_, v)| v.clone())
+            .expect("a session id");
+        let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        let (status, _, _) = post(addr, &[("mcp-session-id", &session)], &note).await;
+        assert_eq!(status, 202);
+        Agent {
+            addr,
+            session,
+            next_id: 1,
+        }
+    }
+
+    /// Another handle on an existing session.
+    pub fn resume(addr: SocketAddr, session: &str) -> Agent {
+        Agent {
+            addr,
+            session: session.to_owned(),
+            next_id: 1_000 + u64::from(rand_id()),
+        }
+    }
+
+    pub async fn request(&mut self, method: &str, params: Value) -> Value {
+        self.next_id += 1;
+        let body =
+            json!({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params});
+        let (status, _, body) = post(
+            self.addr,
+            &[
+                ("mcp-session-id", &self.session),
+                ("mcp-protocol-version", "2025-11-25"),
+            ],
+            &body,
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+    }
+
+    pub async fn call(&mut self, tool: &str, arguments: Value) -> Value {
+        self.request("tools/call", json!({"name": tool, "arguments": arguments}))
+            .await
+    }
+
+    pub async fn tool_names(&mut self) -> Vec<String> {
+        let listed = self.request("tools/list", json!({})).await;
+        listed["result"]["tools"]
+            .as_array()
+            .map(|tools| {
+                tools
+                    .iter()
+                    .filter_map(|t| t["name"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// One HTTP/1.1 POST to /mcp; (status, headers, body).
+async fn post(
+    addr: SocketAddr,
+    headers: &[(&str, &str)],
+    body: &Value,
+) -> (u16, Vec<(String, String)>, String) {
+    let body = body.to_string();
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut head = format!(
+        "POST /mcp HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-type: application/json\r\naccept: application/json, text/event-stream\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        head += &format!("{k}: {v}\r\n");
+    }
+    head += "\r\n";
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(body.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut raw))
+        .await
+        .expect("a response in time")
+        .unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .collect();
+    (status, headers, body.to_owned())
+}
+
+fn rand_id() -> u16 {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static N: AtomicU16 = AtomicU16::new(0);
+    N.fetch_add(100, Ordering::Relaxed)
+}

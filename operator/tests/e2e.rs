@@ -1,0 +1,511 @@
+//! The platform engineer's story, end to end, against the fake API server:
+//! kubectl applies the CRDs, a Secret, a ToolConnection pointing at the
+//! fault server and an AgentPolicy; the real aip-operator binary streams the
+//! pod's configuration to the real aip-sidecar binary in Kubernetes mode,
+//! which enforces it on an agent's calls. Editing the policy changes
+//! enforcement and the status shows the new hash synced 1/1; an invalid edit
+//! is marked Accepted=False while the sidecar keeps the previous policy;
+//! stopping the operator leaves the sidecar enforcing; rotating the Secret
+//! makes the next call use the new credential, and the upstream's 401 hides
+//! the connection's tools.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aip_fault_server::core::Core;
+use aip_fault_server::log::AttemptLog;
+use aip_fault_server::script::{Script, Transport};
+use common::Cluster;
+use common::agent::Agent;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
+
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// A child process killed on drop, its stderr collected line by line.
+struct Proc {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+    name: &'static str,
+}
+
+impl Proc {
+    fn start(name: &'static str, mut command: Command) -> Proc {
+        let mut child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().unwrap();
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Proc { child, lines, name }
+    }
+
+    /// Waits for a stderr line containing `needle`; returns it.
+    async fn line(&self, needle: &str) -> String {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            if let Some(l) = self
+                .lines
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|l| l.contains(needle))
+            {
+                return l.clone();
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{} never said {needle:?}:\n{}",
+                self.name,
+                self.lines.lock().unwrap().join("\n")
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn terminate(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "--- {} said:\n{}",
+                self.name,
+                self.lines.lock().unwrap().join("\n")
+            );
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A workspace binary built beside this crate's.
+fn binary(name: &str) -> PathBuf {
+    let path = Path::new(env!("CARGO_BIN_EXE_aip-operator")).with_file_name(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the workspace first (`make build`)",
+        path.display()
+    );
+    path
+}
+
+struct Kubectl {
+    kubeconfig: PathBuf,
+}
+
+impl Kubectl {
+    fn run(&self, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+        let mut child = Command::new("kubectl")
+            .args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kubectl on PATH (make kubectl puts one in target/bin)");
+        if let Some(text) = stdin {
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(text.as_bytes())
+                .unwrap();
+        }
+        drop(child.stdin.take());
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let (ok, out, err) = self.run(args, stdin);
+        assert!(ok, "kubectl {args:?} failed:\n{out}{err}");
+        out
+    }
+
+    fn apply(&self, yaml: &str) -> String {
+        self.ok(&["apply", "-f", "-"], Some(yaml))
+    }
+
+    /// `kubectl wait` for a JSONPath value (kubectl watches; no polling here).
+    fn wait(&self, object: &str, jsonpath: &str, value: &str) {
+        let condition = format!("--for=jsonpath={jsonpath}={value}");
+        self.ok(
+            &["wait", "-n", "agents", object, &condition, "--timeout=30s"],
+            None,
+        );
+    }
+
+    fn get(&self, object: &str, jsonpath: &str) -> String {
+        self.ok(
+            &[
+                "get",
+                "-n",
+                "agents",
+                object,
+                "-o",
+                &format!("jsonpath={jsonpath}"),
+            ],
+            None,
+        )
+    }
+}
+
+fn policy(tools: &[&str]) -> String {
+    format!(
+        "apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {{name: files, namespace: agents}}\nspec:\n  allowed_tools: {}\n  podSelector: {{matchLabels: {{app: agent}}}}\n  toolConnections: [fs]\n",
+        json!(tools)
+    )
+}
+
+fn secret(token: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: fs-token, namespace: agents}}\nstringData: {{token: {token}}}\n"
+    )
+}
+
+/// Calls `f` until it returns Some, or fails after PATIENCE.
+async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn error_code(response: &Value) -> Option<i64> {
+    response["error"]["code"].as_i64()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_to_sidecar_enforcement() {
+    let dir = tempdir();
+    let cluster = Cluster::start().await;
+    let kubeconfig = dir.join("admin.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        cluster.running.kubeconfig(aip_fake_apiserver::ADMIN_TOKEN),
+    )
+    .unwrap();
+    let kubectl = Kubectl {
+        kubeconfig: kubeconfig.clone(),
+    };
+
+    // The upstream: a fault server that takes only tok-A.
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let attempts = dir.join("attempts.jsonl");
+    let script = format!(
+        "apiVersion: aip.io/v1alpha1\nkind: FaultServer\nmetadata: {{name: files}}\nspec:\n  requireBearer: {{sha256: {}}}\n  tools:\n    - name: read_file\n      responses: [{{sequence: [{}]}}]\n    - name: delete_file\n      responses: [{{sequence: [{}]}}]\n",
+        hex::encode(Sha256::digest(b"tok-A")),
+        vec!["{return: contents}"; 50].join(", "),
+        vec!["{return: deleted}"; 50].join(", "),
+    );
+    let fault = Core::new(
+        Script::from_yaml(&script, Transport::Http).unwrap(),
+        AttemptLog::new(Box::new(std::fs::File::create(&attempts).unwrap()), false),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let fault_url = format!("http://{}/mcp", listener.local_addr().unwrap());
+    tokio::spawn(fault.clone().run(shutdown.clone()));
+    tokio::spawn(aip_fault_server::http::serve(
+        fault.clone(),
+        listener,
+        Default::default(),
+        shutdown.clone(),
+    ));
+
+    // The platform engineer's objects.
+    let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/aip.io.yaml");
+    kubectl.ok(&["apply", "-f", crds], None);
+    kubectl.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: agents}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: aip-system}\n");
+    kubectl.apply(&secret("tok-A"));
+    kubectl.apply(&format!(
+        "apiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {{name: fs, namespace: agents}}\nspec:\n  url: {fault_url}\n  toolPrefix: fs_\n  bearerToken: {{valueFrom: {{secretKeyRef: {{name: fs-token, key: token}}}}}}\n"
+    ));
+    kubectl.apply(&policy(&["fs_read_file"]));
+
+    // The agent pod, and the token the kubelet would project for its sidecar.
+    cluster.service_account("agents", "agent").await;
+    let uid = cluster
+        .pod("agents", "agent-1", "agent", json!({"app": "agent"}))
+        .await;
+    let token = cluster
+        .token(
+            "agents",
+            "agent",
+            "agent-1",
+            &uid,
+            &[aip_proto::TOKEN_AUDIENCE],
+        )
+        .await;
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, &token).unwrap();
+
+    // The operator (a fixed port and certificate, so that it can come back
+    // where the sidecar expects it), then the sidecar pointed at it.
+    let tls = TlsFiles::new(&dir);
+    let grpc = free_port();
+    let mut operator = start_operator(&kubeconfig, &tls, grpc);
+    operator.line("gRPC config service listening").await;
+    let sidecar = Proc::start("aip-sidecar", {
+        let mut c = Command::new(binary("aip-sidecar"));
+        c.args([
+            "--log-format",
+            "json",
+            "run",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+        ])
+        .arg("--operator")
+        .arg(format!("https://127.0.0.1:{grpc}"))
+        .arg("--operator-ca")
+        .arg(&tls.cert)
+        .args(["--operator-server-name", "localhost"])
+        .arg("--token-file")
+        .arg(&token_file);
+        c
+    });
+    let agents_line = sidecar.line("agents at http://").await;
+    let agent_addr: SocketAddr = agents_line
+        .split("agents at http://")
+        .nth(1)
+        .and_then(|rest| rest.split("/mcp").next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut agent = Agent::connect(agent_addr).await;
+
+    // Enforced: the granted tool works, the other is refused.
+    eventually("the connection's tools reach the agent", || {
+        let mut agent = clone_agent(&agent);
+        async move {
+            agent
+                .tool_names()
+                .await
+                .contains(&"fs_read_file".to_owned())
+                .then_some(())
+        }
+    })
+    .await;
+    let read = agent.call("fs_read_file", json!({"path": "a"})).await;
+    assert_eq!(read["result"]["content"][0]["text"], "contents", "{read}");
+    let refused = agent.call("fs_delete_file", json!({"path": "a"})).await;
+    assert_eq!(error_code(&refused), Some(-32001), "{refused}");
+    kubectl.wait("agentpolicy/files", "{.status.synced}", "1/1");
+    let first_hash = kubectl.get("agentpolicy/files", "{.status.policyHash}");
+    assert!(first_hash.starts_with("sha256:"));
+
+    // Editing the policy changes enforcement; the status follows.
+    kubectl.apply(&policy(&["fs_read_file", "fs_delete_file"]));
+    let deleted = eventually("the edited policy is enforced", || {
+        let mut agent = clone_agent(&agent);
+        async move {
+            let r = agent.call("fs_delete_file", json!({"path": "a"})).await;
+            r.get("result").is_some().then_some(r)
+        }
+    })
+    .await;
+    assert_eq!(deleted["result"]["content"][0]["text"], "deleted");
+    kubectl.wait("agentpolicy/files", "{.status.synced}", "1/1");
+    let second_hash = kubectl.get("agentpolicy/files", "{.status.policyHash}");
+    assert_ne!(second_hash, first_hash);
+    kubectl.wait("agentpolicy/files", "{.status.observedGeneration}", "2");
+
+    // An invalid edit (no webhook here to refuse it) is marked, not enforced.
+    kubectl.apply(&format!(
+        "{}  tool_rules: [{{tool: fs_read_file, rate_limit: lots}}]\n",
+        policy(&["fs_read_file"])
+    ));
+    kubectl.wait(
+        "agentpolicy/files",
+        "{.status.conditions[?(@.type==\"Accepted\")].status}",
+        "False",
+    );
+    let message = kubectl.get(
+        "agentpolicy/files",
+        "{.status.conditions[?(@.type==\"Accepted\")].message}",
+    );
+    assert!(
+        message.starts_with("spec.tool_rules[0].rate_limit: invalid rate_limit \"lots\""),
+        "{message}"
+    );
+    assert_eq!(
+        kubectl.get("agentpolicy/files", "{.status.policyHash}"),
+        second_hash
+    );
+    let still = agent.call("fs_delete_file", json!({"path": "b"})).await;
+    assert!(
+        still.get("result").is_some(),
+        "the previous policy stays in force: {still}"
+    );
+
+    // Without the operator the sidecar keeps enforcing its last config.
+    operator.terminate();
+    let read = agent.call("fs_read_file", json!({"path": "c"})).await;
+    assert!(read.get("result").is_some(), "{read}");
+    assert_eq!(
+        error_code(&agent.call("fs_other", json!({})).await),
+        Some(-32001)
+    );
+
+    // Back, then a rotated Secret: the next call carries the new credential,
+    // the upstream refuses it, and the connection's tools disappear.
+    let operator = start_operator(&kubeconfig, &tls, grpc);
+    operator.line("cluster state loaded").await;
+    kubectl.apply(&secret("tok-B"));
+    // The old credential still works upstream, so a 401 proves the new one
+    // was sent.
+    eventually(
+        "the rotated credential's 401 hides the connection's tools",
+        || {
+            let mut agent = clone_agent(&agent);
+            async move {
+                (!agent
+                    .tool_names()
+                    .await
+                    .iter()
+                    .any(|t| t.starts_with("fs_")))
+                .then_some(())
+            }
+        },
+    )
+    .await;
+    let hidden = agent.call("fs_read_file", json!({"path": "e"})).await;
+    assert_eq!(
+        hidden["error"]["message"], "Unknown tool: fs_read_file",
+        "{hidden}"
+    );
+
+    // Rotating back restores the tools, and the upstream sees tok-A again.
+    kubectl.apply(&secret("tok-A"));
+    let read = eventually("the restored credential brings the tools back", || {
+        let mut agent = clone_agent(&agent);
+        async move {
+            let r = agent.call("fs_read_file", json!({"path": "f"})).await;
+            r.get("result").is_some().then_some(r)
+        }
+    })
+    .await;
+    assert_eq!(read["result"]["content"][0]["text"], "contents");
+    let want = hex::encode(Sha256::digest(b"Bearer tok-A"));
+    let log = std::fs::read_to_string(&attempts).unwrap();
+    let last = log.lines().last().unwrap();
+    assert!(last.contains(&want), "{last}");
+    assert!(!log.contains("tok-A"), "the attempt log holds digests only");
+    drop(sidecar);
+}
+
+fn clone_agent(agent: &Agent) -> Agent {
+    Agent::resume(agent.addr, &agent.session)
+}
+
+fn start_operator(kubeconfig: &Path, tls: &TlsFiles, port: u16) -> Proc {
+    let mut c = Command::new(binary("aip-operator"));
+    c.env("KUBECONFIG", kubeconfig)
+        .args([
+            "--grpc-listen",
+            &format!("127.0.0.1:{port}"),
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--log-format", "json"])
+        .args(["--namespace", "aip-system", "--pod-name", "operator-0"])
+        .arg("--tls-cert")
+        .arg(&tls.cert)
+        .arg("--tls-key")
+        .arg(&tls.key);
+    Proc::start("aip-operator", c)
+}
+
+/// The operator's serving certificate (for localhost) and key, on disk.
+struct TlsFiles {
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+impl TlsFiles {
+    fn new(dir: &Path) -> TlsFiles {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let files = TlsFiles {
+            cert: dir.join("operator.crt"),
+            key: dir.join("operator.key"),
+        };
+        std::fs::write(&files.cert, cert.pem()).unwrap();
+        std::fs::write(&files.key, key.serialize_pem()).unwrap();
+        files
+    }
+}
+
+/// A loopback port free a moment ago (the operator must come back on the
+/// same one).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A temporary directory removed on drop.
+struct TempDir(PathBuf);
+
+impl std::ops::Deref for TempDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tempdir() -> TempDir {
+    let dir = std::env::temp_dir().join(format!("aip-e2e-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    TempDir(dir)
+}
