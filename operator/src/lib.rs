@@ -15,3 +15,4 @@ pub mod metrics;
 pub mod runtime;
 pub mod selector;
 pub mod validate;
+pub mod webhooks;

@@ -30,6 +30,9 @@ pub struct Args {
     /// Health, readiness and metrics.
     #[arg(long, env = "AIP_ADMIN_LISTEN", default_value = "0.0.0.0:8080")]
     pub admin_listen: SocketAddr,
+    /// The admission webhooks (HTTPS, same certificate as gRPC).
+    #[arg(long, env = "AIP_WEBHOOK_LISTEN", default_value = "0.0.0.0:9443")]
+    pub webhook_listen: SocketAddr,
     /// The gRPC server's certificate (PEM); with --tls-key.
     #[arg(long, env = "AIP_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -84,7 +87,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let admin_listener = tokio::net::TcpListener::bind(args.admin_listen)
         .await
         .with_context(|| format!("binding the admin address {}", args.admin_listen))?;
-    tracing::info!(grpc = %grpc_listener.local_addr()?, admin = %admin_listener.local_addr()?, identity = %identity, "aip-operator starting");
+    let webhook_listener = tokio::net::TcpListener::bind(args.webhook_listen)
+        .await
+        .with_context(|| format!("binding the webhook address {}", args.webhook_listen))?;
+    tracing::info!(grpc = %grpc_listener.local_addr()?, admin = %admin_listener.local_addr()?, webhooks = %webhook_listener.local_addr()?, identity = %identity, "aip-operator starting");
+    let webhooks = Arc::new(crate::webhooks::Webhooks {
+        client: client.clone(),
+        metrics: metrics.clone(),
+    });
+    let webhook_tls = tls.rustls()?;
 
     let (ready_tx, ready) = watch::channel(false);
     let admin = Arc::new(admin::Admin {
@@ -148,6 +159,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         () = feed::until(feed::run(client.clone(), index.clone(), touched, ready_tx), shutdown.clone()) => {}
         () = feed::until(policy_status::run(status_ctx, policies_rx), shutdown.clone()) => {}
         () = admin::serve(admin, admin_listener, shutdown.clone()) => {}
+        () = crate::webhooks::serve(webhooks, webhook_listener, webhook_tls, shutdown.clone()) => {}
         () = feed::until(drain, shutdown.clone()) => {}
     }
     shutdown.cancel();

@@ -124,8 +124,19 @@ fn aip_document(name: &str, spec: &AgentPolicySpec) -> Value {
 
 /// What the schema cannot say about a ToolConnection (the API server checks
 /// the rest, and the webhook re-checks it for servers that skip CEL).
-pub fn tool_connection(spec: &ToolConnectionSpec) -> Result<(), Vec<FieldError>> {
+/// `namespace` is the ToolConnection's own.
+pub fn tool_connection(namespace: &str, spec: &ToolConnectionSpec) -> Result<(), Vec<FieldError>> {
     let mut errors = Vec::new();
+    for (path, r) in spec.secret_refs() {
+        if let Some(other) = r.namespace.as_deref().filter(|n| *n != namespace) {
+            errors.push(field(
+                &format!("{path}.namespace"),
+                format!(
+                    "Secrets are read only from the ToolConnection's own namespace ({namespace}), not {other}"
+                ),
+            ));
+        }
+    }
     if !(spec.url.starts_with("http://") || spec.url.starts_with("https://")) {
         errors.push(field(
             "spec.url",

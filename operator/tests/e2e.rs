@@ -25,6 +25,7 @@ use aip_fault_server::log::AttemptLog;
 use aip_fault_server::script::{Script, Transport};
 use common::Cluster;
 use common::agent::Agent;
+use common::kubectl::{Kubectl, tempdir};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
@@ -112,72 +113,6 @@ fn binary(name: &str) -> PathBuf {
     path
 }
 
-struct Kubectl {
-    kubeconfig: PathBuf,
-}
-
-impl Kubectl {
-    fn run(&self, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
-        let mut child = Command::new("kubectl")
-            .args(args)
-            .env("KUBECONFIG", &self.kubeconfig)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("kubectl on PATH (make kubectl puts one in target/bin)");
-        if let Some(text) = stdin {
-            use std::io::Write;
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(text.as_bytes())
-                .unwrap();
-        }
-        drop(child.stdin.take());
-        let out = child.wait_with_output().unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    }
-
-    fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {
-        let (ok, out, err) = self.run(args, stdin);
-        assert!(ok, "kubectl {args:?} failed:\n{out}{err}");
-        out
-    }
-
-    fn apply(&self, yaml: &str) -> String {
-        self.ok(&["apply", "-f", "-"], Some(yaml))
-    }
-
-    /// `kubectl wait` for a JSONPath value (kubectl watches; no polling here).
-    fn wait(&self, object: &str, jsonpath: &str, value: &str) {
-        let condition = format!("--for=jsonpath={jsonpath}={value}");
-        self.ok(
-            &["wait", "-n", "agents", object, &condition, "--timeout=30s"],
-            None,
-        );
-    }
-
-    fn get(&self, object: &str, jsonpath: &str) -> String {
-        self.ok(
-            &[
-                "get",
-                "-n",
-                "agents",
-                object,
-                "-o",
-                &format!("jsonpath={jsonpath}"),
-            ],
-            None,
-        )
-    }
-}
-
 fn policy(tools: &[&str]) -> String {
     format!(
         "apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {{name: files, namespace: agents}}\nspec:\n  allowed_tools: {}\n  podSelector: {{matchLabels: {{app: agent}}}}\n  toolConnections: [fs]\n",
@@ -211,7 +146,8 @@ fn error_code(response: &Value) -> Option<i64> {
     response["error"]["code"].as_i64()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// kubectl blocks a worker while the API server runs on the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kubectl_to_sidecar_enforcement() {
     let dir = tempdir();
     let cluster = Cluster::start().await;
@@ -485,27 +421,4 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
-}
-
-/// A temporary directory removed on drop.
-struct TempDir(PathBuf);
-
-impl std::ops::Deref for TempDir {
-    type Target = Path;
-    fn deref(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn tempdir() -> TempDir {
-    let dir = std::env::temp_dir().join(format!("aip-e2e-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    TempDir(dir)
 }

@@ -110,6 +110,10 @@ pub struct ValueSource {
 pub struct SecretKeyRef {
     pub name: String,
     pub key: String,
+    /// Accepted only so that a reference to another namespace is refused
+    /// with a reason: Secrets are read from the ToolConnection's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]

@@ -37,6 +37,11 @@ impl ServerTls {
         })
     }
 
+    /// The same identity for the HTTPS webhook server.
+    pub fn rustls(&self) -> anyhow::Result<std::sync::Arc<rustls::ServerConfig>> {
+        crate::webhooks::tls_config(&self.cert_pem, &self.key_pem)
+    }
+
     pub fn config(&self) -> ServerTlsConfig {
         ServerTlsConfig::new().identity(Identity::from_pem(&self.cert_pem, &self.key_pem))
     }

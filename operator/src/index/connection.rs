@@ -76,13 +76,14 @@ impl PartialEq for ResolvedConnection {
 /// Resolves `spec` against the Secrets of its namespace. A spec that fails
 /// validation resolves to an error too: its tools must not be offered.
 pub fn resolve(
+    namespace: &str,
     name: &str,
     spec: &ToolConnectionSpec,
     secrets: &HashMap<String, Arc<SecretData>>,
 ) -> ResolvedConnection {
     let health = spec.health_check.clone().unwrap_or_default();
     let seconds = |s: Option<u32>, default: u32| Duration::from_secs(s.unwrap_or(default).into());
-    let credentials = match crate::validate::tool_connection(spec) {
+    let credentials = match crate::validate::tool_connection(namespace, spec) {
         Err(errors) => Err(format!(
             "the ToolConnection is invalid: {}",
             errors

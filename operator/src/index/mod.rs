@@ -252,7 +252,7 @@ impl Index {
             .namespaces
             .entry(namespace.to_owned())
             .or_insert_with(|| Namespace::named(namespace));
-        let resolved = Arc::new(connection::resolve(name, spec, &ns.secrets));
+        let resolved = Arc::new(connection::resolve(namespace, name, spec, &ns.secrets));
         ns.connections.insert(
             name.to_owned(),
             ConnectionEntry {
@@ -549,7 +549,7 @@ impl Index {
         let mut changed = Vec::new();
         for (name, c) in &mut ns.connections {
             if c.spec.secret_refs().iter().any(|(_, r)| r.name == secret) {
-                let resolved = connection::resolve(name, &c.spec, &ns.secrets);
+                let resolved = connection::resolve(namespace, name, &c.spec, &ns.secrets);
                 if *c.resolved != resolved {
                     c.resolved = Arc::new(resolved);
                     changed.push(name.clone());

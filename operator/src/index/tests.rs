@@ -265,6 +265,7 @@ fn credentials_never_show_in_debug_output() {
             secret_key_ref: SecretKeyRef {
                 name: "gh-token".to_owned(),
                 key: "key".to_owned(),
+                namespace: None,
             },
         },
     });
@@ -439,7 +440,8 @@ fn bearer_token_value_spec_round_trips() {
             value_from: ValueSource {
                 secret_key_ref: SecretKeyRef {
                     name: "s".to_owned(),
-                    key: "k".to_owned()
+                    key: "k".to_owned(),
+                    namespace: None
                 }
             }
         })

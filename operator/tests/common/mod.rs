@@ -4,6 +4,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 pub mod agent;
+pub mod kubectl;
 
 use aip_fake_apiserver::{ADMIN_TOKEN, Options, Running};
 use k8s_openapi::api::authentication::v1::TokenRequest;
@@ -19,7 +20,17 @@ pub struct Cluster {
 
 impl Cluster {
     pub async fn start() -> Cluster {
-        let running = aip_fake_apiserver::start(Options::default()).await.unwrap();
+        Cluster::with_users("").await
+    }
+
+    /// A server that also knows the users of `token_file` (kube-apiserver's
+    /// token file format: `token,user,uid,"group1,group2"` per line).
+    pub async fn with_users(token_file: &str) -> Cluster {
+        let options = Options {
+            tokens: aip_fake_apiserver::auth::Tokens::parse(token_file).unwrap(),
+            ..Options::default()
+        };
+        let running = aip_fake_apiserver::start(options).await.unwrap();
         let admin = client(&running, ADMIN_TOKEN).await;
         Cluster { running, admin }
     }
@@ -90,6 +101,15 @@ impl Cluster {
             .await
             .unwrap();
         minted.status.unwrap().token.unwrap()
+    }
+}
+
+impl Cluster {
+    /// A kubeconfig file for the user of `token`.
+    pub fn kubeconfig(&self, dir: &std::path::Path, token: &str) -> std::path::PathBuf {
+        let path = dir.join(format!("{token}.kubeconfig"));
+        std::fs::write(&path, self.running.kubeconfig(token)).unwrap();
+        path
     }
 }
 

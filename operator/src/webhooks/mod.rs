@@ -1,0 +1,118 @@
+//! The operator's admission webhooks over HTTPS: `POST /validate` for
+//! AgentPolicy and ToolConnection writes. Invalid objects are refused at
+//! `kubectl apply` time with aip-policy's field-path errors; a
+//! ToolConnection is also refused unless its author may `get` every Secret
+//! it references (a SubjectAccessReview per Secret), so that no one can aim
+//! a Secret they cannot read at a host of their choosing.
+
+pub mod validate;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionResponse, AdmissionReview};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+
+/// Largest AdmissionReview accepted (the API server's own request limit is
+/// 3 MiB; a policy is far smaller).
+const MAX_REVIEW_BYTES: usize = 3 * 1024 * 1024;
+
+pub struct Webhooks {
+    pub client: kube::Client,
+    pub metrics: Arc<Metrics>,
+}
+
+/// A rustls server configuration from PEM text.
+pub fn tls_config(cert_pem: &str, key_pem: &str) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+    let certs: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_slice_iter(cert_pem.as_bytes()).collect::<Result<_, _>>()?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)?;
+    Ok(Arc::new(config))
+}
+
+pub async fn serve(
+    webhooks: Arc<Webhooks>,
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    shutdown: CancellationToken,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => { tracing::warn!(error = %e, "webhook accept failed"); continue; }
+            },
+            () = shutdown.cancelled() => return,
+        };
+        let webhooks = webhooks.clone();
+        let acceptor = acceptor.clone();
+        tokio::spawn(async move {
+            let Ok(tls) = acceptor.accept(stream).await else {
+                return;
+            };
+            let service = service_fn(move |req| route(webhooks.clone(), req));
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(tls), service)
+                .await;
+        });
+    }
+}
+
+async fn route(
+    webhooks: Arc<Webhooks>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    if (req.method(), req.uri().path()) != (&Method::POST, "/validate") {
+        return Ok(plain(StatusCode::NOT_FOUND, "not found\n"));
+    }
+    let body = match Limited::new(req.into_body(), MAX_REVIEW_BYTES)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(_) => return Ok(plain(StatusCode::PAYLOAD_TOO_LARGE, "review too large\n")),
+    };
+    let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return Ok(plain(
+                StatusCode::BAD_REQUEST,
+                &format!("not an AdmissionReview: {e}\n"),
+            ));
+        }
+    };
+    let response = match review.try_into() {
+        Ok(request) => validate::review(&webhooks, &request).await,
+        Err(e) => AdmissionResponse::invalid(format!("not an AdmissionReview request: {e}")),
+    };
+    let body = serde_json::to_vec(&response.into_review()).unwrap_or_default();
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    if let Ok(v) = "application/json".parse() {
+        r.headers_mut().insert("content-type", v);
+    }
+    Ok(r)
+}
+
+fn plain(status: StatusCode, text: &str) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(text.to_owned())));
+    *r.status_mut() = status;
+    r
+}

@@ -1,0 +1,168 @@
+//! The validating webhook through the real kubectl and the fake API server,
+//! with token-file users: an invalid AgentPolicy is refused at apply time
+//! with aip-policy's field paths; a ToolConnection naming a Secret its author
+//! cannot read is refused, one its author can read is admitted, and a
+//! reference to another namespace is refused with the reason.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+
+use aip_operator::metrics::Metrics;
+use aip_operator::webhooks::{self, Webhooks};
+use base64::Engine;
+use common::Cluster;
+use common::kubectl::{Kubectl, tempdir};
+use tokio_util::sync::CancellationToken;
+
+const USERS: &str = "alice-token,alice,u-alice,\"platform\"\nbob-token,bob,u-bob,\"platform\"\n";
+
+/// Everyone in `platform` edits aip objects in `agents`; only alice may read
+/// the Secret `gh-token`.
+const RBAC: &str = "apiVersion: v1
+kind: Namespace
+metadata: {name: agents}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: aip-editor, namespace: agents}
+rules:
+- {apiGroups: [aip.io], resources: [agentpolicies, toolconnections], verbs: [get, list, watch, create, update, patch]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: platform-edits-aip, namespace: agents}
+subjects: [{kind: Group, name: platform, apiGroup: rbac.authorization.k8s.io}]
+roleRef: {kind: Role, name: aip-editor, apiGroup: rbac.authorization.k8s.io}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: gh-token-reader, namespace: agents}
+rules:
+- {apiGroups: [''], resources: [secrets], resourceNames: [gh-token], verbs: [get]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: alice-reads-gh-token, namespace: agents}
+subjects: [{kind: User, name: alice, apiGroup: rbac.authorization.k8s.io}]
+roleRef: {kind: Role, name: gh-token-reader, apiGroup: rbac.authorization.k8s.io}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: gh-token, namespace: agents}
+stringData: {token: secret-value-1}
+";
+
+fn connection(secret_ref: &str) -> String {
+    format!(
+        "apiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {{name: gh, namespace: agents}}\nspec:\n  url: https://mcp.example.com/mcp\n  bearerToken: {{valueFrom: {{secretKeyRef: {secret_ref}}}}}\n"
+    )
+}
+
+// kubectl blocks a worker while the API server runs on the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kubectl_apply_is_refused_with_the_reason() {
+    let dir = tempdir();
+    let cluster = Cluster::with_users(USERS).await;
+    let admin = Kubectl {
+        kubeconfig: cluster.kubeconfig(&dir, aip_fake_apiserver::ADMIN_TOKEN),
+    };
+    let alice = Kubectl {
+        kubeconfig: cluster.kubeconfig(&dir, "alice-token"),
+    };
+    let bob = Kubectl {
+        kubeconfig: cluster.kubeconfig(&dir, "bob-token"),
+    };
+
+    // The operator's webhook server, with a certificate for 127.0.0.1.
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let tls = webhooks::tls_config(&cert.pem(), &key.serialize_pem()).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let hooks = Arc::new(Webhooks {
+        client: cluster.admin.clone(),
+        metrics: Arc::new(Metrics::new()),
+    });
+    tokio::spawn(webhooks::serve(hooks, listener, tls, shutdown.clone()));
+
+    let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/aip.io.yaml");
+    admin.ok(&["apply", "-f", crds], None);
+    admin.apply(RBAC);
+    let ca = base64::engine::general_purpose::STANDARD.encode(cert.pem());
+    admin.apply(&format!(
+        "apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingWebhookConfiguration
+metadata: {{name: aip-validate}}
+webhooks:
+  - name: validate.aip.io
+    clientConfig: {{url: 'https://{addr}/validate', caBundle: {ca}}}
+    rules: [{{operations: [CREATE, UPDATE], apiGroups: [aip.io], apiVersions: [v1alpha1], resources: [agentpolicies, toolconnections]}}]
+    sideEffects: None
+    admissionReviewVersions: [v1]
+    failurePolicy: Fail
+"
+    ));
+
+    // An invalid policy: every problem, each with its path.
+    let (ok, _, err) = alice.run(
+        &["apply", "-f", "-"],
+        Some("apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {name: p, namespace: agents}\nspec:\n  allowed_tools: [read_file]\n  tool_rules:\n  - {tool: x, rate_limit: lots, allow_args: {path: '('}}\n"),
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("denied the request: AgentPolicy p is invalid: spec.tool_rules[0].rate_limit: invalid rate_limit \"lots\""),
+        "{err}"
+    );
+    assert!(err.contains("spec.tool_rules[0].allow_args.path"), "{err}");
+    let (ok, out, _) = alice.run(&["get", "agentpolicy", "p", "-n", "agents"], None);
+    assert!(!ok, "nothing was stored: {out}");
+    alice.apply("apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {name: p, namespace: agents}\nspec:\n  allowed_tools: [read_file]\n");
+
+    // bob cannot read gh-token, so he cannot point a connection at it.
+    let (ok, _, err) = bob.run(
+        &["apply", "-f", "-"],
+        Some(&connection("{name: gh-token, key: token}")),
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("ToolConnection gh is refused: spec.bearerToken.valueFrom.secretKeyRef names Secret gh-token, which bob may not get in namespace agents"),
+        "{err}"
+    );
+    assert!(!err.contains("secret-value-1"));
+
+    // Nor can anyone reach into another namespace.
+    let (ok, _, err) = alice.run(
+        &["apply", "-f", "-"],
+        Some(&connection(
+            "{name: gh-token, key: token, namespace: kube-system}",
+        )),
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("spec.bearerToken.valueFrom.secretKeyRef.namespace: Secrets are read only from the ToolConnection's own namespace (agents), not kube-system"),
+        "{err}"
+    );
+
+    // alice can, so her connection is admitted; bob may not even re-point it.
+    alice.apply(&connection("{name: gh-token, key: token}"));
+    let (ok, _, err) = bob.run(
+        &["apply", "-f", "-"],
+        Some(
+            &connection("{name: gh-token, key: token}")
+                .replace("mcp.example.com", "bob.example.net"),
+        ),
+    );
+    assert!(
+        !ok,
+        "an update by someone who cannot read the Secret is refused"
+    );
+    assert!(err.contains("which bob may not get"), "{err}");
+}

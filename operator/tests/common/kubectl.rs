@@ -1,0 +1,98 @@
+//! The real kubectl, as a platform engineer runs it, and a temporary
+//! directory for its kubeconfigs.
+
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+pub struct Kubectl {
+    pub kubeconfig: PathBuf,
+}
+
+impl Kubectl {
+    pub fn run(&self, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+        let mut child = Command::new("kubectl")
+            .args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kubectl on PATH (make kubectl puts one in target/bin)");
+        if let Some(text) = stdin {
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(text.as_bytes())
+                .unwrap();
+        }
+        drop(child.stdin.take());
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    pub fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let (ok, out, err) = self.run(args, stdin);
+        assert!(ok, "kubectl {args:?} failed:\n{out}{err}");
+        out
+    }
+
+    pub fn apply(&self, yaml: &str) -> String {
+        self.ok(&["apply", "-f", "-"], Some(yaml))
+    }
+
+    /// `kubectl wait` for a JSONPath value (kubectl watches; no polling here).
+    pub fn wait(&self, object: &str, jsonpath: &str, value: &str) {
+        let condition = format!("--for=jsonpath={jsonpath}={value}");
+        self.ok(
+            &["wait", "-n", "agents", object, &condition, "--timeout=30s"],
+            None,
+        );
+    }
+
+    pub fn get(&self, object: &str, jsonpath: &str) -> String {
+        self.ok(
+            &[
+                "get",
+                "-n",
+                "agents",
+                object,
+                "-o",
+                &format!("jsonpath={jsonpath}"),
+            ],
+            None,
+        )
+    }
+}
+
+/// A temporary directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl std::ops::Deref for TempDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn tempdir() -> TempDir {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("aip-operator-test-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    TempDir(dir)
+}
