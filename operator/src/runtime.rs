@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::admin;
-use crate::controllers::{feed, policy_status};
+use crate::controllers::{connection_health, feed, policy_status};
 use crate::grpc::{self, ConfigService, Signals, TokenReviewer, tls::ServerTls};
 use crate::index::Index;
 use crate::lease::{self, LeaseConfig};
@@ -77,8 +77,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new());
     let index = Arc::new(Mutex::new(Index::loading()));
     let (policies_tx, policies_rx) = mpsc::unbounded_channel();
-    let (connections_tx, mut connections_rx) = mpsc::unbounded_channel();
-    let (evidence_tx, mut evidence_rx) = mpsc::unbounded_channel();
+    let (connections_tx, connections_rx) = mpsc::unbounded_channel();
+    let (evidence_tx, evidence_rx) = mpsc::unbounded_channel();
     let (leader_tx, leader) = watch::channel(false);
 
     let grpc_listener = tokio::net::TcpListener::bind(args.grpc_listen)
@@ -119,6 +119,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             instance: Some(identity.clone()),
         },
     );
+    let health_ctx = Arc::new(connection_health::Context {
+        client: client.clone(),
+        index: index.clone(),
+        leader: leader.clone(),
+        recorder: recorder.clone(),
+        metrics: metrics.clone(),
+    });
     let status_ctx = Arc::new(policy_status::Context {
         client: client.clone(),
         index: index.clone(),
@@ -137,17 +144,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         policies: policies_tx,
         connections: connections_tx,
     };
-    // Connection status and evidence are consumed by the health work; until
-    // then they are drained so that nothing accumulates.
-    let drain = async move {
-        loop {
-            tokio::select! {
-                Some(_) = connections_rx.recv() => {}
-                Some(e) = evidence_rx.recv() => tracing::debug!(connection = %e.connection.name, pod = %e.pod, state = %e.state, "connection evidence"),
-                else => return,
-            }
-        }
-    };
     let lease_task = tokio::spawn(lease::run(
         client.clone(),
         lease_config,
@@ -160,7 +156,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         () = feed::until(policy_status::run(status_ctx, policies_rx), shutdown.clone()) => {}
         () = admin::serve(admin, admin_listener, shutdown.clone()) => {}
         () = crate::webhooks::serve(webhooks, webhook_listener, webhook_tls, shutdown.clone()) => {}
-        () = feed::until(drain, shutdown.clone()) => {}
+        () = connection_health::run(health_ctx, connections_rx, evidence_rx, shutdown.clone()) => {}
     }
     shutdown.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(5), lease_task).await;

@@ -265,6 +265,20 @@ async fn kubectl_to_sidecar_enforcement() {
     let refused = agent.call("fs_delete_file", json!({"path": "a"})).await;
     assert_eq!(error_code(&refused), Some(-32001), "{refused}");
     kubectl.wait("agentpolicy/files", "{.status.synced}", "1/1");
+    kubectl.wait("toolconnection/fs", "{.status.health.state}", "Healthy");
+    assert_eq!(
+        kubectl.get("toolconnection/fs", "{.status.tools[*].name}"),
+        "delete_file read_file"
+    );
+    let listed = kubectl.ok(&["get", "aip", "-n", "agents"], None);
+    assert!(
+        listed.contains("agentpolicy.aip.io/files") && listed.contains("toolconnection.aip.io/fs"),
+        "{listed}"
+    );
+    assert!(
+        listed.contains("Healthy") && listed.contains("1/1"),
+        "{listed}"
+    );
     let first_hash = kubectl.get("agentpolicy/files", "{.status.policyHash}");
     assert!(first_hash.starts_with("sha256:"));
 
@@ -343,6 +357,15 @@ async fn kubectl_to_sidecar_enforcement() {
         },
     )
     .await;
+    kubectl.wait(
+        "toolconnection/fs",
+        "{.status.health.state}",
+        "NeedsCredentials",
+    );
+    assert_eq!(
+        kubectl.get("toolconnection/fs", "{.status.health.httpStatus}"),
+        "401"
+    );
     let hidden = agent.call("fs_read_file", json!({"path": "e"})).await;
     assert_eq!(
         hidden["error"]["message"], "Unknown tool: fs_read_file",
@@ -360,6 +383,7 @@ async fn kubectl_to_sidecar_enforcement() {
     })
     .await;
     assert_eq!(read["result"]["content"][0]["text"], "contents");
+    kubectl.wait("toolconnection/fs", "{.status.health.state}", "Healthy");
     let want = hex::encode(Sha256::digest(b"Bearer tok-A"));
     let log = std::fs::read_to_string(&attempts).unwrap();
     let last = log.lines().last().unwrap();

@@ -18,3 +18,34 @@ pub fn policy_hash(policy: &AgentPolicy) -> String {
     let canonical = serde_json_canonicalizer::to_vec(&view).unwrap_or_default();
     format!("sha256:{}", hex::encode(Sha256::digest(&canonical)))
 }
+
+/// A tool's schema hash (spec §6): `sha256:` + hex of the SHA-256 of the RFC
+/// 8785 canonical JSON of `{name, description, inputSchema}` from a
+/// tools/list entry (absent members stay absent).
+pub fn tool_schema_hash(tool: &serde_json::Value) -> String {
+    let mut view = serde_json::Map::new();
+    for key in ["name", "description", "inputSchema"] {
+        if let Some(v) = tool.get(key) {
+            view.insert(key.to_owned(), v.clone());
+        }
+    }
+    let canonical =
+        serde_json_canonicalizer::to_vec(&serde_json::Value::Object(view)).unwrap_or_default();
+    format!("sha256:{}", hex::encode(Sha256::digest(&canonical)))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn tool_schema_hash_ignores_member_order_and_other_members() {
+        let a = json!({"name": "t", "inputSchema": {"type": "object", "properties": {"b": {}, "a": {}}}, "title": "x"});
+        let b = json!({"inputSchema": {"properties": {"a": {}, "b": {}}, "type": "object"}, "name": "t"});
+        assert_eq!(super::tool_schema_hash(&a), super::tool_schema_hash(&b));
+        let c =
+            json!({"name": "t", "description": "now different", "inputSchema": {"type": "object"}});
+        assert_ne!(super::tool_schema_hash(&a), super::tool_schema_hash(&c));
+        assert!(super::tool_schema_hash(&a).starts_with("sha256:"));
+    }
+}

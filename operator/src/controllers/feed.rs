@@ -31,6 +31,13 @@ impl Touched {
             let _ = self.policies.send(k);
         }
     }
+
+    /// After a Secret change: the connections that read it.
+    fn readers(&self, index: &Index, namespace: &str, secret: &str) {
+        for name in index.connections_reading(namespace, secret) {
+            let _ = self.connections.send(ObjectKey::new(namespace, &name));
+        }
+    }
 }
 
 type Shared = Arc<Mutex<Index>>;
@@ -144,7 +151,10 @@ async fn connections(
             touched.policies(lock(&index).apply_connection(&ns, &name, &c.spec));
             let _ = touched.connections.send(ObjectKey::new(&ns, &name));
         },
-        |ns, name| touched.policies(lock(&index).delete_connection(ns, name)),
+        |ns, name| {
+            touched.policies(lock(&index).delete_connection(ns, name));
+            let _ = touched.connections.send(ObjectKey::new(ns, name));
+        },
         listed,
     )
     .await;
@@ -171,9 +181,14 @@ async fn secrets(
             // Only Secrets some connection reads are kept in memory.
             if index.is_secret_referenced(&ns, &name) {
                 touched.policies(index.apply_secret(&ns, &name, data(s)));
+                touched.readers(&index, &ns, &name);
             }
         },
-        |ns, name| touched.policies(lock(&index).delete_secret(ns, name)),
+        |ns, name| {
+            let mut index = lock(&index);
+            touched.policies(index.delete_secret(ns, name));
+            touched.readers(&index, ns, name);
+        },
         listed,
     )
     .await;
@@ -191,7 +206,9 @@ async fn fetch_secrets(
         let api: Api<Secret> = Api::namespaced(client.clone(), &key.namespace);
         match api.get_opt(&key.name).await {
             Ok(Some(s)) => {
-                touched.policies(lock(&index).apply_secret(&key.namespace, &key.name, data(&s)));
+                let mut index = lock(&index);
+                touched.policies(index.apply_secret(&key.namespace, &key.name, data(&s)));
+                touched.readers(&index, &key.namespace, &key.name);
             }
             Ok(None) => {}
             Err(e) => {

@@ -2,5 +2,6 @@
 //! that report what the index concluded (only on the lease holder, and only
 //! when the status really changes).
 
+pub mod connection_health;
 pub mod feed;
 pub mod policy_status;

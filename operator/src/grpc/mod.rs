@@ -4,7 +4,7 @@
 //! the protocol; who a caller is comes from `auth`.
 
 pub mod auth;
-mod snapshot;
+pub mod snapshot;
 pub mod tls;
 
 use std::collections::HashMap;

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use super::{PodIdentity, SentLog, lock};
-use crate::index::PodConfig;
+use crate::index::{PodConfig, ResolvedConnection};
 use crate::metrics::Metrics;
 
 pub(super) struct Stream {
@@ -82,50 +82,49 @@ pub fn to_proto(config: &PodConfig) -> v1::Snapshot {
             hash: p.hash.clone(),
             document_json: p.document_json.clone(),
         }),
-        connections: config
-            .connections
-            .iter()
-            .map(|c| {
-                let (headers, ca_pem, credentials_error) = match &c.credentials {
-                    Ok(cred) => (
-                        cred.headers
-                            .iter()
-                            .map(|(name, value)| v1::Header {
-                                name: name.clone(),
-                                value: value.expose_secret().to_owned(),
-                            })
-                            .collect(),
-                        cred.ca_pem.clone().unwrap_or_default(),
-                        String::new(),
-                    ),
-                    Err(e) => (Vec::new(), String::new(), e.clone()),
-                };
-                v1::Connection {
-                    name: c.name.clone(),
-                    url: c.url.clone(),
-                    headers,
-                    credentials_error,
-                    timeout_ms: millis(c.timeout),
-                    max_response_bytes: c.max_response_bytes,
-                    health_interval_ms: millis(c.health_interval),
-                    health_deadline_ms: millis(c.health_deadline),
-                    tool_prefix: c.tool_prefix.clone(),
-                    capabilities: Some(v1::Capabilities {
-                        sampling: c.capabilities.sampling,
-                        elicitation: c.capabilities.elicitation,
-                        roots: c.capabilities.roots,
-                    }),
-                    tls: Some(v1::Tls {
-                        ca_pem,
-                        server_name: c.server_name.clone().unwrap_or_default(),
-                    }),
-                }
-            })
-            .collect(),
+        connections: config.connections.iter().map(|c| connection(c)).collect(),
         deny_reason: config.deny_reason.clone().unwrap_or_default(),
         keep_previous: config.keep_previous,
         approval: Some(v1::Approval {
             timeout_seconds: u32::try_from(config.approval_timeout().as_secs()).unwrap_or(u32::MAX),
+        }),
+    }
+}
+
+/// One connection's wire form (also how the prober builds its client).
+pub fn connection(c: &ResolvedConnection) -> v1::Connection {
+    let (headers, ca_pem, credentials_error) = match &c.credentials {
+        Ok(cred) => (
+            cred.headers
+                .iter()
+                .map(|(name, value)| v1::Header {
+                    name: name.clone(),
+                    value: value.expose_secret().to_owned(),
+                })
+                .collect(),
+            cred.ca_pem.clone().unwrap_or_default(),
+            String::new(),
+        ),
+        Err(e) => (Vec::new(), String::new(), e.clone()),
+    };
+    v1::Connection {
+        name: c.name.clone(),
+        url: c.url.clone(),
+        headers,
+        credentials_error,
+        timeout_ms: millis(c.timeout),
+        max_response_bytes: c.max_response_bytes,
+        health_interval_ms: millis(c.health_interval),
+        health_deadline_ms: millis(c.health_deadline),
+        tool_prefix: c.tool_prefix.clone(),
+        capabilities: Some(v1::Capabilities {
+            sampling: c.capabilities.sampling,
+            elicitation: c.capabilities.elicitation,
+            roots: c.capabilities.roots,
+        }),
+        tls: Some(v1::Tls {
+            ca_pem,
+            server_name: c.server_name.clone().unwrap_or_default(),
         }),
     }
 }

@@ -301,6 +301,17 @@ impl Index {
         self.reresolve_readers(namespace, name)
     }
 
+    /// The connections of `namespace` that read Secret `secret`.
+    pub fn connections_reading(&self, namespace: &str, secret: &str) -> Vec<String> {
+        self.namespaces.get(namespace).map_or_else(Vec::new, |ns| {
+            ns.connections
+                .iter()
+                .filter(|(_, c)| c.spec.secret_refs().iter().any(|(_, r)| r.name == secret))
+                .map(|(name, _)| name.clone())
+                .collect()
+        })
+    }
+
     /// The Secrets that some connection in `namespace` reads.
     pub fn is_secret_referenced(&self, namespace: &str, name: &str) -> bool {
         self.namespaces.get(namespace).is_some_and(|ns| {

@@ -325,7 +325,8 @@ pub fn from_snapshot(snapshot: &v1::Snapshot, previous: &Config) -> Result<Confi
     })
 }
 
-fn connection(c: &v1::Connection) -> Result<Arc<Connection>, String> {
+/// A connection as the operator sends it, in the gateway's terms.
+pub fn connection(c: &v1::Connection) -> Result<Arc<Connection>, String> {
     let at = |field: &str| format!("connection {}: {field}", c.name);
     if !(c.url.starts_with("http://") || c.url.starts_with("https://")) {
         return Err(at("url is not http(s)"));
@@ -375,6 +376,7 @@ pub fn gateway_evidence(gateway: &crate::gate::Gateway) -> Vec<v1::ConnectionEvi
         .iter()
         .map(|c| {
             let health = c.health();
+            let (successful_calls, network_failures) = c.take_evidence();
             let required_scope = c
                 .gates()
                 .into_values()
@@ -386,7 +388,11 @@ pub fn gateway_evidence(gateway: &crate::gate::Gateway) -> Vec<v1::ConnectionEvi
                 reason: health.reason.unwrap_or_default(),
                 http_status: health.http_status.map_or(0, u32::from),
                 required_scope,
-                ..v1::ConnectionEvidence::default()
+                successful_calls,
+                network_failures,
+                credential_failures: u64::from(
+                    health.state == crate::upstream::health::HealthState::NeedsCredentials,
+                ),
             }
         })
         .collect()

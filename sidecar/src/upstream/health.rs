@@ -62,6 +62,10 @@ pub struct ConnectionState {
     /// Successful calls since the last health check: a failing probe with
     /// calls still succeeding means Degraded, not Unreachable.
     calls_ok: AtomicU64,
+    /// Successes and network-class failures not yet reported to the
+    /// operator (Kubernetes mode).
+    evidence_ok: AtomicU64,
+    evidence_network: AtomicU64,
     /// Bumped when anything an agent's tool list depends on changes: the
     /// state, the catalog's content, a gate. Shared by the gateway's
     /// connections.
@@ -110,6 +114,8 @@ impl ConnectionState {
             catalog: Mutex::new(Arc::new(Vec::new())),
             gates: Mutex::new(BTreeMap::new()),
             calls_ok: AtomicU64::new(0),
+            evidence_ok: AtomicU64::new(0),
+            evidence_network: AtomicU64::new(0),
             changes,
             busy: watch::Sender::new(0),
         })
@@ -236,10 +242,23 @@ impl ConnectionState {
 
     pub fn record_success(&self) {
         self.calls_ok.fetch_add(1, Ordering::Relaxed);
+        self.evidence_ok.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Successful calls and network-class failures since the previous
+    /// take, for the operator's reports.
+    pub fn take_evidence(&self) -> (u64, u64) {
+        (
+            self.evidence_ok.swap(0, Ordering::Relaxed),
+            self.evidence_network.swap(0, Ordering::Relaxed),
+        )
     }
 
     /// Applies what a failed call proves, and nothing more.
     pub fn record_failure(&self, tool: &str, failure: &Failure) {
+        if matches!(failure.class(), "network" | "timeout") {
+            self.evidence_network.fetch_add(1, Ordering::Relaxed);
+        }
         match failure.connection_effect() {
             ConnectionEffect::None => {}
             ConnectionEffect::NeedsCredentials => {

@@ -1,0 +1,463 @@
+//! ToolConnection health and status, by the rules of connection-health.md:
+//! the lease holder probes each connection (initialize, initialized,
+//! tools/list, with the connection's deadline, no redirects) on its interval,
+//! right after its spec or Secrets change, and soon after sidecars report
+//! repeated network failures. Credential evidence from any sidecar moves it
+//! to NeedsCredentials at once; a failing probe while sidecars report
+//! successful calls gives Degraded, not Unreachable. Status is written only
+//! when it changes.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aip_sidecar::upstream::Upstream;
+use aip_sidecar::upstream::failure::{ConnectionEffect, Failure};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
+use kube::{Client, Resource};
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::ToolConnection;
+use crate::api::tool_connection::{DiscoveredTool, Health, HealthState, ToolConnectionStatus};
+use crate::grpc::Evidence;
+use crate::index::{Index, ObjectKey, ResolvedConnection};
+use crate::metrics::Metrics;
+
+use super::policy_status::FIELD_MANAGER;
+
+/// Network failures reported since the last probe that bring the next one
+/// forward.
+const NETWORK_FAILURES_FOR_PROBE: u64 = 3;
+/// How soon a probe follows such evidence.
+const EVIDENCE_PROBE_DELAY: Duration = Duration::from_secs(1);
+/// lastCheckTime alone is refreshed at most this often (status writes are
+/// for changes, not heartbeats).
+const CHECK_TIME_REFRESH: Duration = Duration::from_secs(300);
+
+pub struct Context {
+    pub client: Client,
+    pub index: Arc<Mutex<Index>>,
+    pub leader: watch::Receiver<bool>,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+}
+
+/// What the prober knows of one connection.
+struct Tracked {
+    resolved: Arc<ResolvedConnection>,
+    upstream: Option<Arc<Upstream>>,
+    due: Instant,
+    probing: bool,
+    successes: u64,
+    network_failures: u64,
+    /// Set by sidecar credential evidence until a probe says otherwise.
+    evidence_needs_credentials: Option<String>,
+}
+
+type ProbeResult = (
+    ObjectKey,
+    Arc<ResolvedConnection>,
+    Result<Vec<Value>, Failure>,
+);
+
+pub async fn run(
+    ctx: Arc<Context>,
+    mut touched: mpsc::UnboundedReceiver<ObjectKey>,
+    mut evidence: mpsc::UnboundedReceiver<Evidence>,
+    shutdown: CancellationToken,
+) {
+    let mut tracked: HashMap<ObjectKey, Tracked> = HashMap::new();
+    let (done_tx, mut done) = mpsc::unbounded_channel::<ProbeResult>();
+    let mut leader = ctx.leader.clone();
+    loop {
+        let leading = *leader.borrow();
+        let next = tracked
+            .values()
+            .filter(|t| !t.probing)
+            .map(|t| t.due)
+            .min()
+            .filter(|_| leading);
+        tokio::select! {
+            Some(key) = touched.recv() => refresh(&ctx, &mut tracked, key),
+            Some(e) = evidence.recv() => {
+                if let Some(t) = tracked.get_mut(&e.connection) {
+                    take_evidence(t, &e);
+                    if let (Some(why), true) = (t.evidence_needs_credentials.clone(), leading) {
+                        write(&ctx, &e.connection, &t.resolved, Outcome::Evidence(why)).await;
+                    }
+                }
+            }
+            Some((key, resolved, result)) = done.recv() => {
+                let Some(t) = tracked.get_mut(&key) else { continue };
+                t.probing = false;
+                if !Arc::ptr_eq(&t.resolved, &resolved) {
+                    continue; // the connection changed while it was probed; a new probe is due
+                }
+                t.due = Instant::now() + resolved.health_interval;
+                let successes = std::mem::take(&mut t.successes);
+                t.network_failures = 0;
+                if result.is_ok() {
+                    t.evidence_needs_credentials = None;
+                }
+                let outcome = match (&result, t.evidence_needs_credentials.clone()) {
+                    // The probe failed and a sidecar says the credential is bad.
+                    (Err(_), Some(why)) => Outcome::Evidence(why),
+                    _ => Outcome::Probe(result, successes),
+                };
+                if leading {
+                    write(&ctx, &key, &resolved, outcome).await;
+                }
+            }
+            () = sleep_until(next) => {
+                let now = Instant::now();
+                for (key, t) in tracked.iter_mut().filter(|(_, t)| !t.probing && t.due <= now) {
+                    t.probing = true;
+                    spawn_probe(key.clone(), t, done_tx.clone());
+                }
+            }
+            changed = leader.changed() => {
+                if changed.is_err() { return; }
+                // A new leader checks everything at once.
+                let now = Instant::now();
+                for t in tracked.values_mut() { t.due = now; }
+            }
+            () = shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// Picks up a connection's current form from the index; a changed one is
+/// probed at once with a fresh client.
+fn refresh(ctx: &Context, tracked: &mut HashMap<ObjectKey, Tracked>, key: ObjectKey) {
+    let resolved = ctx
+        .index
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .connection(&key.namespace, &key.name);
+    let Some(resolved) = resolved else {
+        tracked.remove(&key);
+        return;
+    };
+    if tracked
+        .get(&key)
+        .is_some_and(|t| Arc::ptr_eq(&t.resolved, &resolved) || *t.resolved == *resolved)
+    {
+        return;
+    }
+    let upstream = client_for(&resolved);
+    tracked.insert(
+        key,
+        Tracked {
+            resolved,
+            upstream,
+            due: Instant::now(),
+            probing: false,
+            successes: 0,
+            network_failures: 0,
+            evidence_needs_credentials: None,
+        },
+    );
+}
+
+/// The sidecar's own MCP client, so the probe speaks exactly as the
+/// gateway does (no redirects, the same deadlines and failure classes).
+fn client_for(resolved: &ResolvedConnection) -> Option<Arc<Upstream>> {
+    let wire = crate::grpc::snapshot::connection(resolved);
+    let connection = aip_sidecar::config::operator::connection(&wire).ok()?;
+    Upstream::new(connection).ok().map(Arc::new)
+}
+
+fn spawn_probe(key: ObjectKey, t: &Tracked, done: mpsc::UnboundedSender<ProbeResult>) {
+    let resolved = t.resolved.clone();
+    let upstream = t.upstream.clone();
+    tokio::spawn(async move {
+        let result = match (&resolved.credentials, upstream) {
+            (Err(e), _) => Err(Failure::CredentialsMissing(e.clone())),
+            (Ok(_), None) => Err(Failure::InitFailed(Box::new(Failure::Malformed(
+                "the connection cannot be built".to_owned(),
+            )))),
+            (Ok(_), Some(u)) => {
+                // The health check has the connection's own deadline inside;
+                // this bound only guards against a stuck implementation.
+                let bound = resolved.health_deadline + Duration::from_secs(5);
+                match tokio::time::timeout(bound, u.health_check()).await {
+                    Ok(r) => r,
+                    Err(_) => Err(Failure::Timeout),
+                }
+            }
+        };
+        let _ = done.send((key, resolved, result));
+    });
+}
+
+fn take_evidence(t: &mut Tracked, e: &Evidence) {
+    t.successes += e.successful_calls;
+    t.network_failures += e.network_failures;
+    if e.state == "NeedsCredentials" && e.credential_failures > 0 {
+        let reason = format!(
+            "pod {} saw the upstream refuse the credential ({})",
+            e.pod,
+            if e.http_status > 0 {
+                format!("HTTP {}", e.http_status)
+            } else {
+                "unresolved".to_owned()
+            }
+        );
+        t.evidence_needs_credentials = Some(reason);
+        // Check at once whether the credential really is bad.
+        t.due = Instant::now();
+    } else if t.network_failures >= NETWORK_FAILURES_FOR_PROBE {
+        let soon = Instant::now() + EVIDENCE_PROBE_DELAY;
+        t.due = t.due.min(soon);
+    }
+}
+
+/// The health a probe outcome means.
+fn health_of(
+    result: &Result<Vec<Value>, Failure>,
+    successes: u64,
+) -> (HealthState, Option<String>, Option<u16>, Option<String>) {
+    match result {
+        Ok(_) => (HealthState::Healthy, None, None, None),
+        Err(Failure::CredentialsMissing(why)) => {
+            (HealthState::NeedsCredentials, Some(why.clone()), None, None)
+        }
+        Err(f) => {
+            let scope = match f {
+                Failure::Forbidden { scope } => scope.clone(),
+                _ => None,
+            };
+            let state = if matches!(f.connection_effect(), ConnectionEffect::NeedsCredentials)
+                || matches!(f, Failure::Forbidden { .. })
+            {
+                HealthState::NeedsCredentials
+            } else if successes > 0 {
+                HealthState::Degraded
+            } else {
+                HealthState::Unreachable
+            };
+            (state, Some(f.reason().to_owned()), f.http_status(), scope)
+        }
+    }
+}
+
+/// What a status write is about.
+enum Outcome {
+    /// A probe's result, and the successful calls sidecars reported since
+    /// the previous probe.
+    Probe(Result<Vec<Value>, Failure>, u64),
+    /// A sidecar's word that the upstream refused the credential.
+    Evidence(String),
+}
+
+/// Writes the status an outcome calls for, if it differs from what is there.
+async fn write(ctx: &Context, key: &ObjectKey, resolved: &ResolvedConnection, outcome: Outcome) {
+    let api: Api<ToolConnection> = Api::namespaced(ctx.client.clone(), &key.namespace);
+    let current = match api.get_opt(&key.name).await {
+        Ok(Some(c)) => c,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!(connection = %key.name, error = %e, "cannot read the ToolConnection");
+            return;
+        }
+    };
+    let before = current.status.clone().unwrap_or_default();
+    let now = Time(Timestamp::now());
+    let (state, reason, http_status, scope, tools) = match &outcome {
+        Outcome::Probe(result, successes) => {
+            let (state, reason, status, scope) = health_of(result, *successes);
+            let tools = match result {
+                Ok(list) => discovered(list),
+                Err(_) => before.tools.clone(),
+            };
+            (state, reason, status, scope, tools)
+        }
+        Outcome::Evidence(why) => (
+            HealthState::NeedsCredentials,
+            Some(why.clone()),
+            Some(401),
+            None,
+            before.tools.clone(),
+        ),
+    };
+    let previous = before.health.clone().unwrap_or_default();
+    let changed_state = previous.state != state;
+    let health = Health {
+        state,
+        reason: reason.clone(),
+        http_status,
+        required_scope: scope,
+        last_check_time: Some(now.clone()),
+        last_transition_time: if changed_state {
+            Some(now.clone())
+        } else {
+            previous.last_transition_time.clone()
+        },
+    };
+    let condition = |type_: &str, ok: bool, reason: &str, message: String| {
+        let status = if ok { "True" } else { "False" };
+        let since = before
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_ && c.status == status)
+            .map_or_else(|| now.clone(), |c| c.last_transition_time.clone());
+        Condition {
+            type_: type_.to_owned(),
+            status: status.to_owned(),
+            reason: reason.to_owned(),
+            message,
+            observed_generation: current.metadata.generation,
+            last_transition_time: since,
+        }
+    };
+    let credentials = match &resolved.credentials {
+        Ok(_) => condition(
+            "CredentialsResolved",
+            true,
+            "Resolved",
+            "every referenced Secret key was found".to_owned(),
+        ),
+        Err(why) => condition("CredentialsResolved", false, "Unresolved", why.clone()),
+    };
+    let listable = matches!(state, HealthState::Healthy | HealthState::Degraded);
+    let healthy = condition(
+        "Healthy",
+        listable,
+        &format!("{state:?}"),
+        reason
+            .clone()
+            .unwrap_or_else(|| "the last health check succeeded".to_owned()),
+    );
+    let desired = ToolConnectionStatus {
+        health: Some(health),
+        tool_count: Some(u32::try_from(tools.len()).unwrap_or(u32::MAX)),
+        tools,
+        conditions: vec![credentials, healthy],
+        observed_generation: current.metadata.generation,
+    };
+    if same_but_check_time(&before, &desired) {
+        return;
+    }
+    let patch =
+        json!({"apiVersion": "aip.io/v1alpha1", "kind": "ToolConnection", "status": desired});
+    match api
+        .patch_status(
+            &key.name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(patch),
+        )
+        .await
+    {
+        Ok(_) => ctx.metrics.reconciled("ToolConnection"),
+        Err(e) => {
+            ctx.metrics.reconcile_failed("ToolConnection", "patch");
+            tracing::warn!(connection = %key.name, error = %e, "ToolConnection status not written");
+            return;
+        }
+    }
+    if changed_state && !listable && state != HealthState::Unchecked {
+        let event = KubeEvent {
+            type_: EventType::Warning,
+            reason: format!("{state:?}"),
+            note: Some(reason.unwrap_or_default()),
+            action: "HealthCheck".to_owned(),
+            secondary: None,
+        };
+        if let Err(e) = ctx.recorder.publish(&event, &current.object_ref(&())).await {
+            tracing::warn!(error = %e, "event not recorded");
+        }
+    }
+}
+
+/// The tools a probe listed, with their schema hashes.
+fn discovered(list: &[Value]) -> Vec<DiscoveredTool> {
+    list.iter()
+        .filter_map(|t| {
+            Some(DiscoveredTool {
+                name: t.get("name")?.as_str()?.to_owned(),
+                schema_hash: aip_policy::hash::tool_schema_hash(t),
+            })
+        })
+        .collect()
+}
+
+/// Whether only lastCheckTime would change, and it is recent enough.
+fn same_but_check_time(before: &ToolConnectionStatus, desired: &ToolConnectionStatus) -> bool {
+    let strip = |s: &ToolConnectionStatus| {
+        let mut s = s.clone();
+        if let Some(h) = s.health.as_mut() {
+            h.last_check_time = None;
+        }
+        s
+    };
+    if strip(before) != strip(desired) {
+        return false;
+    }
+    let last = before
+        .health
+        .as_ref()
+        .and_then(|h| h.last_check_time.as_ref());
+    last.is_some_and(|Time(t)| {
+        Timestamp::now().duration_since(*t).as_secs()
+            < i64::try_from(CHECK_TIME_REFRESH.as_secs()).unwrap_or(i64::MAX)
+    })
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failing_probe_is_degraded_only_while_calls_succeed() {
+        let down = Err(Failure::Network("connection refused".to_owned()));
+        assert_eq!(health_of(&down, 0).0, HealthState::Unreachable);
+        assert_eq!(health_of(&down, 3).0, HealthState::Degraded);
+        assert_eq!(
+            health_of(&down, 3).1.as_deref(),
+            Some("upstream_unreachable")
+        );
+    }
+
+    #[test]
+    fn credential_evidence_in_a_probe_needs_credentials_whatever_the_calls() {
+        let (state, _, status, _) = health_of(&Err(Failure::InitAuthFailed(401)), 5);
+        assert_eq!((state, status), (HealthState::NeedsCredentials, Some(401)));
+        let (state, reason, _, _) = health_of(
+            &Err(Failure::CredentialsMissing(
+                "spec.bearerToken: Secret t not found".to_owned(),
+            )),
+            0,
+        );
+        assert_eq!(state, HealthState::NeedsCredentials);
+        assert_eq!(
+            reason.as_deref(),
+            Some("spec.bearerToken: Secret t not found")
+        );
+    }
+
+    #[test]
+    fn listed_tools_carry_their_schema_hash() {
+        let tools =
+            discovered(&[serde_json::json!({"name": "read", "inputSchema": {"type": "object"}})]);
+        assert_eq!(tools[0].name, "read");
+        assert_eq!(
+            tools[0].schema_hash,
+            aip_policy::hash::tool_schema_hash(
+                &serde_json::json!({"name": "read", "inputSchema": {"type": "object"}})
+            )
+        );
+    }
+}
