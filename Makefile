@@ -60,9 +60,10 @@ conformance: build
 	$(AIP) conformance "$(SHARED)/conformance/basic"
 
 ## bench: the engine benchmarks, then the performance table with targets.
-bench:
+bench: kubectl
 	$(CARGO) bench --locked -p aip-policy --bench engine
 	$(CARGO) bench --locked -p aip-sidecar --bench gateway
+	PATH="$(CURDIR)/target/bin:$$PATH" $(CARGO) bench --locked -p aip-operator --bench scale
 	python3 scripts/bench-table.py target/criterion
 
 ## demo: the gateway in front of a scripted MCP server, driven by the Python

@@ -24,6 +24,9 @@ use crate::metrics::Metrics;
 
 pub const FIELD_MANAGER: &str = "aip-operator";
 
+/// Status writes in flight at once.
+const STATUS_WRITERS: u16 = 16;
+
 pub struct Context {
     pub client: Client,
     pub index: Arc<Mutex<Index>>,
@@ -54,7 +57,11 @@ pub async fn run(ctx: Arc<Context>, touched: mpsc::UnboundedReceiver<ObjectKey>)
     // Gaining the lease means every status may be stale: rewrite them all.
     let leading = tokio_stream::wrappers::WatchStream::new(ctx.leader.clone())
         .filter_map(|l| async move { l.then_some(()) });
+    // A bounded number of status writes in flight: each is an API request,
+    // and ten thousand at once would open as many connections.
+    let config = kube::runtime::controller::Config::default().concurrency(STATUS_WRITERS);
     Controller::new(api, watcher::Config::default())
+        .with_config(config)
         .reconcile_on(touched)
         .reconcile_all_on(leading)
         .run(reconcile, error_policy, ctx)

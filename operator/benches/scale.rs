@@ -1,0 +1,530 @@
+//! The operator at scale, against the fake API server, with the real
+//! aip-operator binary and the real kubectl:
+//!
+//! - propagation: from `kubectl apply` of an AgentPolicy change to the acks
+//!   of N simulated sidecars (real gRPC clients over TLS on loopback, each
+//!   with its own pod-bound token), p50/p90/p99 over several changes;
+//! - memory: the operator's RSS with 10,000 AgentPolicies and 10,000 pods,
+//!   once every policy's status is written.
+//!
+//! Results go to target/bench/operator.json for scripts/bench-table.py.
+//! AIP_BENCH_SIDECARS (default 1000), AIP_BENCH_ROUNDS (default 5) and
+//! AIP_BENCH_OBJECTS (default 10000) scale it down for a quick look.
+
+#![allow(clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use aip_fake_apiserver::{ADMIN_TOKEN, Options, Running};
+use aip_proto::v1::config_client::ConfigClient;
+use aip_proto::v1::{ReportRequest, WatchRequest};
+use futures::StreamExt;
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use kube::api::{Api, PostParams};
+use kube::{Client, Config};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let sidecars = env_usize("AIP_BENCH_SIDECARS", 1000);
+    let rounds = env_usize("AIP_BENCH_ROUNDS", 5);
+    let objects = env_usize("AIP_BENCH_OBJECTS", 10_000);
+    let propagation = if sidecars == 0 {
+        Value::Null
+    } else {
+        runtime.block_on(propagation(sidecars, rounds))
+    };
+    let memory = runtime.block_on(memory(objects));
+    let out = json!({"propagation": propagation, "memory": memory});
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("operator.json"),
+        serde_json::to_string_pretty(&out).unwrap(),
+    )
+    .unwrap();
+    println!("{}", serde_json::to_string_pretty(&out).unwrap());
+}
+
+struct Cluster {
+    // Keeps the API server up.
+    _running: Running,
+    admin: Client,
+    dir: PathBuf,
+}
+
+impl Cluster {
+    async fn start(name: &str) -> Cluster {
+        let running = aip_fake_apiserver::start(Options::default()).await.unwrap();
+        let kubeconfig =
+            kube::config::Kubeconfig::from_yaml(&running.kubeconfig(ADMIN_TOKEN)).unwrap();
+        let config = Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .unwrap();
+        let admin = Client::try_from(config).unwrap();
+        let dir = std::env::temp_dir().join(format!("aip-bench-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("kubeconfig"), running.kubeconfig(ADMIN_TOKEN)).unwrap();
+        let cluster = Cluster {
+            _running: running,
+            admin,
+            dir,
+        };
+        cluster.kubectl_apply_file(Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../crds/aip.io.yaml"
+        )));
+        cluster.namespace("aip-system").await;
+        cluster
+    }
+
+    fn kubeconfig(&self) -> PathBuf {
+        self.dir.join("kubeconfig")
+    }
+
+    fn kubectl(&self, args: &[&str], stdin: Option<&str>) {
+        let mut child = Command::new("kubectl")
+            .args(args)
+            .env("KUBECONFIG", self.kubeconfig())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("kubectl on PATH (make kubectl)");
+        if let Some(text) = stdin {
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(text.as_bytes())
+                .unwrap();
+        }
+        drop(child.stdin.take());
+        assert!(child.wait().unwrap().success(), "kubectl {args:?}");
+    }
+
+    fn kubectl_apply_file(&self, path: &Path) {
+        self.kubectl(&["apply", "-f", path.to_str().unwrap()], None);
+    }
+
+    async fn namespace(&self, name: &str) {
+        let api: Api<Namespace> = Api::all(self.admin.clone());
+        api.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+
+    async fn service_account(&self, ns: &str, name: &str) {
+        let api: Api<ServiceAccount> = Api::namespaced(self.admin.clone(), ns);
+        api.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+
+    /// Creates `names` pods in `ns` (50 at a time); their uids.
+    async fn pods(&self, ns: &str, names: Vec<(String, Value)>) -> Vec<(String, String)> {
+        let api: Api<Pod> = Api::namespaced(self.admin.clone(), ns);
+        futures::stream::iter(names)
+            .map(|(name, labels)| {
+                let api = api.clone();
+                async move {
+                    let pod: Pod = serde_json::from_value(json!({
+                        "metadata": {"name": name, "labels": labels},
+                        "spec": {"serviceAccountName": "agent", "containers": [{"name": "agent", "image": "agent"}]}}))
+                    .unwrap();
+                    let created = api.create(&PostParams::default(), &pod).await.unwrap();
+                    (name, created.metadata.uid.unwrap())
+                }
+            })
+            .buffer_unordered(50)
+            .collect()
+            .await
+    }
+
+    async fn token(&self, ns: &str, pod: &str, uid: &str) -> String {
+        let api: Api<ServiceAccount> = Api::namespaced(self.admin.clone(), ns);
+        let request: TokenRequest = serde_json::from_value(json!({"spec": {
+            "audiences": [aip_proto::TOKEN_AUDIENCE], "expirationSeconds": 3600,
+            "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": pod, "uid": uid}}}))
+        .unwrap();
+        let minted = api
+            .create_token_request("agent", &PostParams::default(), &request)
+            .await
+            .unwrap();
+        minted.status.unwrap().token.unwrap()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The operator binary, killed on drop; its stderr lines collected.
+struct Operator {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+    cert_pem: String,
+    grpc_port: u16,
+    admin_port: u16,
+}
+
+impl Operator {
+    fn start(cluster: &Cluster) -> Operator {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        std::fs::write(cluster.dir.join("tls.crt"), cert.pem()).unwrap();
+        std::fs::write(cluster.dir.join("tls.key"), key.serialize_pem()).unwrap();
+        let (grpc_port, admin_port) = (free_port(), free_port());
+        let mut child = Command::new(env!("CARGO_BIN_EXE_aip-operator"))
+            .env("KUBECONFIG", cluster.kubeconfig())
+            .args(["--grpc-listen", &format!("127.0.0.1:{grpc_port}")])
+            .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")])
+            .args(["--webhook-listen", "127.0.0.1:0", "--log-format", "json"])
+            .args(["--namespace", "aip-system", "--pod-name", "bench"])
+            .arg("--tls-cert")
+            .arg(cluster.dir.join("tls.crt"))
+            .arg("--tls-key")
+            .arg(cluster.dir.join("tls.key"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Operator {
+            child,
+            lines,
+            cert_pem: cert.pem(),
+            grpc_port,
+            admin_port,
+        }
+    }
+
+    async fn said(&self, needle: &str, patience: Duration) {
+        let deadline = Instant::now() + patience;
+        while !self
+            .lines
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains(needle))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the operator never said {needle:?}:\n{}",
+                self.lines.lock().unwrap().join("\n")
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Resident and peak resident memory (KiB) from /proc.
+    fn rss_kib(&self) -> (u64, u64) {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        (field("VmRSS:"), field("VmHWM:"))
+    }
+
+    async fn metric(&self, name: &str) -> f64 {
+        let body = http_get(self.admin_port, "/metrics").await;
+        body.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    /// Pushes the operator has made, from its own metrics.
+    async fn pushes(&self) -> f64 {
+        self.metric("aip_operator_config_pushes_total").await
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn http_get(port: u16, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn policy(tools: &[String]) -> String {
+    format!(
+        "apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {{name: fleet, namespace: agents}}\nspec:\n  allowed_tools: {}\n  podSelector: {{matchLabels: {{app: agent}}}}\n",
+        json!(tools)
+    )
+}
+
+/// What one simulated sidecar has acked: the policy documents, and when.
+type Acks = watch::Sender<Vec<(String, Instant)>>;
+
+async fn propagation(sidecars: usize, rounds: usize) -> Value {
+    let cluster = Cluster::start("propagation").await;
+    cluster.namespace("agents").await;
+    cluster.service_account("agents", "agent").await;
+    let names = (0..sidecars)
+        .map(|i| (format!("agent-{i}"), json!({"app": "agent"})))
+        .collect();
+    let pods = cluster.pods("agents", names).await;
+    let mut tokens = Vec::new();
+    for chunk in pods.chunks(50) {
+        let minted =
+            futures::future::join_all(chunk.iter().map(|(p, uid)| cluster.token("agents", p, uid)))
+                .await;
+        tokens.extend(minted);
+    }
+    cluster.kubectl(&["apply", "-f", "-"], Some(&policy(&["tool_0".to_owned()])));
+    let operator = Operator::start(&cluster);
+    operator
+        .said("cluster state loaded", Duration::from_secs(60))
+        .await;
+
+    let endpoint = Endpoint::from_shared(format!("https://127.0.0.1:{}", operator.grpc_port))
+        .unwrap()
+        .tls_config(
+            ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(&operator.cert_pem))
+                .domain_name("localhost"),
+        )
+        .unwrap();
+    let (acks_tx, acks) = watch::channel(0usize);
+    let acks_tx = Arc::new(acks_tx);
+    let mut recorders = Vec::new();
+    for token in tokens {
+        let (tx, rx): (Acks, _) = watch::channel(Vec::new());
+        recorders.push(rx);
+        let channel = endpoint.connect().await.unwrap();
+        let acks_tx = acks_tx.clone();
+        tokio::spawn(simulated_sidecar(channel, token, tx, acks_tx));
+    }
+    let all_have = |tool: &str, recorders: &[watch::Receiver<Vec<(String, Instant)>>]| {
+        recorders
+            .iter()
+            .all(|r| r.borrow().iter().any(|(doc, _)| doc.contains(tool)))
+    };
+    let mut acks = acks;
+    while !all_have("tool_0", &recorders) {
+        tokio::time::timeout(Duration::from_secs(60), acks.changed())
+            .await
+            .expect("every sidecar acks its first config")
+            .unwrap();
+    }
+
+    let mut latencies: Vec<f64> = Vec::new();
+    let mut tools = vec!["tool_0".to_owned()];
+    for round in 1..=rounds {
+        let tool = format!("tool_{round}");
+        tools.push(tool.clone());
+        let text = policy(&tools);
+        let start = Instant::now();
+        let kubeconfig = cluster.kubeconfig();
+        tokio::task::spawn_blocking(move || {
+            let mut child = Command::new("kubectl")
+                .args(["apply", "-f", "-"])
+                .env("KUBECONFIG", kubeconfig)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap();
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(text.as_bytes())
+                .unwrap();
+            assert!(child.wait().unwrap().success());
+        })
+        .await
+        .unwrap();
+        let needle = format!("\"{tool}\"");
+        while !all_have(&needle, &recorders) {
+            tokio::time::timeout(Duration::from_secs(60), acks.changed())
+                .await
+                .expect("every sidecar acks the change")
+                .unwrap();
+        }
+        for r in &recorders {
+            let at = r
+                .borrow()
+                .iter()
+                .find(|(doc, _)| doc.contains(&needle))
+                .map(|(_, at)| *at)
+                .unwrap();
+            latencies.push(at.duration_since(start).as_secs_f64() * 1000.0);
+        }
+    }
+    latencies.sort_by(f64::total_cmp);
+    let pct = |p: f64| {
+        latencies[((latencies.len() as f64 * p).ceil() as usize)
+            .saturating_sub(1)
+            .min(latencies.len() - 1)]
+    };
+    let (rss, peak) = operator.rss_kib();
+    let pushes = operator.pushes().await;
+    json!({
+        "pushes": pushes,
+        "sidecars": sidecars, "rounds": rounds,
+        "p50_ms": pct(0.50), "p90_ms": pct(0.90), "p99_ms": pct(0.99), "max_ms": pct(1.0),
+        "operator_rss_kib": rss, "operator_peak_kib": peak,
+    })
+}
+
+/// Watches its pod's config and acks every snapshot, recording when the ack
+/// completed for which policy document.
+async fn simulated_sidecar(
+    channel: tonic::transport::Channel,
+    token: String,
+    acks: Acks,
+    counter: Arc<watch::Sender<usize>>,
+) {
+    let mut client = ConfigClient::new(channel);
+    let bearer: tonic::metadata::MetadataValue<_> = format!("Bearer {token}").parse().unwrap();
+    let mut request = tonic::Request::new(WatchRequest {
+        sidecar_version: "bench".to_owned(),
+        applied_version: 0,
+    });
+    request
+        .metadata_mut()
+        .insert("authorization", bearer.clone());
+    let mut stream = client.watch(request).await.unwrap().into_inner();
+    while let Ok(Some(snapshot)) = stream.message().await {
+        let mut report = tonic::Request::new(ReportRequest {
+            applied_version: snapshot.version,
+            ..ReportRequest::default()
+        });
+        report
+            .metadata_mut()
+            .insert("authorization", bearer.clone());
+        client.report(report).await.unwrap();
+        let doc = snapshot.policy.map(|p| p.document_json).unwrap_or_default();
+        acks.send_modify(|v| v.push((doc, Instant::now())));
+        counter.send_modify(|n| *n += 1);
+    }
+}
+
+async fn memory(objects: usize) -> Value {
+    let cluster = Cluster::start("memory").await;
+    let namespaces = (objects / 100).max(1);
+    let per = objects / namespaces;
+    for n in 0..namespaces {
+        let ns = format!("team-{n}");
+        cluster.namespace(&ns).await;
+        cluster.service_account(&ns, "agent").await;
+        let api: Api<aip_operator::api::AgentPolicy> = Api::namespaced(cluster.admin.clone(), &ns);
+        futures::stream::iter(0..per)
+            .map(|i| {
+                let api = api.clone();
+                async move {
+                    let p: aip_operator::api::AgentPolicy = serde_json::from_value(json!({
+                        "apiVersion": "aip.io/v1alpha1", "kind": "AgentPolicy",
+                        "metadata": {"name": format!("agent-{i}")},
+                        "spec": {"allowed_tools": ["read_file", "list_dir"],
+                                 "tool_rules": [{"tool": "write_file", "action": "ask"}, {"tool": "fetch", "rate_limit": "10/minute", "allow_args": {"url": "^https://example\\.com/"}}],
+                                 "podSelector": {"matchLabels": {"agent": format!("a{i}")}}}}))
+                    .unwrap();
+                    api.create(&PostParams::default(), &p).await.unwrap();
+                }
+            })
+            .buffer_unordered(50)
+            .collect::<Vec<()>>()
+            .await;
+        let names = (0..per)
+            .map(|i| (format!("agent-{i}"), json!({"agent": format!("a{i}")})))
+            .collect();
+        cluster.pods(&ns, names).await;
+    }
+    let total = namespaces * per;
+    let started = Instant::now();
+    let operator = Operator::start(&cluster);
+    operator
+        .said("cluster state loaded", Duration::from_secs(300))
+        .await;
+    let loaded_after = started.elapsed();
+    // Every policy's status written: the operator has done its work.
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let all: Api<aip_operator::api::AgentPolicy> = Api::all(cluster.admin.clone());
+    loop {
+        let listed = all.list(&Default::default()).await.unwrap();
+        let written = listed
+            .items
+            .iter()
+            .filter(|p| p.status.as_ref().is_some_and(|s| s.synced.is_some()))
+            .count();
+        if written >= total {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "statuses not written in time ({written} of {total})"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let settled_after = started.elapsed();
+    let (rss, peak) = operator.rss_kib();
+    json!({
+        "policies": total, "pods": total,
+        "rss_kib": rss, "peak_kib": peak,
+        "loaded_s": loaded_after.as_secs_f64(), "statuses_written_s": settled_after.as_secs_f64(),
+    })
+}
