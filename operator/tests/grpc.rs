@@ -280,6 +280,19 @@ async fn wrong_audience_missing_token_and_unknown_pods_get_nothing() {
     let refused = h.watch(Some(&token2)).await.unwrap_err();
     assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
 
+    // A token for a pod that is gone, though the index still lists it.
+    let uid3 = h.pod("agent-3", "a").await;
+    let token3 = h
+        .cluster
+        .token("agents", "runner", "agent-3", &uid3, &[AUDIENCE])
+        .await;
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(h.cluster.admin.clone(), "agents");
+    pods.delete("agent-3", &Default::default()).await.unwrap();
+    let refused = h.watch(Some(&token3)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    assert!(refused.message().contains("no longer exists"), "{}", refused.message());
+
     let metrics = h.metrics.encode();
     assert!(
         metrics.contains("aip_operator_sidecar_auth_failures_total{reason=\"missing\"} 1"),

@@ -113,7 +113,7 @@ pub async fn run(client: Client, index: Shared, touched: Touched, ready: watch::
 
 async fn policies(client: Client, index: Shared, touched: Touched, listed: impl FnMut()) {
     let api: Api<AgentPolicy> = Api::all(client);
-    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    let stream = watcher::watcher(api, list_config()).default_backoff();
     follow(
         stream,
         |p: &AgentPolicy| {
@@ -135,7 +135,7 @@ async fn connections(
     listed: impl FnMut(),
 ) {
     let api: Api<ToolConnection> = Api::all(client);
-    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    let stream = watcher::watcher(api, list_config()).default_backoff();
     follow(
         stream,
         |c: &ToolConnection| {
@@ -171,7 +171,7 @@ async fn secrets(
         return;
     }
     let api: Api<Secret> = Api::all(client);
-    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    let stream = watcher::watcher(api, list_config()).default_backoff();
     follow(
         stream,
         |s: &Secret| {
@@ -231,7 +231,7 @@ fn data(s: &Secret) -> SecretData {
 async fn pods(client: Client, index: Shared, touched: Touched, listed: impl FnMut()) {
     // Metadata only: labels and uid are all the index needs of a pod.
     let api: Api<PartialObjectMeta<Pod>> = Api::all(client);
-    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    let stream = watcher::watcher(api, list_config()).default_backoff();
     follow(
         stream,
         |p: &PartialObjectMeta<Pod>| {
@@ -311,4 +311,8 @@ pub async fn until<F: Future<Output = ()>>(f: F, shutdown: tokio_util::sync::Can
         () = f => {}
         () = shutdown.cancelled() => {}
     }
+}
+
+fn list_config() -> watcher::Config {
+    watcher::Config::default().page_size(super::policy_status::LIST_PAGE)
 }

@@ -13,7 +13,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use tokio::sync::{mpsc, watch};
@@ -26,6 +26,9 @@ pub const FIELD_MANAGER: &str = "aip-operator";
 
 /// Status writes in flight at once.
 const STATUS_WRITERS: u16 = 16;
+
+/// Objects per page of an initial list: a smaller peak than one big page.
+pub const LIST_PAGE: u32 = 200;
 
 pub struct Context {
     pub client: Client,
@@ -60,7 +63,20 @@ pub async fn run(ctx: Arc<Context>, touched: mpsc::UnboundedReceiver<ObjectKey>)
     // A bounded number of status writes in flight: each is an API request,
     // and ten thousand at once would open as many connections.
     let config = kube::runtime::controller::Config::default().concurrency(STATUS_WRITERS);
-    Controller::new(api, watcher::Config::default())
+    // The cache keeps what a status write needs (metadata and status); the
+    // index holds the validated spec, so ten thousand policies are not kept
+    // twice.
+    let (reader, writer) = kube::runtime::reflector::store();
+    let objects = watcher::watcher(api, watcher::Config::default().page_size(LIST_PAGE))
+        .default_backoff()
+        .modify(|p: &mut AgentPolicy| {
+            p.managed_fields_mut().clear();
+            p.annotations_mut().clear();
+            p.spec = crate::api::AgentPolicySpec::default();
+        })
+        .reflect(writer)
+        .touched_objects();
+    Controller::for_stream(objects, reader)
         .with_config(config)
         .reconcile_on(touched)
         .reconcile_all_on(leading)
