@@ -291,7 +291,11 @@ async fn wrong_audience_missing_token_and_unknown_pods_get_nothing() {
     pods.delete("agent-3", &Default::default()).await.unwrap();
     let refused = h.watch(Some(&token3)).await.unwrap_err();
     assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
-    assert!(refused.message().contains("no longer exists"), "{}", refused.message());
+    assert!(
+        refused.message().contains("no longer exists"),
+        "{}",
+        refused.message()
+    );
 
     let metrics = h.metrics.encode();
     assert!(

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use aip_sidecar::upstream::Upstream;
 use aip_sidecar::upstream::failure::{ConnectionEffect, Failure};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
@@ -29,6 +29,7 @@ use crate::grpc::Evidence;
 use crate::index::{Index, ObjectKey, ResolvedConnection};
 use crate::metrics::Metrics;
 
+use super::conditions::Conditions;
 use super::policy_status::FIELD_MANAGER;
 
 /// Network failures reported since the last probe that bring the next one
@@ -300,21 +301,13 @@ async fn write(ctx: &Context, key: &ObjectKey, resolved: &ResolvedConnection, ou
             previous.last_transition_time.clone()
         },
     };
+    let conditions = Conditions {
+        before: &before.conditions,
+        generation: current.metadata.generation,
+        now: now.clone(),
+    };
     let condition = |type_: &str, ok: bool, reason: &str, message: String| {
-        let status = if ok { "True" } else { "False" };
-        let since = before
-            .conditions
-            .iter()
-            .find(|c| c.type_ == type_ && c.status == status)
-            .map_or_else(|| now.clone(), |c| c.last_transition_time.clone());
-        Condition {
-            type_: type_.to_owned(),
-            status: status.to_owned(),
-            reason: reason.to_owned(),
-            message,
-            observed_generation: current.metadata.generation,
-            last_transition_time: since,
-        }
+        conditions.set(type_, ok, reason, message)
     };
     let credentials = match &resolved.credentials {
         Ok(_) => condition(

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
@@ -18,6 +18,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use tokio::sync::{mpsc, watch};
 
+use super::conditions::Conditions;
 use crate::api::{AgentPolicy, AgentPolicyStatus};
 use crate::index::{Index, ObjectKey, PolicyView};
 use crate::metrics::Metrics;
@@ -141,21 +142,13 @@ fn jiff_now() -> k8s_openapi::jiff::Timestamp {
 /// while their status stays the same.
 pub fn desired(view: &PolicyView, current: &AgentPolicyStatus, now: Time) -> AgentPolicyStatus {
     let generation = view.generation;
+    let conditions = Conditions {
+        before: &current.conditions,
+        generation,
+        now,
+    };
     let condition = |type_: &str, ok: bool, reason: &str, message: String| {
-        let status = if ok { "True" } else { "False" };
-        let since = current
-            .conditions
-            .iter()
-            .find(|c| c.type_ == type_ && c.status == status)
-            .map_or_else(|| now.clone(), |c| c.last_transition_time.clone());
-        Condition {
-            type_: type_.to_owned(),
-            status: status.to_owned(),
-            reason: reason.to_owned(),
-            message,
-            observed_generation: generation,
-            last_transition_time: since,
-        }
+        conditions.set(type_, ok, reason, message)
     };
     let accepted = if view.errors.is_empty() {
         condition(

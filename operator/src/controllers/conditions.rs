@@ -1,0 +1,31 @@
+//! Status conditions as Kubernetes API conventions describe them: a
+//! condition keeps its lastTransitionTime while its status stays the same.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+/// Builds conditions for one status write.
+pub struct Conditions<'a> {
+    /// The conditions the object has now.
+    pub before: &'a [Condition],
+    pub generation: Option<i64>,
+    pub now: Time,
+}
+
+impl Conditions<'_> {
+    pub fn set(&self, type_: &str, ok: bool, reason: &str, message: String) -> Condition {
+        let status = if ok { "True" } else { "False" };
+        let since = self
+            .before
+            .iter()
+            .find(|c| c.type_ == type_ && c.status == status)
+            .map_or_else(|| self.now.clone(), |c| c.last_transition_time.clone());
+        Condition {
+            type_: type_.to_owned(),
+            status: status.to_owned(),
+            reason: reason.to_owned(),
+            message,
+            observed_generation: self.generation,
+            last_transition_time: since,
+        }
+    }
+}
