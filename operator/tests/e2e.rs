@@ -326,6 +326,59 @@ async fn kubectl_to_sidecar_enforcement() {
         "the previous policy stays in force: {still}"
     );
 
+    // A second policy selecting the same pod: neither applies, both say so,
+    // and the pod gets an Event.
+    kubectl.apply("apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {name: wide, namespace: agents}\nspec:\n  allowed_tools: [fs_read_file]\n");
+    kubectl.wait(
+        "agentpolicy/wide",
+        "{.status.conditions[?(@.type==\"Conflict\")].status}",
+        "True",
+    );
+    let conflict = kubectl.get(
+        "agentpolicy/files",
+        "{.status.conditions[?(@.type==\"Conflict\")].message}",
+    );
+    assert!(conflict.contains("agent-1 (also wide)"), "{conflict}");
+    eventually(
+        "the pod caught between two policies refuses every call",
+        || {
+            let mut agent = clone_agent(&agent);
+            async move {
+                error_code(&agent.call("fs_read_file", json!({"path": "x"})).await).map(|_| ())
+            }
+        },
+    )
+    .await;
+    let events = kubectl.ok(
+        &[
+            "get",
+            "events.events.k8s.io",
+            "-n",
+            "agents",
+            "-o",
+            "jsonpath={range .items[*]}{.reason} {.regarding.kind}/{.regarding.name}{\"\\n\"}{end}",
+        ],
+        None,
+    );
+    assert!(events.contains("PolicyConflict Pod/agent-1"), "{events}");
+    kubectl.ok(&["delete", "agentpolicy", "wide", "-n", "agents"], None);
+    kubectl.wait(
+        "agentpolicy/files",
+        "{.status.conditions[?(@.type==\"Conflict\")].status}",
+        "False",
+    );
+    eventually("the pod is governed again", || {
+        let mut agent = clone_agent(&agent);
+        async move {
+            agent
+                .call("fs_read_file", json!({"path": "y"}))
+                .await
+                .get("result")
+                .map(|_| ())
+        }
+    })
+    .await;
+
     // Without the operator the sidecar keeps enforcing its last config.
     operator.terminate();
     let read = agent.call("fs_read_file", json!({"path": "c"})).await;

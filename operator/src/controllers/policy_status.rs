@@ -355,3 +355,106 @@ async fn publish(
         tracing::warn!(error = %e, reason, "event not recorded");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use aip_policy::FieldError;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+    use k8s_openapi::jiff::Timestamp;
+
+    use super::*;
+    use crate::validate::AcceptedPolicy;
+
+    fn view() -> PolicyView {
+        PolicyView {
+            generation: Some(3),
+            errors: Vec::new(),
+            accepted: Some(Arc::new(AcceptedPolicy {
+                namespace: "agents".to_owned(),
+                name: "p".to_owned(),
+                hash: "sha256:abc".to_owned(),
+                document_json: String::new(),
+                mode: aip_policy::Mode::Monitor,
+                approval_timeout: Duration::from_secs(300),
+            })),
+            governed_pods: 12,
+            synced_pods: 12,
+            conflicts: BTreeMap::new(),
+            missing_connections: Vec::new(),
+        }
+    }
+
+    fn condition<'a>(s: &'a AgentPolicyStatus, type_: &str) -> &'a Condition {
+        s.conditions.iter().find(|c| c.type_ == type_).unwrap()
+    }
+
+    fn at(seconds: i64) -> Time {
+        Time(Timestamp::from_second(seconds).unwrap())
+    }
+
+    #[test]
+    fn a_synced_policy_is_accepted_and_ready() {
+        let s = desired(&view(), &AgentPolicyStatus::default(), at(100));
+        assert_eq!(s.synced.as_deref(), Some("12/12"));
+        assert_eq!(s.policy_hash.as_deref(), Some("sha256:abc"));
+        assert_eq!(s.mode.as_deref(), Some("monitor"));
+        assert_eq!(condition(&s, "Accepted").status, "True");
+        assert_eq!(condition(&s, "Ready").status, "True");
+        assert_eq!(condition(&s, "Conflict").status, "False");
+        assert_eq!(s.observed_generation, Some(3));
+    }
+
+    #[test]
+    fn transition_times_move_only_with_the_status() {
+        let first = desired(&view(), &AgentPolicyStatus::default(), at(100));
+        let mut v = view();
+        v.synced_pods = 11;
+        let second = desired(&v, &first, at(200));
+        assert_eq!(condition(&second, "Accepted").last_transition_time, at(100));
+        assert_eq!(condition(&second, "Ready").last_transition_time, at(200));
+        assert_eq!(
+            condition(&second, "Ready").message,
+            "11 of 12 governed sidecars run the current policy"
+        );
+        // Nothing changed: the same status, so nothing to write.
+        assert_eq!(desired(&v, &second, at(300)), second);
+    }
+
+    #[test]
+    fn errors_conflicts_and_missing_connections_are_said() {
+        let mut v = view();
+        v.errors = vec![FieldError {
+            path: "spec.tool_rules[0].rate_limit".to_owned(),
+            message: "invalid rate_limit \"lots\"".to_owned(),
+        }];
+        v.conflicts
+            .insert("agent-1".to_owned(), vec!["wide".to_owned()]);
+        let s = desired(&v, &AgentPolicyStatus::default(), at(100));
+        let accepted = condition(&s, "Accepted");
+        assert_eq!(
+            (accepted.status.as_str(), accepted.reason.as_str()),
+            ("False", "Invalid")
+        );
+        assert_eq!(
+            accepted.message,
+            "spec.tool_rules[0].rate_limit: invalid rate_limit \"lots\". Pods keep enforcing the last accepted version (sha256:abc)."
+        );
+        assert!(
+            condition(&s, "Conflict")
+                .message
+                .ends_with("agent-1 (also wide)")
+        );
+        assert_eq!(s.policy_hash.as_deref(), Some("sha256:abc"));
+
+        let mut v = view();
+        v.missing_connections = vec!["gh".to_owned()];
+        let s = desired(&v, &AgentPolicyStatus::default(), at(100));
+        assert_eq!(
+            condition(&s, "Ready").message,
+            "no ToolConnection named gh in this namespace"
+        );
+    }
+}
