@@ -4,7 +4,9 @@
 //! pod's configuration to the real aip-sidecar binary in Kubernetes mode,
 //! which enforces it on an agent's calls. Editing the policy changes
 //! enforcement and the status shows the new hash synced 1/1; an invalid edit
-//! is marked Accepted=False while the sidecar keeps the previous policy;
+//! is refused by the operator's webhook and, admitted while the webhook is
+//! not registered, marked Accepted=False while the sidecar keeps the previous
+//! policy; a pod selected by two policies refuses every call;
 //! stopping the operator leaves the sidecar enforcing; rotating the Secret
 //! makes the next call use the new credential, and the upstream's 401 hides
 //! the connection's tools.
@@ -23,6 +25,7 @@ use std::time::Duration;
 use aip_fault_server::core::Core;
 use aip_fault_server::log::AttemptLog;
 use aip_fault_server::script::{Script, Transport};
+use base64::Engine;
 use common::Cluster;
 use common::agent::Agent;
 use common::kubectl::{Kubectl, tempdir};
@@ -215,9 +218,28 @@ async fn kubectl_to_sidecar_enforcement() {
     // The operator (a fixed port and certificate, so that it can come back
     // where the sidecar expects it), then the sidecar pointed at it.
     let tls = TlsFiles::new(&dir);
-    let grpc = free_port();
-    let mut operator = start_operator(&kubeconfig, &tls, grpc);
+    let ports = Ports {
+        grpc: free_port(),
+        webhook: free_port(),
+    };
+    let grpc = ports.grpc;
+    let mut operator = start_operator(&kubeconfig, &tls, ports);
     operator.line("gRPC config service listening").await;
+    let ca = base64::engine::general_purpose::STANDARD.encode(std::fs::read(&tls.cert).unwrap());
+    kubectl.apply(&format!(
+        "apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingWebhookConfiguration
+metadata: {{name: aip-validate}}
+webhooks:
+  - name: validate.aip.io
+    clientConfig: {{url: 'https://127.0.0.1:{}/validate', caBundle: {ca}}}
+    rules: [{{operations: [CREATE, UPDATE], apiGroups: [aip.io], apiVersions: [v1alpha1], resources: [agentpolicies, toolconnections]}}]
+    sideEffects: None
+    admissionReviewVersions: [v1]
+    failurePolicy: Fail
+",
+        ports.webhook
+    ));
     let sidecar = Proc::start("aip-sidecar", {
         let mut c = Command::new(binary("aip-sidecar"));
         c.args([
@@ -298,11 +320,23 @@ async fn kubectl_to_sidecar_enforcement() {
     assert_ne!(second_hash, first_hash);
     kubectl.wait("agentpolicy/files", "{.status.observedGeneration}", "2");
 
-    // An invalid edit (no webhook here to refuse it) is marked, not enforced.
-    kubectl.apply(&format!(
+    // An invalid edit is refused at apply time by the operator's webhook...
+    let invalid = format!(
         "{}  tool_rules: [{{tool: fs_read_file, rate_limit: lots}}]\n",
         policy(&["fs_read_file"])
-    ));
+    );
+    let (ok, _, err) = kubectl.run(&["apply", "-f", "-"], Some(&invalid));
+    assert!(!ok, "the webhook refuses it");
+    assert!(
+        err.contains("denied the request: AgentPolicy files is invalid: spec.tool_rules[0].rate_limit: invalid rate_limit \"lots\""),
+        "{err}"
+    );
+    // ...and, admitted while the webhook is not there, marked and not enforced.
+    kubectl.ok(
+        &["delete", "validatingwebhookconfiguration", "aip-validate"],
+        None,
+    );
+    kubectl.apply(&invalid);
     kubectl.wait(
         "agentpolicy/files",
         "{.status.conditions[?(@.type==\"Accepted\")].status}",
@@ -390,7 +424,7 @@ async fn kubectl_to_sidecar_enforcement() {
 
     // Back, then a rotated Secret: the next call carries the new credential,
     // the upstream refuses it, and the connection's tools disappear.
-    let operator = start_operator(&kubeconfig, &tls, grpc);
+    let operator = start_operator(&kubeconfig, &tls, ports);
     operator.line("cluster state loaded").await;
     kubectl.apply(&secret("tok-B"));
     // The old credential still works upstream, so a 401 proves the new one
@@ -449,15 +483,19 @@ fn clone_agent(agent: &Agent) -> Agent {
     Agent::resume(agent.addr, &agent.session)
 }
 
-fn start_operator(kubeconfig: &Path, tls: &TlsFiles, port: u16) -> Proc {
+/// The operator's ports: gRPC and webhooks fixed (it comes back on them).
+#[derive(Clone, Copy)]
+struct Ports {
+    grpc: u16,
+    webhook: u16,
+}
+
+fn start_operator(kubeconfig: &Path, tls: &TlsFiles, ports: Ports) -> Proc {
     let mut c = Command::new(binary("aip-operator"));
     c.env("KUBECONFIG", kubeconfig)
-        .args([
-            "--grpc-listen",
-            &format!("127.0.0.1:{port}"),
-            "--admin-listen",
-            "127.0.0.1:0",
-        ])
+        .args(["--grpc-listen", &format!("127.0.0.1:{}", ports.grpc)])
+        .args(["--webhook-listen", &format!("127.0.0.1:{}", ports.webhook)])
+        .args(["--admin-listen", "127.0.0.1:0"])
         .args(["--log-format", "json"])
         .args(["--namespace", "aip-system", "--pod-name", "operator-0"])
         .arg("--tls-cert")
@@ -476,10 +514,11 @@ struct TlsFiles {
 impl TlsFiles {
     fn new(dir: &Path) -> TlsFiles {
         let key = rcgen::KeyPair::generate().unwrap();
-        let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
-            .unwrap()
-            .self_signed(&key)
-            .unwrap();
+        let cert =
+            rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+                .unwrap()
+                .self_signed(&key)
+                .unwrap();
         let files = TlsFiles {
             cert: dir.join("operator.crt"),
             key: dir.join("operator.key"),
