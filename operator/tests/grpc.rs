@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aip_operator::api::AgentPolicySpec;
-use aip_operator::grpc::{ConfigService, Signals, TokenReviewer, tls::ServerTls};
+use aip_operator::grpc::{
+    AuthError, Authenticate, ConfigService, PodIdentity, Signals, TokenReviewer, tls::ServerTls,
+};
 use aip_operator::index::{Index, ObjectKey, PodMeta};
 use aip_operator::metrics::Metrics;
 use aip_proto::v1::config_client::ConfigClient;
@@ -58,29 +60,12 @@ async fn harness() -> Harness {
     let (etx, evidence) = mpsc::unbounded_channel();
     let metrics = Arc::new(Metrics::new());
     let shutdown = CancellationToken::new();
-    let service = ConfigService::new(
-        index.clone(),
-        TokenReviewer::new(cluster.admin.clone(), AUDIENCE),
-        Signals {
-            policies: ptx,
-            evidence: etx,
-        },
-        metrics.clone(),
-        shutdown.clone(),
-    );
-    let tls = ServerTls::self_signed(&["localhost".to_owned()]).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(aip_operator::grpc::serve(listener, tls.clone(), service));
-    let channel = Endpoint::from_shared(format!("https://{addr}"))
-        .unwrap()
-        .tls_config(
-            ClientTlsConfig::new()
-                .ca_certificate(Certificate::from_pem(&tls.cert_pem))
-                .domain_name("localhost"),
-        )
-        .unwrap()
-        .connect_lazy();
+    let signals = Signals {
+        policies: ptx,
+        evidence: etx,
+    };
+    let auth = TokenReviewer::new(cluster.admin.clone(), AUDIENCE);
+    let channel = serve(&index, auth, signals, &metrics, &shutdown).await;
     Harness {
         cluster,
         index,
@@ -90,6 +75,36 @@ async fn harness() -> Harness {
         metrics,
         shutdown,
     }
+}
+
+/// The service over TLS on loopback with `auth`; a channel to it.
+async fn serve<A: Authenticate>(
+    index: &Arc<Mutex<Index>>,
+    auth: A,
+    signals: Signals,
+    metrics: &Arc<Metrics>,
+    shutdown: &CancellationToken,
+) -> Channel {
+    let service = ConfigService::new(
+        index.clone(),
+        auth,
+        signals,
+        metrics.clone(),
+        shutdown.clone(),
+    );
+    let tls = ServerTls::self_signed(&["localhost".to_owned()]).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(aip_operator::grpc::serve(listener, tls.clone(), service));
+    Endpoint::from_shared(format!("https://{addr}"))
+        .unwrap()
+        .tls_config(
+            ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(&tls.cert_pem))
+                .domain_name("localhost"),
+        )
+        .unwrap()
+        .connect_lazy()
 }
 
 impl Harness {
@@ -302,4 +317,63 @@ async fn wrong_audience_missing_token_and_unknown_pods_get_nothing() {
         metrics.contains("aip_operator_sidecar_auth_failures_total{reason=\"missing\"} 1"),
         "{metrics}"
     );
+}
+
+/// Vouches for one pod whatever the token, with a given expiry.
+struct Vouch(PodIdentity);
+
+impl Authenticate for Vouch {
+    async fn authenticate(&self, _: &str) -> Result<PodIdentity, AuthError> {
+        Ok(self.0.clone())
+    }
+}
+
+#[tokio::test]
+async fn the_stream_ends_when_the_token_expires() {
+    let index = Arc::new(Mutex::new(Index::new()));
+    index.lock().unwrap().apply_pod(PodMeta {
+        namespace: "agents".to_owned(),
+        name: "agent-1".to_owned(),
+        uid: "u1".to_owned(),
+        labels: BTreeMap::new(),
+    });
+    let (ptx, _policies) = mpsc::unbounded_channel();
+    let (etx, _evidence) = mpsc::unbounded_channel();
+    let metrics = Arc::new(Metrics::new());
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let expires = std::time::SystemTime::now() + Duration::from_millis(1500);
+    let auth = Vouch(PodIdentity {
+        namespace: "agents".to_owned(),
+        pod: "agent-1".to_owned(),
+        uid: "u1".to_owned(),
+        service_account: "runner".to_owned(),
+        expires: Some(expires),
+    });
+    let signals = Signals {
+        policies: ptx,
+        evidence: etx,
+    };
+    let channel = serve(&index, auth, signals, &metrics, &shutdown).await;
+    let mut request = tonic::Request::new(WatchRequest::default());
+    request
+        .metadata_mut()
+        .insert("authorization", "Bearer any".parse().unwrap());
+    let mut stream = ConfigClient::new(channel)
+        .watch(request)
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        next(&mut stream).await.unwrap().is_some(),
+        "the first snapshot"
+    );
+    let end = next(&mut stream).await.unwrap_err();
+    assert_eq!(end.code(), Code::Unauthenticated);
+    assert!(
+        end.message().starts_with("the token has expired"),
+        "{}",
+        end.message()
+    );
+    assert!(std::time::SystemTime::now() >= expires);
 }
