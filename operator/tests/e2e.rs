@@ -9,7 +9,9 @@
 //! policy; a pod selected by two policies refuses every call;
 //! stopping the operator leaves the sidecar enforcing; rotating the Secret
 //! makes the next call use the new credential, and the upstream's 401 hides
-//! the connection's tools.
+//! the connection's tools. A ToolConnection naming a Secret its author
+//! cannot read is refused, and a sidecar with the pod's default token (the
+//! wrong audience) gets nothing.
 
 #![allow(clippy::unwrap_used)]
 
@@ -153,7 +155,9 @@ fn error_code(response: &Value) -> Option<i64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kubectl_to_sidecar_enforcement() {
     let dir = tempdir();
-    let cluster = Cluster::start().await;
+    // bob is a platform engineer who may edit aip objects but not read the
+    // Secret the connection uses.
+    let cluster = Cluster::with_users("bob-token,bob,u-bob,\"platform\"\n").await;
     let kubeconfig = dir.join("admin.kubeconfig");
     std::fs::write(
         &kubeconfig,
@@ -240,26 +244,34 @@ webhooks:
 ",
         ports.webhook
     ));
-    let sidecar = Proc::start("aip-sidecar", {
-        let mut c = Command::new(binary("aip-sidecar"));
-        c.args([
-            "--log-format",
-            "json",
-            "run",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin",
-            "127.0.0.1:0",
-        ])
-        .arg("--operator")
-        .arg(format!("https://127.0.0.1:{grpc}"))
-        .arg("--operator-ca")
-        .arg(&tls.cert)
-        .args(["--operator-server-name", "localhost"])
-        .arg("--token-file")
-        .arg(&token_file);
-        c
-    });
+    // bob may not aim a Secret he cannot read at a host of his choosing.
+    kubectl.apply("apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {name: aip-editor, namespace: agents}\nrules:\n- {apiGroups: [aip.io], resources: [agentpolicies, toolconnections], verbs: [get, list, create, update, patch]}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {name: bob-edits-aip, namespace: agents}\nsubjects: [{kind: User, name: bob, apiGroup: rbac.authorization.k8s.io}]\nroleRef: {kind: Role, name: aip-editor, apiGroup: rbac.authorization.k8s.io}\n");
+    let bob = Kubectl {
+        kubeconfig: cluster.kubeconfig(&dir, "bob-token"),
+    };
+    let (ok, _, err) = bob.run(
+        &["apply", "-f", "-"],
+        Some("apiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {name: exfil, namespace: agents}\nspec:\n  url: https://bob.example.net/mcp\n  bearerToken: {valueFrom: {secretKeyRef: {name: fs-token, key: token}}}\n"),
+    );
+    assert!(!ok, "refused");
+    assert!(
+        err.contains("names Secret fs-token, which bob may not get in namespace agents"),
+        "{err}"
+    );
+
+    // A sidecar presenting the pod's default token (the API server's
+    // audience) gets nothing: it never leaves its empty, deny-all config.
+    let default_token = cluster.token("agents", "agent", "agent-1", &uid, &[]).await;
+    let default_token_file = dir.join("default-token");
+    std::fs::write(&default_token_file, &default_token).unwrap();
+    let impostor = start_sidecar(&tls.cert, grpc, &default_token_file);
+    let line = impostor
+        .line("configuration stream from the operator lost")
+        .await;
+    assert!(line.contains("audience"), "{line}");
+    drop(impostor);
+
+    let sidecar = start_sidecar(&tls.cert, grpc, &token_file);
     let agents_line = sidecar.line("agents at http://").await;
     let agent_addr: SocketAddr = agents_line
         .split("agents at http://")
@@ -481,6 +493,21 @@ webhooks:
 
 fn clone_agent(agent: &Agent) -> Agent {
     Agent::resume(agent.addr, &agent.session)
+}
+
+/// The sidecar in Kubernetes mode, pointed at the operator on `grpc`.
+fn start_sidecar(ca: &Path, grpc: u16, token_file: &Path) -> Proc {
+    let mut c = Command::new(binary("aip-sidecar"));
+    c.args(["--log-format", "json", "run"])
+        .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+        .arg("--operator")
+        .arg(format!("https://127.0.0.1:{grpc}"))
+        .arg("--operator-ca")
+        .arg(ca)
+        .args(["--operator-server-name", "localhost"])
+        .arg("--token-file")
+        .arg(token_file);
+    Proc::start("aip-sidecar", c)
 }
 
 /// The operator's ports: gRPC and webhooks fixed (it comes back on them).
