@@ -13,7 +13,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -30,6 +30,14 @@ use kube::{Client, Config};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+
+#[path = "../tests/common/kubectl.rs"]
+mod kubectl;
+#[path = "../tests/common/local.rs"]
+mod local;
+
+use kubectl::Kubectl;
+use local::{TlsFiles, free_port};
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -87,10 +95,8 @@ impl Cluster {
             admin,
             dir,
         };
-        cluster.kubectl_apply_file(Path::new(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../crds/aip.io.yaml"
-        )));
+        let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/aip.io.yaml");
+        cluster.kubectl().ok(&["apply", "-f", crds], None);
         cluster.namespace("aip-system").await;
         cluster
     }
@@ -99,29 +105,10 @@ impl Cluster {
         self.dir.join("kubeconfig")
     }
 
-    fn kubectl(&self, args: &[&str], stdin: Option<&str>) {
-        let mut child = Command::new("kubectl")
-            .args(args)
-            .env("KUBECONFIG", self.kubeconfig())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("kubectl on PATH (make kubectl)");
-        if let Some(text) = stdin {
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(text.as_bytes())
-                .unwrap();
+    fn kubectl(&self) -> Kubectl {
+        Kubectl {
+            kubeconfig: self.kubeconfig(),
         }
-        drop(child.stdin.take());
-        assert!(child.wait().unwrap().success(), "kubectl {args:?}");
-    }
-
-    fn kubectl_apply_file(&self, path: &Path) {
-        self.kubectl(&["apply", "-f", path.to_str().unwrap()], None);
     }
 
     async fn namespace(&self, name: &str) {
@@ -195,13 +182,7 @@ struct Operator {
 
 impl Operator {
     fn start(cluster: &Cluster) -> Operator {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
-            .unwrap()
-            .self_signed(&key)
-            .unwrap();
-        std::fs::write(cluster.dir.join("tls.crt"), cert.pem()).unwrap();
-        std::fs::write(cluster.dir.join("tls.key"), key.serialize_pem()).unwrap();
+        let tls = TlsFiles::new(&cluster.dir);
         let (grpc_port, admin_port) = (free_port(), free_port());
         let mut child = Command::new(env!("CARGO_BIN_EXE_aip-operator"))
             .env("KUBECONFIG", cluster.kubeconfig())
@@ -210,9 +191,9 @@ impl Operator {
             .args(["--webhook-listen", "127.0.0.1:0", "--log-format", "json"])
             .args(["--namespace", "aip-system", "--pod-name", "bench"])
             .arg("--tls-cert")
-            .arg(cluster.dir.join("tls.crt"))
+            .arg(&tls.cert)
             .arg("--tls-key")
-            .arg(cluster.dir.join("tls.key"))
+            .arg(&tls.key)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -228,7 +209,7 @@ impl Operator {
         Operator {
             child,
             lines,
-            cert_pem: cert.pem(),
+            cert_pem: tls.cert_pem,
             grpc_port,
             admin_port,
         }
@@ -301,14 +282,6 @@ async fn http_get(port: u16, path: &str) -> String {
     out
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn policy(tools: &[String]) -> String {
     format!(
         "apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {{name: fleet, namespace: agents}}\nspec:\n  allowed_tools: {}\n  podSelector: {{matchLabels: {{app: agent}}}}\n",
@@ -334,7 +307,7 @@ async fn propagation(sidecars: usize, rounds: usize) -> Value {
                 .await;
         tokens.extend(minted);
     }
-    cluster.kubectl(&["apply", "-f", "-"], Some(&policy(&["tool_0".to_owned()])));
+    cluster.kubectl().apply(&policy(&["tool_0".to_owned()]));
     let operator = Operator::start(&cluster);
     operator
         .said("cluster state loaded", Duration::from_secs(60))
@@ -378,25 +351,10 @@ async fn propagation(sidecars: usize, rounds: usize) -> Value {
         tools.push(tool.clone());
         let text = policy(&tools);
         let start = Instant::now();
-        let kubeconfig = cluster.kubeconfig();
-        tokio::task::spawn_blocking(move || {
-            let mut child = Command::new("kubectl")
-                .args(["apply", "-f", "-"])
-                .env("KUBECONFIG", kubeconfig)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::null())
-                .spawn()
-                .unwrap();
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(text.as_bytes())
-                .unwrap();
-            assert!(child.wait().unwrap().success());
-        })
-        .await
-        .unwrap();
+        let kubectl = cluster.kubectl();
+        tokio::task::spawn_blocking(move || kubectl.apply(&text))
+            .await
+            .unwrap();
         let needle = format!("\"{tool}\"");
         while !all_have(&needle, &recorders) {
             tokio::time::timeout(Duration::from_secs(60), acks.changed())

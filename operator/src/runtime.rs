@@ -119,14 +119,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             instance: Some(identity.clone()),
         },
     );
-    let health_ctx = Arc::new(connection_health::Context {
+    let health_ctx = Arc::new(crate::controllers::Context {
         client: client.clone(),
         index: index.clone(),
         leader: leader.clone(),
         recorder: recorder.clone(),
         metrics: metrics.clone(),
     });
-    let status_ctx = Arc::new(policy_status::Context {
+    let status_ctx = Arc::new(crate::controllers::Context {
         client: client.clone(),
         index: index.clone(),
         leader: leader.clone(),

@@ -31,6 +31,7 @@ use base64::Engine;
 use common::Cluster;
 use common::agent::Agent;
 use common::kubectl::{Kubectl, tempdir};
+use common::local::{TlsFiles, free_port};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
@@ -530,38 +531,4 @@ fn start_operator(kubeconfig: &Path, tls: &TlsFiles, ports: Ports) -> Proc {
         .arg("--tls-key")
         .arg(&tls.key);
     Proc::start("aip-operator", c)
-}
-
-/// The operator's serving certificate (for localhost) and key, on disk.
-struct TlsFiles {
-    cert: PathBuf,
-    key: PathBuf,
-}
-
-impl TlsFiles {
-    fn new(dir: &Path) -> TlsFiles {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert =
-            rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
-                .unwrap()
-                .self_signed(&key)
-                .unwrap();
-        let files = TlsFiles {
-            cert: dir.join("operator.crt"),
-            key: dir.join("operator.key"),
-        };
-        std::fs::write(&files.cert, cert.pem()).unwrap();
-        std::fs::write(&files.key, key.serialize_pem()).unwrap();
-        files
-    }
-}
-
-/// A loopback port free a moment ago (the operator must come back on the
-/// same one).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }

@@ -8,27 +8,27 @@
 //! when it changes.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use aip_sidecar::upstream::Upstream;
 use aip_sidecar::upstream::failure::{ConnectionEffect, Failure};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
-use kube::{Client, Resource};
+use kube::runtime::events::{Event as KubeEvent, EventType};
 use serde_json::{Value, json};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::ToolConnection;
 use crate::api::tool_connection::{DiscoveredTool, Health, HealthState, ToolConnectionStatus};
 use crate::grpc::Evidence;
-use crate::index::{Index, ObjectKey, ResolvedConnection};
-use crate::metrics::Metrics;
+use crate::index::{ObjectKey, ResolvedConnection};
 
+use super::Context;
 use super::conditions::Conditions;
 use super::policy_status::FIELD_MANAGER;
 
@@ -40,14 +40,6 @@ const EVIDENCE_PROBE_DELAY: Duration = Duration::from_secs(1);
 /// lastCheckTime alone is refreshed at most this often (status writes are
 /// for changes, not heartbeats).
 const CHECK_TIME_REFRESH: Duration = Duration::from_secs(300);
-
-pub struct Context {
-    pub client: Client,
-    pub index: Arc<Mutex<Index>>,
-    pub leader: watch::Receiver<bool>,
-    pub recorder: Recorder,
-    pub metrics: Arc<Metrics>,
-}
 
 /// What the prober knows of one connection.
 struct Tracked {

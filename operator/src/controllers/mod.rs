@@ -6,3 +6,22 @@ pub mod conditions;
 pub mod connection_health;
 pub mod feed;
 pub mod policy_status;
+
+use std::sync::{Arc, Mutex};
+
+use kube::Client;
+use kube::runtime::events::Recorder;
+use tokio::sync::watch;
+
+use crate::index::Index;
+use crate::metrics::Metrics;
+
+/// What the status writers share.
+pub struct Context {
+    pub client: Client,
+    pub index: Arc<Mutex<Index>>,
+    /// Whether this replica holds the Lease (only the holder writes).
+    pub leader: watch::Receiver<bool>,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+}

@@ -3,7 +3,7 @@
 //! also selected by another policy), the hash and "synced/governed". Written
 //! with server-side apply, only by the lease holder, only when it changes.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -11,17 +11,17 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
+use kube::runtime::events::{Event as KubeEvent, EventType};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, Resource, ResourceExt};
+use kube::{Resource, ResourceExt};
 use serde_json::json;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
+use super::Context;
 use super::conditions::Conditions;
 use crate::api::{AgentPolicy, AgentPolicyStatus};
-use crate::index::{Index, ObjectKey, PolicyView};
-use crate::metrics::Metrics;
+use crate::index::{ObjectKey, PolicyView};
 
 pub const FIELD_MANAGER: &str = "aip-operator";
 
@@ -30,14 +30,6 @@ const STATUS_WRITERS: u16 = 16;
 
 /// Objects per page of an initial list: a smaller peak than one big page.
 pub const LIST_PAGE: u32 = 200;
-
-pub struct Context {
-    pub client: Client,
-    pub index: Arc<Mutex<Index>>,
-    pub leader: watch::Receiver<bool>,
-    pub recorder: Recorder,
-    pub metrics: Arc<Metrics>,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -5,6 +5,7 @@
 
 pub mod agent;
 pub mod kubectl;
+pub mod local;
 
 use aip_fake_apiserver::{ADMIN_TOKEN, Options, Running};
 use k8s_openapi::api::authentication::v1::TokenRequest;
