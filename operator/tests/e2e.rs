@@ -21,7 +21,6 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aip_fault_server::core::Core;
@@ -41,7 +40,8 @@ const PATIENCE: Duration = Duration::from_secs(30);
 /// A child process killed on drop, its stderr collected line by line.
 struct Proc {
     child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
+    /// Every stderr line so far; a new line bumps the version.
+    lines: tokio::sync::watch::Receiver<Vec<String>>,
     name: &'static str,
 }
 
@@ -52,12 +52,11 @@ impl Proc {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
-        let lines = Arc::new(Mutex::new(Vec::new()));
+        let (sink, lines) = tokio::sync::watch::channel(Vec::new());
         let stderr = child.stderr.take().unwrap();
-        let sink = lines.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                sink.lock().unwrap().push(line);
+                sink.send_modify(|all| all.push(line));
             }
         });
         Proc { child, lines, name }
@@ -65,25 +64,20 @@ impl Proc {
 
     /// Waits for a stderr line containing `needle`; returns it.
     async fn line(&self, needle: &str) -> String {
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        loop {
-            if let Some(l) = self
-                .lines
-                .lock()
-                .unwrap()
-                .iter()
-                .find(|l| l.contains(needle))
-            {
-                return l.clone();
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{} never said {needle:?}:\n{}",
-                self.name,
-                self.lines.lock().unwrap().join("\n")
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let mut lines = self.lines.clone();
+        let found = tokio::time::timeout(
+            PATIENCE,
+            lines.wait_for(|all| all.iter().any(|l| l.contains(needle))),
+        )
+        .await;
+        let all = self.lines.borrow().clone();
+        assert!(
+            matches!(found, Ok(Ok(_))),
+            "{} never said {needle:?}:\n{}",
+            self.name,
+            all.join("\n")
+        );
+        all.into_iter().find(|l| l.contains(needle)).unwrap()
     }
 
     fn terminate(&mut self) {
@@ -100,7 +94,7 @@ impl Drop for Proc {
             eprintln!(
                 "--- {} said:\n{}",
                 self.name,
-                self.lines.lock().unwrap().join("\n")
+                self.lines.borrow().join("\n")
             );
         }
         let _ = self.child.kill();
