@@ -7,6 +7,7 @@
 
 pub mod admin;
 pub mod api;
+pub mod approvals;
 pub mod controllers;
 pub mod grpc;
 pub mod index;

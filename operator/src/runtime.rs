@@ -111,7 +111,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         },
         metrics.clone(),
         shutdown.clone(),
-    );
+    )
+    .with_approvals(client.clone());
     let recorder = Recorder::new(
         client.clone(),
         Reporter {

@@ -65,7 +65,8 @@ async fn harness() -> Harness {
         evidence: etx,
     };
     let auth = TokenReviewer::new(cluster.admin.clone(), AUDIENCE);
-    let channel = serve(&index, auth, signals, &metrics, &shutdown).await;
+    let approvals = Some(cluster.admin.clone());
+    let channel = serve(&index, auth, approvals, signals, &metrics, &shutdown).await;
     Harness {
         cluster,
         index,
@@ -81,17 +82,21 @@ async fn harness() -> Harness {
 async fn serve<A: Authenticate>(
     index: &Arc<Mutex<Index>>,
     auth: A,
+    approvals: Option<kube::Client>,
     signals: Signals,
     metrics: &Arc<Metrics>,
     shutdown: &CancellationToken,
 ) -> Channel {
-    let service = ConfigService::new(
+    let mut service = ConfigService::new(
         index.clone(),
         auth,
         signals,
         metrics.clone(),
         shutdown.clone(),
     );
+    if let Some(client) = approvals {
+        service = service.with_approvals(client);
+    }
     let tls = ServerTls::self_signed(&["localhost".to_owned()]).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -354,7 +359,7 @@ async fn the_stream_ends_when_the_token_expires() {
         policies: ptx,
         evidence: etx,
     };
-    let channel = serve(&index, auth, signals, &metrics, &shutdown).await;
+    let channel = serve(&index, auth, None, signals, &metrics, &shutdown).await;
     let mut request = tonic::Request::new(WatchRequest::default());
     request
         .metadata_mut()
@@ -376,4 +381,149 @@ async fn the_stream_ends_when_the_token_expires() {
         end.message()
     );
     assert!(std::time::SystemTime::now() >= expires);
+}
+
+mod approvals {
+    use super::*;
+    use aip_operator::api::{ApprovalRequest as ApprovalObject, approval_request::Decision};
+    use aip_proto::v1::approval_update::Decision as Wire;
+    use aip_proto::v1::{ApprovalRequest, ApprovalUpdate};
+    use kube::api::{Api, Patch, PatchParams, PostParams};
+    use kube::runtime::wait::await_condition;
+
+    async fn setup(timeout_seconds: u32) -> (Harness, String) {
+        let h = harness().await;
+        let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+            Api::all(h.cluster.admin.clone());
+        for crd in aip_operator::api::crds() {
+            crds.create(&PostParams::default(), &crd).await.unwrap();
+        }
+        h.cluster.namespace("agents").await;
+        h.cluster.service_account("agents", "runner").await;
+        let uid = h.pod("agent-1", "a").await;
+        let mut spec = policy(&["write_file"]);
+        spec.approval = Some(aip_operator::api::agent_policy::ApprovalSettings {
+            timeout_seconds: Some(timeout_seconds),
+            allowed_service_accounts: Vec::new(),
+        });
+        h.index
+            .lock()
+            .unwrap()
+            .apply_policy("agents", "p", Some(1), &spec);
+        let token = h
+            .cluster
+            .token("agents", "runner", "agent-1", &uid, &[AUDIENCE])
+            .await;
+        (h, token)
+    }
+
+    async fn ask(h: &Harness, token: &str) -> Streaming<ApprovalUpdate> {
+        let mut request = tonic::Request::new(ApprovalRequest {
+            connection: "fs".to_owned(),
+            tool: "fs_write_file".to_owned(),
+            arguments_json: r#"{"path":"/tmp/x","content":"[REDACTED:token]"}"#.to_owned(),
+            arguments_hash: "sha256:00".to_owned(),
+            policy_version: 1,
+            resume_name: String::new(),
+        });
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        ConfigClient::new(h.channel.clone())
+            .request_approval(request)
+            .await
+            .unwrap()
+            .into_inner()
+    }
+
+    async fn update(stream: &mut Streaming<ApprovalUpdate>) -> ApprovalUpdate {
+        tokio::time::timeout(PATIENCE, stream.message())
+            .await
+            .expect("an update in time")
+            .unwrap()
+            .expect("the stream goes on")
+    }
+
+    #[tokio::test]
+    async fn an_ask_becomes_an_approval_request_and_its_decision_comes_back() {
+        let (h, token) = setup(300).await;
+        let mut stream = ask(&h, &token).await;
+        let pending = update(&mut stream).await;
+        assert_eq!(pending.decision, Wire::Pending as i32);
+        let api: Api<ApprovalObject> = Api::namespaced(h.cluster.admin.clone(), "agents");
+        let object = api.get(&pending.name).await.unwrap();
+        assert!(
+            pending.name.starts_with("fs-write-file-"),
+            "{}",
+            pending.name
+        );
+        assert_eq!(object.spec.pod, "agent-1");
+        assert_eq!(object.spec.policy, "p");
+        assert_eq!(object.spec.service_account, "runner");
+        assert_eq!(
+            object.spec.arguments,
+            r#"{"path":"/tmp/x","content":"[REDACTED:token]"}"#
+        );
+        let labels = object.metadata.labels.clone().unwrap();
+        assert_eq!(
+            labels.get("aip.io/tool").map(String::as_str),
+            Some("fs_write_file")
+        );
+        assert_eq!(
+            labels.get("aip.io/pod").map(String::as_str),
+            Some("agent-1")
+        );
+        assert!(
+            object.metadata.owner_references.is_none(),
+            "the evidence outlives the pod"
+        );
+
+        let decided = serde_json::json!({"status": {"decision": "Approved", "decidedBy": "alice", "reason": "looks fine"}});
+        api.patch_status(
+            &pending.name,
+            &PatchParams::default(),
+            &Patch::Merge(decided),
+        )
+        .await
+        .unwrap();
+        let approved = update(&mut stream).await;
+        assert_eq!(approved.decision, Wire::Approved as i32);
+        assert_eq!(
+            (approved.decided_by.as_str(), approved.reason.as_str()),
+            ("alice", "looks fine")
+        );
+        assert!(
+            stream.message().await.unwrap().is_none(),
+            "the stream ends with the decision"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_sidecar_that_goes_away_withdraws_its_request() {
+        let (h, token) = setup(300).await;
+        let mut stream = ask(&h, &token).await;
+        let pending = update(&mut stream).await;
+        drop(stream);
+        let api: Api<ApprovalObject> = Api::namespaced(h.cluster.admin.clone(), "agents");
+        let withdrawn = await_condition(api, &pending.name, |o: Option<&ApprovalObject>| {
+            o.and_then(|o| o.status.as_ref())
+                .is_some_and(|s| s.decision == Decision::Withdrawn)
+        });
+        tokio::time::timeout(PATIENCE, withdrawn)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_undecided_request_expires() {
+        let (h, token) = setup(1).await;
+        let mut stream = ask(&h, &token).await;
+        let pending = update(&mut stream).await;
+        let expired = update(&mut stream).await;
+        assert_eq!(expired.decision, Wire::Expired as i32);
+        let api: Api<ApprovalObject> = Api::namespaced(h.cluster.admin.clone(), "agents");
+        let object = api.get(&pending.name).await.unwrap();
+        assert_eq!(object.status.unwrap().decision, Decision::Expired);
+    }
 }

@@ -64,6 +64,9 @@ pub struct ConfigService<A> {
     reviewed: Mutex<HashMap<[u8; 32], (PodIdentity, Instant)>>,
     /// When each pod was last sent each version, for propagation latency.
     sent: SentLog,
+    /// Where ApprovalRequests are created; None: RequestApproval is
+    /// refused.
+    approvals: Option<kube::Client>,
 }
 
 impl<A: Authenticate> ConfigService<A> {
@@ -82,7 +85,14 @@ impl<A: Authenticate> ConfigService<A> {
             shutdown,
             reviewed: Mutex::new(HashMap::new()),
             sent: Arc::new(Mutex::new(HashMap::new())),
+            approvals: None,
         }
+    }
+
+    /// Serves RequestApproval, creating ApprovalRequests with `client`.
+    pub fn with_approvals(mut self, client: kube::Client) -> ConfigService<A> {
+        self.approvals = Some(client);
+        self
     }
 
     /// The caller's pod, from its bearer token.
@@ -210,10 +220,30 @@ impl<A: Authenticate> Config for ConfigService<A> {
         &self,
         request: Request<ApprovalRequest>,
     ) -> Result<Response<ApprovalStream>, Status> {
-        self.identify(&request).await?;
-        Err(Status::unimplemented(
-            "approvals through the operator are not available in this version",
-        ))
+        let id = self.identify(&request).await?;
+        let Some(client) = &self.approvals else {
+            return Err(Status::unimplemented(
+                "this operator was started without approvals",
+            ));
+        };
+        let ask = request.into_inner();
+        let name = if ask.resume_name.is_empty() {
+            let governing = lock(&self.index)
+                .subscribe(&id.namespace, &id.pod, &id.uid)
+                .and_then(|c| c.borrow().policy.clone());
+            let Some(policy) = governing else {
+                return Err(Status::failed_precondition(
+                    "no AgentPolicy governs this pod, so nothing can be asked",
+                ));
+            };
+            crate::approvals::create(client, &id, &policy.name, policy.approval_timeout, &ask)
+                .await?
+        } else {
+            ask.resume_name
+        };
+        let (tx, rx) = mpsc::channel(4);
+        tokio::spawn(crate::approvals::follow(client.clone(), id, name, tx));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }
 
