@@ -63,13 +63,13 @@ async fn list_approve_and_deny_through_the_admin_port() {
     for (verb, expected) in [("approve", Approval::Approved), ("deny", Approval::Denied)] {
         let a = approvals.clone();
         let waiting = tokio::spawn(async move {
-            a.ask(
-                "up_deploy",
-                "up",
-                json!({"env": "prod"}),
-                Duration::from_secs(60),
-            )
-            .await
+            let held = aip_sidecar::approvals::Ask {
+                tool: "up_deploy".to_owned(),
+                connection: "up".to_owned(),
+                arguments: json!({"env": "prod"}),
+                arguments_hash: aip_policy::hash::arguments_hash(&json!({"env": "prod"})),
+            };
+            a.ask(held, Duration::from_secs(60)).await
         });
         while approvals.list().is_empty() {
             tokio::time::timeout(Duration::from_secs(10), changes.changed())

@@ -34,6 +34,14 @@ pub fn tool_schema_hash(tool: &serde_json::Value) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(&canonical)))
 }
 
+/// The hash of a call's arguments as the agent sent them: `sha256:` + hex
+/// of the SHA-256 of their RFC 8785 canonical JSON. An approver's record of
+/// exactly which call was allowed, whatever the redacted copy shows.
+pub fn arguments_hash(arguments: &serde_json::Value) -> String {
+    let canonical = serde_json_canonicalizer::to_vec(arguments).unwrap_or_default();
+    format!("sha256:{}", hex::encode(Sha256::digest(&canonical)))
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -47,5 +55,16 @@ mod tests {
             json!({"name": "t", "description": "now different", "inputSchema": {"type": "object"}});
         assert_ne!(super::tool_schema_hash(&a), super::tool_schema_hash(&c));
         assert!(super::tool_schema_hash(&a).starts_with("sha256:"));
+    }
+
+    #[test]
+    fn arguments_hash_is_canonical() {
+        let a = json!({"b": 1, "a": "x"});
+        let b = json!({"a": "x", "b": 1});
+        assert_eq!(super::arguments_hash(&a), super::arguments_hash(&b));
+        assert_ne!(
+            super::arguments_hash(&a),
+            super::arguments_hash(&json!({"a": "y", "b": 1}))
+        );
     }
 }

@@ -8,7 +8,7 @@
 //! ended — withdraws its ask: a later decision finds nothing to release.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use aip_policy::Approval;
@@ -37,7 +37,27 @@ pub struct LocalApprovals {
     pending: Mutex<BTreeMap<String, Entry>>,
     /// Bumped whenever the pending set changes, so watchers need not poll.
     changes: watch::Sender<u64>,
+    /// Where asks go instead, once set (Kubernetes mode).
+    remote: OnceLock<Arc<dyn Remote>>,
 }
+
+/// One held call, as an approver will see it.
+#[derive(Debug, Clone)]
+pub struct Ask {
+    pub tool: String,
+    pub connection: String,
+    /// DLP-redacted.
+    pub arguments: Value,
+    /// `aip_policy::hash::arguments_hash` of the arguments as sent.
+    pub arguments_hash: String,
+}
+
+/// An approver elsewhere. Dropping the future withdraws the ask.
+pub trait Remote: Send + Sync {
+    fn ask(&self, ask: Ask, timeout: Duration) -> BoxFuture<'_, Approval>;
+}
+
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DecideError {
@@ -50,6 +70,7 @@ impl LocalApprovals {
         Arc::new(LocalApprovals {
             pending: Mutex::new(BTreeMap::new()),
             changes: watch::Sender::new(0),
+            remote: OnceLock::new(),
         })
     }
 
@@ -62,15 +83,24 @@ impl LocalApprovals {
         self.changes.send_modify(|n| *n += 1);
     }
 
+    /// Sends asks to `remote` from now on (Kubernetes mode: the operator).
+    pub fn route_to(&self, remote: Arc<dyn Remote>) {
+        let _ = self.remote.set(remote);
+    }
+
     /// Waits for a person's answer, at most `timeout`. Dropping the returned
     /// future withdraws the ask.
-    pub async fn ask(
-        self: &Arc<Self>,
-        tool: &str,
-        connection: &str,
-        arguments: Value,
-        timeout: Duration,
-    ) -> Approval {
+    pub async fn ask(self: &Arc<Self>, ask: Ask, timeout: Duration) -> Approval {
+        if let Some(remote) = self.remote.get() {
+            return remote.ask(ask, timeout).await;
+        }
+        let Ask {
+            tool,
+            connection,
+            arguments,
+            ..
+        } = ask;
+        let (tool, connection) = (tool.as_str(), connection.as_str());
         let id = format!("ap-{:016x}", rand::random::<u64>());
         let (tx, rx) = oneshot::channel();
         let created = SystemTime::now();
@@ -144,6 +174,15 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 mod tests {
     use super::*;
 
+    fn deploy() -> Ask {
+        Ask {
+            tool: "deploy".to_owned(),
+            connection: "c".to_owned(),
+            arguments: Value::Null,
+            arguments_hash: aip_policy::hash::arguments_hash(&Value::Null),
+        }
+    }
+
     /// Waits (on change events) until some ask is pending; returns its id.
     async fn next_pending(approvals: &LocalApprovals) -> String {
         let mut changes = approvals.subscribe();
@@ -159,10 +198,7 @@ mod tests {
     async fn approve_deny_timeout_and_withdraw() {
         let approvals = LocalApprovals::new();
         let a = approvals.clone();
-        let waiting = tokio::spawn(async move {
-            a.ask("deploy", "c", Value::Null, Duration::from_secs(60))
-                .await
-        });
+        let waiting = tokio::spawn(async move { a.ask(deploy(), Duration::from_secs(60)).await });
         let id = next_pending(&approvals).await;
         approvals.decide(&id, true).unwrap();
         assert_eq!(waiting.await.unwrap(), Approval::Approved);
@@ -172,25 +208,17 @@ mod tests {
         );
 
         let a = approvals.clone();
-        let denied = tokio::spawn(async move {
-            a.ask("deploy", "c", Value::Null, Duration::from_secs(60))
-                .await
-        });
+        let denied = tokio::spawn(async move { a.ask(deploy(), Duration::from_secs(60)).await });
         let id = next_pending(&approvals).await;
         approvals.decide(&id, false).unwrap();
         assert_eq!(denied.await.unwrap(), Approval::Denied);
 
-        let timed_out = approvals
-            .ask("deploy", "c", Value::Null, Duration::from_millis(1))
-            .await;
+        let timed_out = approvals.ask(deploy(), Duration::from_millis(1)).await;
         assert_eq!(timed_out, Approval::TimedOut);
         assert!(approvals.list().is_empty());
 
         let a = approvals.clone();
-        let withdrawn = tokio::spawn(async move {
-            a.ask("deploy", "c", Value::Null, Duration::from_secs(60))
-                .await
-        });
+        let withdrawn = tokio::spawn(async move { a.ask(deploy(), Duration::from_secs(60)).await });
         let id = next_pending(&approvals).await;
         withdrawn.abort();
         let _ = withdrawn.await;

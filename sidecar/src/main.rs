@@ -251,10 +251,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     let (evidence_tx, evidence) = tokio::sync::watch::channel(None);
     let kubernetes = args.operator.is_some();
-    let config = match (&args.config, &args.operator, &args.operator_ca) {
-        (Some(path), _, _) => {
-            watch_config(path, Duration::from_millis(args.reload_ms), &shutdown).config
-        }
+    let (config, remote_approvals) = match (&args.config, &args.operator, &args.operator_ca) {
+        (Some(path), _, _) => (
+            watch_config(path, Duration::from_millis(args.reload_ms), &shutdown).config,
+            None,
+        ),
         (None, Some(url), Some(ca)) => {
             let source = operator::OperatorSource {
                 url: url.clone(),
@@ -263,7 +264,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 token_file: args.token_file.clone(),
                 max_staleness: args.max_staleness,
             };
-            operator::watch(source, evidence, shutdown.clone())?.config
+            let watched = operator::watch(source, evidence, shutdown.clone())?;
+            (watched.config, Some(watched.approvals))
         }
         _ => anyhow::bail!("give --config FILE, or --operator URL with --operator-ca FILE"),
     };
@@ -273,6 +275,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         ..GatewayOptions::default()
     };
     let gateway = Gateway::new(config, Audit::new(audit), options, shutdown.clone());
+    if let Some(remote) = remote_approvals {
+        gateway.approvals.route_to(remote);
+    }
     let evidence_gateway = gateway.clone();
     let _ = evidence_tx.send(Some(
         Arc::new(move || operator::gateway_evidence(&evidence_gateway)) as operator::EvidenceFn,

@@ -21,7 +21,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::approvals::LocalApprovals;
+use crate::approvals::{Ask, LocalApprovals};
 use crate::audit::{Audit, refusal_line};
 use crate::config::Config;
 use crate::jsonrpc::{self, Kind, Limits};
@@ -201,12 +201,19 @@ impl Wrap {
                         .pointer("/params/arguments")
                         .cloned()
                         .unwrap_or(Value::Null);
+                    let arguments_hash = aip_policy::hash::arguments_hash(&args);
                     if let Some(r) = evaluator.redactor() {
                         r.redact_strings(&mut args, &mut Vec::new());
                     }
+                    let held = Ask {
+                        tool: tool.clone(),
+                        connection: "stdio".to_owned(),
+                        arguments: args,
+                        arguments_hash,
+                    };
                     let token = value.pointer("/params/_meta/progressToken");
                     let answer = tokio::select! {
-                        a = this.approvals.ask(&tool, "stdio", args, this.approval_timeout) => Some(a),
+                        a = this.approvals.ask(held, this.approval_timeout) => Some(a),
                         () = withdrawn.cancelled() => None,
                         () = waiting_progress(token, this.ask_progress_interval, &to_agent) => None,
                     };

@@ -28,7 +28,13 @@ type Feed = mpsc::Sender<Result<Snapshot, Status>>;
 
 /// The operator's side: each Watch hands the test a sender for that
 /// stream; reports and presented tokens are recorded.
+type Asked = (
+    ApprovalRequest,
+    mpsc::Sender<Result<ApprovalUpdate, Status>>,
+);
+
 struct Operator {
+    asks: mpsc::UnboundedSender<Asked>,
     streams: mpsc::UnboundedSender<Feed>,
     reports: mpsc::UnboundedSender<ReportRequest>,
     tokens: Arc<Mutex<Vec<String>>>,
@@ -66,14 +72,25 @@ impl ConfigApi for Operator {
 
     async fn request_approval(
         &self,
-        _: Request<ApprovalRequest>,
+        r: Request<ApprovalRequest>,
     ) -> Result<Response<Updates>, Status> {
-        Err(Status::unimplemented("not here"))
+        self.token(&r);
+        let ask = r.into_inner();
+        if ask.tool == "refused" {
+            return Err(Status::failed_precondition("no policy"));
+        }
+        let (tx, rx) = mpsc::channel(4);
+        self.asks.send((ask, tx)).unwrap();
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
     }
 }
 
 struct Harness {
     config: watch::Receiver<Arc<Config>>,
+    approvals: Arc<operator::OperatorApprovals>,
+    asks: mpsc::UnboundedReceiver<Asked>,
     streams: mpsc::UnboundedReceiver<Feed>,
     reports: mpsc::UnboundedReceiver<ReportRequest>,
     tokens: Arc<Mutex<Vec<String>>>,
@@ -128,7 +145,9 @@ async fn harness(max_staleness: Option<Duration>) -> Harness {
     let (stx, streams) = mpsc::unbounded_channel();
     let (rtx, reports) = mpsc::unbounded_channel();
     let tokens = Arc::new(Mutex::new(Vec::new()));
+    let (atx, asks) = mpsc::unbounded_channel();
     let service = Operator {
+        asks: atx,
         streams: stx,
         reports: rtx,
         tokens: tokens.clone(),
@@ -162,6 +181,8 @@ async fn harness(max_staleness: Option<Duration>) -> Harness {
     .unwrap();
     Harness {
         config: watched.config,
+        approvals: watched.approvals,
+        asks,
         streams,
         reports,
         tokens,
@@ -315,4 +336,101 @@ fn keep_previous_keeps_the_policy_in_force_and_denies_without_one() {
         fresh.policy.is_none(),
         "nothing to keep: every call is refused"
     );
+}
+
+mod approvals {
+    use super::*;
+    use aip_policy::Approval;
+    use aip_proto::v1::approval_update::Decision;
+    use aip_sidecar::approvals::{Ask, Remote};
+
+    fn held(tool: &str) -> Ask {
+        Ask {
+            tool: tool.to_owned(),
+            connection: "fs".to_owned(),
+            arguments: serde_json::json!({"path": "/tmp/x", "content": "[REDACTED:token]"}),
+            arguments_hash: "sha256:ab".to_owned(),
+        }
+    }
+
+    fn update(name: &str, decision: Decision) -> Result<ApprovalUpdate, Status> {
+        Ok(ApprovalUpdate {
+            name: name.to_owned(),
+            decision: decision as i32,
+            reason: String::new(),
+            decided_by: String::new(),
+        })
+    }
+
+    #[tokio::test]
+    async fn an_ask_waits_for_the_operators_decision() {
+        let mut h = harness(None).await;
+        let approvals = h.approvals.clone();
+        let waiting = tokio::spawn(async move {
+            approvals
+                .ask(held("fs_write"), Duration::from_secs(60))
+                .await
+        });
+        let (ask, tx) = within(h.asks.recv()).await.unwrap();
+        assert_eq!(
+            (ask.tool.as_str(), ask.connection.as_str()),
+            ("fs_write", "fs")
+        );
+        assert_eq!(ask.arguments_hash, "sha256:ab");
+        assert!(ask.arguments_json.contains("[REDACTED:token]"));
+        assert!(ask.resume_name.is_empty());
+        tx.send(update("fs-write-1", Decision::Pending))
+            .await
+            .unwrap();
+        tx.send(update("fs-write-1", Decision::Approved))
+            .await
+            .unwrap();
+        assert_eq!(within(waiting).await.unwrap(), Approval::Approved);
+    }
+
+    #[tokio::test]
+    async fn a_broken_stream_is_resumed_by_name() {
+        let mut h = harness(None).await;
+        let approvals = h.approvals.clone();
+        let waiting = tokio::spawn(async move {
+            approvals
+                .ask(held("fs_write"), Duration::from_secs(60))
+                .await
+        });
+        let (_, tx) = within(h.asks.recv()).await.unwrap();
+        tx.send(update("fs-write-2", Decision::Pending))
+            .await
+            .unwrap();
+        tx.send(Err(Status::unavailable("operator restarting")))
+            .await
+            .unwrap();
+        drop(tx);
+        let (resumed, tx) = within(h.asks.recv()).await.unwrap();
+        assert_eq!(resumed.resume_name, "fs-write-2");
+        tx.send(update("fs-write-2", Decision::Denied))
+            .await
+            .unwrap();
+        assert_eq!(within(waiting).await.unwrap(), Approval::Denied);
+    }
+
+    #[tokio::test]
+    async fn expiry_and_refusal_never_release_the_call() {
+        let mut h = harness(None).await;
+        let approvals = h.approvals.clone();
+        let waiting = tokio::spawn(async move {
+            approvals
+                .ask(held("fs_write"), Duration::from_secs(60))
+                .await
+        });
+        let (_, tx) = within(h.asks.recv()).await.unwrap();
+        tx.send(update("fs-write-3", Decision::Expired))
+            .await
+            .unwrap();
+        assert_eq!(within(waiting).await.unwrap(), Approval::TimedOut);
+        let refused = h
+            .approvals
+            .ask(held("refused"), Duration::from_secs(60))
+            .await;
+        assert_eq!(refused, Approval::Denied);
+    }
 }

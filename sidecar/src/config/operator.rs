@@ -43,6 +43,8 @@ pub struct Watched {
     pub config: watch::Receiver<Arc<Config>>,
     /// The snapshot version in force (0: none yet).
     pub version: watch::Receiver<u64>,
+    /// Asks go to the operator, which makes ApprovalRequests of them.
+    pub approvals: Arc<OperatorApprovals>,
 }
 
 /// How the gateway's view of its connections is read for reports.
@@ -62,6 +64,10 @@ pub fn watch(
     let channel = channel(&source)?;
     let (config_tx, config) = watch::channel(Arc::new(Config::empty()));
     let (version_tx, version) = watch::channel(0u64);
+    let approvals = Arc::new(OperatorApprovals {
+        client: ConfigClient::new(channel.clone()),
+        token_file: source.token_file.clone(),
+    });
     let follower = Follower {
         source,
         client: ConfigClient::new(channel),
@@ -71,7 +77,11 @@ pub fn watch(
         shutdown,
     };
     tokio::spawn(follower.run());
-    Ok(Watched { config, version })
+    Ok(Watched {
+        config,
+        version,
+        approvals,
+    })
 }
 
 fn channel(source: &OperatorSource) -> anyhow::Result<Channel> {
@@ -188,19 +198,7 @@ impl Follower {
     }
 
     fn token(&self) -> Result<SecretString, tonic::Status> {
-        let path = &self.source.token_file;
-        match std::fs::read_to_string(path) {
-            Ok(t) if !t.trim().is_empty() => Ok(SecretString::from(t.trim().to_owned())),
-            Ok(_) => Err(tonic::Status::unauthenticated(format!(
-                "the token file {} is empty",
-                path.display()
-            ))),
-            Err(e) => Err(tonic::Status::unauthenticated(format!(
-                "cannot read the token file {}: {}",
-                path.display(),
-                e.kind()
-            ))),
-        }
+        read_token(&self.source.token_file)
     }
 
     fn apply(&mut self, snapshot: &v1::Snapshot) -> Result<(), String> {
@@ -396,4 +394,104 @@ pub fn gateway_evidence(gateway: &crate::gate::Gateway) -> Vec<v1::ConnectionEvi
             }
         })
         .collect()
+}
+
+/// The projected token, read afresh (the kubelet rotates it).
+fn read_token(path: &std::path::Path) -> Result<SecretString, tonic::Status> {
+    match std::fs::read_to_string(path) {
+        Ok(t) if !t.trim().is_empty() => Ok(SecretString::from(t.trim().to_owned())),
+        Ok(_) => Err(tonic::Status::unauthenticated(format!(
+            "the token file {} is empty",
+            path.display()
+        ))),
+        Err(e) => Err(tonic::Status::unauthenticated(format!(
+            "cannot read the token file {}: {}",
+            path.display(),
+            e.kind()
+        ))),
+    }
+}
+
+/// Asks in Kubernetes mode: each becomes an ApprovalRequest the operator
+/// creates; the decision comes back on the same stream. A broken stream is
+/// resumed by the request's name, so an operator restart loses nothing;
+/// dropping the wait ends the stream, and the operator withdraws the request.
+pub struct OperatorApprovals {
+    client: ConfigClient<Channel>,
+    token_file: PathBuf,
+}
+
+impl crate::approvals::Remote for OperatorApprovals {
+    fn ask(
+        &self,
+        ask: crate::approvals::Ask,
+        timeout: Duration,
+    ) -> crate::approvals::BoxFuture<'_, aip_policy::Approval> {
+        Box::pin(self.wait(ask, timeout))
+    }
+}
+
+impl OperatorApprovals {
+    async fn wait(&self, ask: crate::approvals::Ask, timeout: Duration) -> aip_policy::Approval {
+        use aip_policy::Approval;
+        use v1::approval_update::Decision;
+        // The operator expires the request; this only bounds a wait for an
+        // operator that never comes back.
+        let give_up = Instant::now() + timeout + Duration::from_secs(30);
+        let mut name = String::new();
+        let mut retry = FIRST_RETRY;
+        loop {
+            let mut client = self.client.clone();
+            let mut request = tonic::Request::new(v1::ApprovalRequest {
+                connection: ask.connection.clone(),
+                tool: ask.tool.clone(),
+                arguments_json: ask.arguments.to_string(),
+                arguments_hash: ask.arguments_hash.clone(),
+                policy_version: 0,
+                resume_name: name.clone(),
+            });
+            let authorized = read_token(&self.token_file).and_then(|t| authorize(&mut request, &t));
+            let stream = match authorized {
+                Ok(()) => client.request_approval(request).await,
+                Err(e) => Err(e),
+            };
+            match stream {
+                Ok(stream) => {
+                    let mut stream = stream.into_inner();
+                    while let Ok(Some(update)) = stream.message().await {
+                        if name.is_empty() {
+                            name = update.name.clone();
+                            tracing::info!(approval = %name, tool = %ask.tool, "waiting for a decision on ApprovalRequest");
+                        }
+                        match Decision::try_from(update.decision) {
+                            Ok(Decision::Approved) => return Approval::Approved,
+                            Ok(Decision::Denied | Decision::Withdrawn) => return Approval::Denied,
+                            Ok(Decision::Expired) => return Approval::TimedOut,
+                            _ => {}
+                        }
+                    }
+                    retry = FIRST_RETRY;
+                }
+                // The operator cannot take this ask at all: refuse the call.
+                Err(e)
+                    if matches!(
+                        e.code(),
+                        tonic::Code::FailedPrecondition
+                            | tonic::Code::InvalidArgument
+                            | tonic::Code::PermissionDenied
+                            | tonic::Code::Unimplemented
+                    ) =>
+                {
+                    tracing::warn!(error = %e.message(), tool = %ask.tool, "the operator refused the approval request; the call is refused");
+                    return Approval::Denied;
+                }
+                Err(e) => tracing::warn!(error = %e.message(), "approval stream lost; resuming"),
+            }
+            if Instant::now() + retry >= give_up {
+                return Approval::TimedOut;
+            }
+            tokio::time::sleep(jitter(retry)).await;
+            retry = (retry * 2).min(MAX_RETRY);
+        }
+    }
 }

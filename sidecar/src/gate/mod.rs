@@ -16,7 +16,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::approvals::LocalApprovals;
+use crate::approvals::{Ask, LocalApprovals};
 use crate::audit::{Audit, UpstreamFailure, refusal_line};
 use crate::config::Config;
 use crate::jsonrpc::{self, Kind, Limits, Message};
@@ -500,13 +500,20 @@ impl Gateway {
             .and_then(|p| p.get("arguments"))
             .cloned()
             .unwrap_or(Value::Null);
+        let arguments_hash = aip_policy::hash::arguments_hash(&arguments);
         if let Some(r) = evaluator.redactor() {
             r.redact_strings(&mut arguments, &mut Vec::new());
         }
+        let held = Ask {
+            tool: tool.clone(),
+            connection,
+            arguments,
+            arguments_hash,
+        };
         let cancel = self.track(message, caller);
         let token = message.value.pointer("/params/_meta/progressToken");
         let answer = tokio::select! {
-            a = self.approvals.ask(&tool, &connection, arguments, self.approval_timeout) => Some(a),
+            a = self.approvals.ask(held, self.approval_timeout) => Some(a),
             () = cancel.cancelled() => None,
             () = self.waiting_progress(token, caller) => None, // never ends
         };
