@@ -327,6 +327,102 @@ webhooks:
     assert_ne!(second_hash, first_hash);
     kubectl.wait("agentpolicy/files", "{.status.observedGeneration}", "2");
 
+    // An ask waits for a person while the agent's other calls go on; a
+    // status patch with kubectl releases it, exactly once.
+    kubectl.apply(&format!(
+        "{}  tool_rules: [{{tool: fs_delete_file, action: ask}}]\n",
+        policy(&["fs_read_file", "fs_delete_file"])
+    ));
+    let asking = eventually("the ask rule is in force", || {
+        let kubectl = Kubectl {
+            kubeconfig: kubeconfig.clone(),
+        };
+        let second_hash = second_hash.clone();
+        async move {
+            let hash = kubectl.get("agentpolicy/files", "{.status.policyHash}");
+            let synced = kubectl.get("agentpolicy/files", "{.status.synced}");
+            (hash != second_hash && synced == "1/1").then_some(hash)
+        }
+    })
+    .await;
+    assert!(asking.starts_with("sha256:"));
+    let deletes = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("\"tool\":\"delete_file\""))
+            .count()
+    };
+    let before = deletes(&std::fs::read_to_string(&attempts).unwrap());
+    let held = tokio::spawn({
+        let mut agent = clone_agent(&agent);
+        async move { agent.call("fs_delete_file", json!({"path": "held"})).await }
+    });
+    let name = eventually("an ApprovalRequest appears", || {
+        let kubectl = Kubectl {
+            kubeconfig: kubeconfig.clone(),
+        };
+        async move {
+            let names = kubectl.get("approvalrequests", "{.items[*].metadata.name}");
+            (!names.is_empty()).then_some(names)
+        }
+    })
+    .await;
+    assert!(name.starts_with("fs-delete-file-"), "{name}");
+    let apr = format!("approvalrequest/{name}");
+    assert_eq!(kubectl.get(&apr, "{.status.decision}"), "Pending");
+    assert_eq!(kubectl.get(&apr, "{.spec.arguments}"), r#"{"path":"held"}"#);
+    assert_eq!(
+        kubectl.get(&apr, "{.metadata.labels.aip\\.io/pod}"),
+        "agent-1"
+    );
+    let other = agent
+        .call("fs_read_file", json!({"path": "meanwhile"}))
+        .await;
+    assert_eq!(
+        other["result"]["content"][0]["text"], "contents",
+        "other calls do not wait"
+    );
+    assert_eq!(
+        deletes(&std::fs::read_to_string(&attempts).unwrap()),
+        before,
+        "nothing sent yet"
+    );
+    kubectl.ok(
+        &[
+            "patch",
+            "-n",
+            "agents",
+            &apr,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"decision":"Approved"}}"#,
+        ],
+        None,
+    );
+    let released = tokio::time::timeout(PATIENCE, held).await.unwrap().unwrap();
+    assert_eq!(
+        released["result"]["content"][0]["text"], "deleted",
+        "{released}"
+    );
+    assert_eq!(
+        deletes(&std::fs::read_to_string(&attempts).unwrap()),
+        before + 1,
+        "forwarded exactly once"
+    );
+    kubectl.apply(&policy(&["fs_read_file", "fs_delete_file"]));
+    eventually("the ask rule is gone again", || {
+        let kubectl = Kubectl {
+            kubeconfig: kubeconfig.clone(),
+        };
+        let second_hash = second_hash.clone();
+        async move {
+            let hash = kubectl.get("agentpolicy/files", "{.status.policyHash}");
+            let synced = kubectl.get("agentpolicy/files", "{.status.synced}");
+            (hash == second_hash && synced == "1/1").then_some(())
+        }
+    })
+    .await;
+
     // An invalid edit is refused at apply time by the operator's webhook...
     let invalid = format!(
         "{}  tool_rules: [{{tool: fs_read_file, rate_limit: lots}}]\n",
