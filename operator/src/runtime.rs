@@ -45,6 +45,14 @@ pub struct Args {
     /// Where dev mode writes its certificate, for sidecars to trust.
     #[arg(long)]
     pub dev_tls_out: Option<PathBuf>,
+    /// The operator's own user name as the API server sees it (the only
+    /// identity allowed to create ApprovalRequests or expire them).
+    #[arg(
+        long,
+        env = "AIP_OPERATOR_USERNAME",
+        default_value = "system:serviceaccount:aip-system:aip-operator"
+    )]
+    pub operator_username: String,
     /// The audience sidecar tokens must carry.
     #[arg(long, default_value = aip_proto::TOKEN_AUDIENCE)]
     pub token_audience: String,
@@ -94,6 +102,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let webhooks = Arc::new(crate::webhooks::Webhooks {
         client: client.clone(),
         metrics: metrics.clone(),
+        operator: args.operator_username.clone(),
     });
     let webhook_tls = tls.rustls()?;
 

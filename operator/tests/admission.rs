@@ -90,6 +90,7 @@ async fn kubectl_apply_is_refused_with_the_reason() {
     let hooks = Arc::new(Webhooks {
         client: cluster.admin.clone(),
         metrics: Arc::new(Metrics::new()),
+        operator: "admin".to_owned(),
     });
     tokio::spawn(webhooks::serve(hooks, listener, tls, shutdown.clone()));
 
@@ -165,4 +166,219 @@ webhooks:
         "an update by someone who cannot read the Secret is refused"
     );
     assert!(err.contains("which bob may not get"), "{err}");
+}
+
+const APPROVERS: &str = "alice-token,alice,u-alice,\"approvers\"\ncarol-token,carol,u-carol,\"\"\n";
+
+/// alice, the pod's own service account and another service account of the
+/// namespace may all patch approvalrequests/status as far as RBAC goes; the
+/// webhook decides who really may.
+const APPROVER_RBAC: &str = "apiVersion: v1
+kind: Namespace
+metadata: {name: agents}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: runner, namespace: agents}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: helper, namespace: agents}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: approver, namespace: agents}
+rules:
+- {apiGroups: [aip.io], resources: [approvalrequests], verbs: [get, list, watch]}
+- {apiGroups: [aip.io], resources: [approvalrequests/status], verbs: [get, patch, update]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: approvers, namespace: agents}
+subjects:
+- {kind: Group, name: approvers, apiGroup: rbac.authorization.k8s.io}
+- {kind: ServiceAccount, name: runner, namespace: agents}
+- {kind: ServiceAccount, name: helper, namespace: agents}
+roleRef: {kind: Role, name: approver, apiGroup: rbac.authorization.k8s.io}
+---
+apiVersion: aip.io/v1alpha1
+kind: AgentPolicy
+metadata: {name: p, namespace: agents}
+spec:
+  tool_rules: [{tool: fs_write, action: ask}]
+";
+
+fn request(name: &str) -> String {
+    format!(
+        "apiVersion: aip.io/v1alpha1\nkind: ApprovalRequest\nmetadata: {{name: {name}, namespace: agents}}\nspec:\n  policy: p\n  pod: agent-1\n  podUid: u1\n  serviceAccount: runner\n  connection: fs\n  tool: fs_write\n  arguments: '{{}}'\n  argumentsHash: sha256:00\n  expiresAt: '2099-01-01T00:00:00Z'\n"
+    )
+}
+
+fn decide(kubectl: &Kubectl, name: &str, decision: &str) -> (bool, String) {
+    let patch = format!("{{\"status\":{{\"decision\":\"{decision}\"}}}}");
+    let (ok, out, err) = kubectl.run(
+        &[
+            "patch",
+            "-n",
+            "agents",
+            "approvalrequest",
+            name,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &patch,
+        ],
+        None,
+    );
+    (ok, format!("{out}{err}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn only_the_right_people_decide_and_a_decision_is_final() {
+    let dir = tempdir();
+    let cluster = Cluster::with_users(APPROVERS).await;
+    let admin = Kubectl {
+        kubeconfig: cluster.kubeconfig(&dir, aip_fake_apiserver::ADMIN_TOKEN),
+    };
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let tls = webhooks::tls_config(&cert.pem(), &key.serialize_pem()).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let hooks = Arc::new(Webhooks {
+        client: cluster.admin.clone(),
+        metrics: Arc::new(Metrics::new()),
+        // The operator runs as the bootstrap administrator here.
+        operator: "admin".to_owned(),
+    });
+    tokio::spawn(webhooks::serve(hooks, listener, tls, shutdown.clone()));
+    let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/aip.io.yaml");
+    admin.ok(&["apply", "-f", crds], None);
+    admin.apply(APPROVER_RBAC);
+    let ca = base64::engine::general_purpose::STANDARD.encode(cert.pem());
+    let rules = "rules: [{operations: [CREATE, UPDATE], apiGroups: [aip.io], apiVersions: [v1alpha1], resources: [approvalrequests, approvalrequests/status]}]";
+    admin.apply(&format!(
+        "apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingWebhookConfiguration
+metadata: {{name: aip-stamp}}
+webhooks:
+  - name: stamp.aip.io
+    clientConfig: {{url: 'https://{addr}/mutate', caBundle: {ca}}}
+    {rules}
+    sideEffects: None
+    admissionReviewVersions: [v1]
+    failurePolicy: Fail
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingWebhookConfiguration
+metadata: {{name: aip-guard}}
+webhooks:
+  - name: guard.aip.io
+    clientConfig: {{url: 'https://{addr}/validate', caBundle: {ca}}}
+    {rules}
+    sideEffects: None
+    admissionReviewVersions: [v1]
+    failurePolicy: Fail
+"
+    ));
+    let alice = Kubectl {
+        kubeconfig: cluster.kubeconfig(&dir, "alice-token"),
+    };
+    let carol = Kubectl {
+        kubeconfig: cluster.kubeconfig(&dir, "carol-token"),
+    };
+    let sa = |name: &'static str| {
+        let cluster = &cluster;
+        let dir = &dir;
+        async move {
+            let accounts: kube::Api<k8s_openapi::api::core::v1::ServiceAccount> =
+                kube::Api::namespaced(cluster.admin.clone(), "agents");
+            let request: k8s_openapi::api::authentication::v1::TokenRequest =
+                serde_json::from_value(serde_json::json!({"spec": {"expirationSeconds": 3600}}))
+                    .unwrap();
+            let token = accounts
+                .create_token_request(name, &Default::default(), &request)
+                .await
+                .unwrap()
+                .status
+                .unwrap()
+                .token
+                .unwrap();
+            Kubectl {
+                kubeconfig: cluster.kubeconfig(dir, &token),
+            }
+        }
+    };
+    let runner = sa("runner").await;
+    let helper = sa("helper").await;
+
+    // Only the operator creates requests.
+    let (ok, _, err) = alice.run(&["apply", "-f", "-"], Some(&request("forged")));
+    assert!(!ok);
+    admin.apply(&request("r1"));
+    admin.apply(&request("r2"));
+
+    let (ok, out) = decide(&runner, "r1", "Approved");
+    assert!(!ok);
+    assert!(
+        out.contains("system:serviceaccount:agents:runner is the asking pod's own service account"),
+        "{out}"
+    );
+    let (ok, out) = decide(&helper, "r1", "Approved");
+    assert!(!ok);
+    assert!(out.contains("it may decide only if AgentPolicy p lists helper in spec.approval.allowedServiceAccounts"), "{out}");
+    let (ok, out) = decide(&admin, "r1", "Approved");
+    assert!(!ok);
+    assert!(
+        out.contains("the operator (admin) may only set Expired or Withdrawn, not Approved"),
+        "{out}"
+    );
+    let (ok, out) = decide(&carol, "r1", "Approved");
+    assert!(!ok);
+    assert!(
+        out.contains("Forbidden") || out.contains("forbidden"),
+        "{out}"
+    );
+
+    let (ok, out) = decide(&alice, "r1", "Approved");
+    assert!(ok, "{out}");
+    assert_eq!(
+        admin.get("approvalrequest/r1", "{.status.decidedBy}"),
+        "alice"
+    );
+    assert!(
+        !admin
+            .get("approvalrequest/r1", "{.status.decidedAt}")
+            .is_empty()
+    );
+    let (ok, out) = decide(&alice, "r1", "Denied");
+    assert!(!ok);
+    assert!(
+        out.contains("was already decided (Approved by alice); a decision is final"),
+        "{out}"
+    );
+
+    // The operator may withdraw; the spec never changes.
+    let (ok, out) = decide(&admin, "r2", "Withdrawn");
+    assert!(ok, "{out}");
+    let (ok, _, err2) = admin.run(
+        &["apply", "-f", "-"],
+        Some(&request("r2").replace("fs_write", "fs_delete")),
+    );
+    assert!(!ok);
+    assert!(
+        err2.contains("the spec of an ApprovalRequest cannot change"),
+        "{err2}"
+    );
+    // RBAC stops alice before the webhook would (it refuses creates by anyone
+    // but the operator too).
+    assert!(
+        err.contains("cannot create resource \"approvalrequests\""),
+        "{err}"
+    );
 }

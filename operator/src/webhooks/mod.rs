@@ -5,6 +5,7 @@
 //! it references (a SubjectAccessReview per Secret), so that no one can aim
 //! a Secret they cannot read at a host of their choosing.
 
+pub mod approvals;
 pub mod validate;
 
 use std::convert::Infallible;
@@ -32,6 +33,8 @@ const MAX_REVIEW_BYTES: usize = 3 * 1024 * 1024;
 pub struct Webhooks {
     pub client: kube::Client,
     pub metrics: Arc<Metrics>,
+    /// The operator's own user name, as the API server authenticates it.
+    pub operator: String,
 }
 
 /// A rustls server configuration from PEM text.
@@ -80,9 +83,11 @@ async fn route(
     webhooks: Arc<Webhooks>,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
-    if (req.method(), req.uri().path()) != (&Method::POST, "/validate") {
-        return Ok(plain(StatusCode::NOT_FOUND, "not found\n"));
-    }
+    let mutate = match (req.method(), req.uri().path()) {
+        (&Method::POST, "/validate") => false,
+        (&Method::POST, "/mutate") => true,
+        _ => return Ok(plain(StatusCode::NOT_FOUND, "not found\n")),
+    };
     let body = match Limited::new(req.into_body(), MAX_REVIEW_BYTES)
         .collect()
         .await
@@ -100,15 +105,44 @@ async fn route(
         }
     };
     let response = match review.try_into() {
+        Ok(request) if mutate => mutation(&request),
         Ok(request) => validate::review(&webhooks, &request).await,
         Err(e) => AdmissionResponse::invalid(format!("not an AdmissionReview request: {e}")),
     };
-    let body = serde_json::to_vec(&response.into_review()).unwrap_or_default();
+    let body = serde_json::to_vec(&wire_review(response)).unwrap_or_default();
     let mut r = Response::new(Full::new(Bytes::from(body)));
     if let Ok(v) = "application/json".parse() {
         r.headers_mut().insert("content-type", v);
     }
     Ok(r)
+}
+
+/// The AdmissionReview as the API server reads it: `response.patch` is a
+/// `[]byte` in Go, so JSON carries it as base64 text (kube-core serializes
+/// its `Vec<u8>` as an array of numbers, which the API server refuses).
+fn wire_review(response: AdmissionResponse) -> serde_json::Value {
+    use base64::Engine;
+    let mut review = serde_json::to_value(response.into_review()).unwrap_or_default();
+    if let Some(bytes) = review.pointer("/response/patch").and_then(|p| p.as_array()) {
+        let bytes: Vec<u8> = bytes
+            .iter()
+            .filter_map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok()))
+            .collect();
+        review["response"]["patch"] =
+            serde_json::Value::String(base64::engine::general_purpose::STANDARD.encode(bytes));
+    }
+    review
+}
+
+/// `/mutate`: stamps who decided an ApprovalRequest.
+fn mutation(request: &kube::core::admission::AdmissionRequest<DynamicObject>) -> AdmissionResponse {
+    let response = AdmissionResponse::from(request);
+    match approvals::stamp(request) {
+        None => response,
+        Some(patch) => response
+            .with_patch(patch)
+            .unwrap_or_else(|e| AdmissionResponse::invalid(e.to_string())),
+    }
 }
 
 fn plain(status: StatusCode, text: &str) -> Response<Full<Bytes>> {

@@ -44,6 +44,9 @@ pub async fn review(
             Ok(spec) => tool_connection(webhooks, request, &namespace, &name, &spec).await,
             Err(e) => Err(e),
         },
+        "ApprovalRequest" => {
+            super::approvals::validate(&webhooks.client, &webhooks.operator, request).await
+        }
         other => Err(format!("this webhook does not validate {other}")),
     };
     match verdict {

@@ -108,7 +108,9 @@ impl Cluster {
 impl Cluster {
     /// A kubeconfig file for the user of `token`.
     pub fn kubeconfig(&self, dir: &std::path::Path, token: &str) -> std::path::PathBuf {
-        let path = dir.join(format!("{token}.kubeconfig"));
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = dir.join(format!("user-{n}.kubeconfig"));
         std::fs::write(&path, self.running.kubeconfig(token)).unwrap();
         path
     }
