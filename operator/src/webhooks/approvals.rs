@@ -89,7 +89,7 @@ pub async fn validate(
     let extra = request.user_info.extra.clone().unwrap_or_default();
     if extra
         .get(POD_NAME_EXTRA)
-        .is_some_and(|pods| pods.iter().any(|p| *p == old.spec.pod))
+        .is_some_and(|pods| pods.contains(&old.spec.pod))
     {
         return Err(format!(
             "{user} is bound to pod {}, which asked; a pod cannot approve its own calls",
