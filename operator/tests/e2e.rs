@@ -409,6 +409,72 @@ webhooks:
         before + 1,
         "forwarded exactly once"
     );
+    assert_eq!(kubectl.get(&apr, "{.status.decision}"), "Approved");
+
+    // A denial answers -32004 and sends nothing.
+    let held = tokio::spawn({
+        let mut agent = clone_agent(&agent);
+        async move {
+            agent
+                .call("fs_delete_file", json!({"path": "denied"}))
+                .await
+        }
+    });
+    let pending = "{.items[?(@.status.decision==\"Pending\")].metadata.name}";
+    let denied = eventually("a second ApprovalRequest is pending", || {
+        let kubectl = Kubectl {
+            kubeconfig: kubeconfig.clone(),
+        };
+        async move {
+            let names = kubectl.get("approvalrequests", pending);
+            (!names.is_empty()).then_some(names)
+        }
+    })
+    .await;
+    kubectl.ok(
+        &[
+            "patch",
+            "-n",
+            "agents",
+            &format!("approvalrequest/{denied}"),
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"decision":"Denied","reason":"not today"}}"#,
+        ],
+        None,
+    );
+    let refused = tokio::time::timeout(PATIENCE, held).await.unwrap().unwrap();
+    assert_eq!(error_code(&refused), Some(-32004), "{refused}");
+    assert_eq!(
+        deletes(&std::fs::read_to_string(&attempts).unwrap()),
+        before + 1
+    );
+
+    // Undecided until it expires: -32005, and the request says Expired.
+    kubectl.apply(&format!(
+        "{}  tool_rules: [{{tool: fs_delete_file, action: ask}}]\n  approval: {{timeoutSeconds: 1}}\n",
+        policy(&["fs_read_file", "fs_delete_file"])
+    ));
+    // The timeout is read when the operator creates the request: the
+    // index having this generation is what counts.
+    kubectl.wait("agentpolicy/files", "{.status.observedGeneration}", "4");
+    let expired = eventually("the short timeout is in force", || {
+        let mut agent = clone_agent(&agent);
+        async move {
+            let r = agent.call("fs_delete_file", json!({"path": "late"})).await;
+            (error_code(&r) == Some(-32005)).then_some(r)
+        }
+    })
+    .await;
+    assert_eq!(expired["error"]["code"], -32005, "{expired}");
+    let decisions = kubectl.get("approvalrequests", "{.items[*].status.decision}");
+    assert!(decisions.contains("Expired"), "{decisions}");
+    assert_eq!(
+        deletes(&std::fs::read_to_string(&attempts).unwrap()),
+        before + 1,
+        "nothing sent"
+    );
     kubectl.apply(&policy(&["fs_read_file", "fs_delete_file"]));
     eventually("the ask rule is gone again", || {
         let kubectl = Kubectl {
