@@ -411,6 +411,123 @@ webhooks:
     );
     assert_eq!(kubectl.get(&apr, "{.status.decision}"), "Approved");
 
+    // A call the agent cancels while it waits is withdrawn and never sent,
+    // whatever is decided later.
+    let cancelled = tokio::spawn({
+        let agent = clone_agent(&agent);
+        async move {
+            agent
+                .call_as(777, "fs_delete_file", json!({"path": "cancelled"}))
+                .await
+        }
+    });
+    let withdrawn = pending_request(&kubeconfig).await;
+    agent
+        .notify(
+            "notifications/cancelled",
+            json!({"requestId": 777, "reason": "changed my mind"}),
+        )
+        .await;
+    kubectl.wait(
+        &format!("approvalrequest/{withdrawn}"),
+        "{.status.decision}",
+        "Withdrawn",
+    );
+    let answer = tokio::time::timeout(PATIENCE, cancelled)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        answer.is_null() || answer.get("result").is_none(),
+        "{answer}"
+    );
+    // (Without the approval webhooks registered here, a late decision is
+    // even written; it releases nothing.)
+    kubectl.ok(
+        &[
+            "patch",
+            "-n",
+            "agents",
+            &format!("approvalrequest/{withdrawn}"),
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"decision":"Approved"}}"#,
+        ],
+        None,
+    );
+    assert_eq!(
+        deletes(&std::fs::read_to_string(&attempts).unwrap()),
+        before + 1,
+        "never sent"
+    );
+
+    // Two identical calls need two approvals.
+    let first = tokio::spawn({
+        let mut agent = clone_agent(&agent);
+        async move { agent.call("fs_delete_file", json!({"path": "twice"})).await }
+    });
+    let second = tokio::spawn({
+        let mut agent = clone_agent(&agent);
+        async move { agent.call("fs_delete_file", json!({"path": "twice"})).await }
+    });
+    let both = eventually("two requests are pending", || {
+        let kubectl = Kubectl {
+            kubeconfig: kubeconfig.clone(),
+        };
+        async move {
+            let names = kubectl.get(
+                "approvalrequests",
+                "{.items[?(@.status.decision==\"Pending\")].metadata.name}",
+            );
+            let names: Vec<String> = names.split_whitespace().map(str::to_owned).collect();
+            (names.len() == 2).then_some(names)
+        }
+    })
+    .await;
+    kubectl.ok(
+        &[
+            "patch",
+            "-n",
+            "agents",
+            &format!("approvalrequest/{}", both[0]),
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"decision":"Approved"}}"#,
+        ],
+        None,
+    );
+    eventually("one of the two is released", || {
+        let attempts = attempts.clone();
+        async move {
+            (deletes(&std::fs::read_to_string(&attempts).unwrap()) == before + 2).then_some(())
+        }
+    })
+    .await;
+    assert!(
+        !(first.is_finished() && second.is_finished()),
+        "the other still waits"
+    );
+    kubectl.ok(
+        &[
+            "patch",
+            "-n",
+            "agents",
+            &format!("approvalrequest/{}", both[1]),
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"decision":"Approved"}}"#,
+        ],
+        None,
+    );
+    for call in [first, second] {
+        let r = tokio::time::timeout(PATIENCE, call).await.unwrap().unwrap();
+        assert_eq!(r["result"]["content"][0]["text"], "deleted", "{r}");
+    }
+    let before = before + 2;
+
     // A denial answers -32004 and sends nothing.
     let held = tokio::spawn({
         let mut agent = clone_agent(&agent);
@@ -646,6 +763,23 @@ webhooks:
     assert!(last.contains(&want), "{last}");
     assert!(!log.contains("tok-A"), "the attempt log holds digests only");
     drop(sidecar);
+}
+
+/// The name of the one ApprovalRequest that is pending, once there is one.
+async fn pending_request(kubeconfig: &Path) -> String {
+    eventually("an ApprovalRequest is pending", || {
+        let kubectl = Kubectl {
+            kubeconfig: kubeconfig.to_owned(),
+        };
+        async move {
+            let names = kubectl.get(
+                "approvalrequests",
+                "{.items[?(@.status.decision==\"Pending\")].metadata.name}",
+            );
+            (!names.is_empty() && !names.contains(' ')).then_some(names)
+        }
+    })
+    .await
 }
 
 fn clone_agent(agent: &Agent) -> Agent {

@@ -63,6 +63,37 @@ impl Agent {
         serde_json::from_str(&body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
     }
 
+    /// A tools/call with the request id `id`.
+    pub async fn call_as(&self, id: u64, tool: &str, arguments: Value) -> Value {
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": tool, "arguments": arguments}});
+        let (_, _, body) = post(
+            self.addr,
+            &[
+                ("mcp-session-id", &self.session),
+                ("mcp-protocol-version", "2025-11-25"),
+            ],
+            &body,
+        )
+        .await;
+        serde_json::from_str(&body).unwrap_or(Value::Null)
+    }
+
+    /// A notification (no answer but 202).
+    pub async fn notify(&self, method: &str, params: Value) {
+        let body = json!({"jsonrpc": "2.0", "method": method, "params": params});
+        let (status, _, _) = post(
+            self.addr,
+            &[
+                ("mcp-session-id", &self.session),
+                ("mcp-protocol-version", "2025-11-25"),
+            ],
+            &body,
+        )
+        .await;
+        assert_eq!(status, 202);
+    }
+
     pub async fn call(&mut self, tool: &str, arguments: Value) -> Value {
         self.request("tools/call", json!({"name": tool, "arguments": arguments}))
             .await
