@@ -536,3 +536,44 @@ async fn names_that_collide_after_normalization_are_hidden_refused_and_reported(
         ]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_call_the_new_policy_blocks_is_withdrawn_and_answered_blocked() {
+    let s = std::sync::Arc::new(stack().await);
+    let session = s.session().await;
+    let mut changes = s.gateway.approvals.subscribe();
+    let (s2, session2) = (s.clone(), session.clone());
+    let asking = tokio::spawn(async move {
+        s2.call(
+            &session2,
+            json!("held"),
+            "up_deploy",
+            json!({"env": "prod"}),
+        )
+        .await
+    });
+    while s.gateway.approvals.list().is_empty() {
+        tokio::time::timeout(PATIENCE, changes.changed())
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let blocking = s.config_text.replace(
+        "{tool: up_deploy, action: ask}",
+        "{tool: up_deploy, action: block}",
+    );
+    s.reload(&blocking).await;
+    let r = tokio::time::timeout(PATIENCE, asking)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(r["error"]["code"], -32001, "{r}");
+    assert!(
+        s.gateway.approvals.list().is_empty(),
+        "the ask was withdrawn"
+    );
+    assert!(
+        s.attempts().iter().all(|a| a["tool"] != "deploy"),
+        "never forwarded"
+    );
+}

@@ -513,12 +513,37 @@ impl Gateway {
         let cancel = self.track(message, caller);
         let token = message.value.pointer("/params/_meta/progressToken");
         let answer = tokio::select! {
-            a = self.approvals.ask(held, self.approval_timeout) => Some(a),
+            a = self.approvals.ask(held, self.approval_timeout) => Some(verdict.resolve(a)),
+            // Dropping the ask withdraws it: a later decision releases nothing.
+            blocked = self.blocked_by_new_policy(message) => Some(blocked),
             () = cancel.cancelled() => None,
             () = self.waiting_progress(token, caller) => None, // never ends
         };
         self.untrack(message, caller);
-        answer.map(|a| verdict.resolve(a))
+        answer
+    }
+
+    /// Resolves when a new configuration blocks this held call outright: the
+    /// ask is then withdrawn and the call answered as the new policy says.
+    async fn blocked_by_new_policy(&self, message: &Message) -> Verdict {
+        let mut config = self.config.clone();
+        config.mark_unchanged();
+        loop {
+            if config.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+            let evaluator = config.borrow_and_update().evaluator.clone();
+            if let Ok(request) = Request::from_value(&message.value) {
+                let verdict = evaluator.evaluate(&request);
+                if verdict.decision == Decision::Block {
+                    tracing::info!(
+                        tool = verdict.tool().unwrap_or_default(),
+                        "a held call is now blocked by policy; its ask is withdrawn"
+                    );
+                    return verdict;
+                }
+            }
+        }
     }
 
     /// While an ask waits, tells an agent that asked for progress (and whose
