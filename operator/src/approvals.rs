@@ -95,7 +95,9 @@ pub async fn follow(
     pod: PodIdentity,
     name: String,
     tx: mpsc::Sender<Result<ApprovalUpdate, Status>>,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
 ) {
+    let _pending = metrics.approval_pending();
     let api: Api<ApprovalRequest> = Api::namespaced(client, &pod.namespace);
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut objects = watcher::watcher(api.clone(), config)
@@ -144,6 +146,12 @@ pub async fn follow(
             decided_by: status.decided_by.clone().unwrap_or_default(),
         };
         let last = status.decision != Decision::Pending;
+        if last && let Some(created) = object.metadata.creation_timestamp.as_ref() {
+            let took = Timestamp::now().duration_since(created.0);
+            metrics.approval_decided(Duration::from_secs(
+                u64::try_from(took.as_secs()).unwrap_or(0),
+            ));
+        }
         if tx.send(Ok(update)).await.is_err() || last {
             return;
         }

@@ -34,6 +34,8 @@ pub struct Metrics {
     auth_failures: Family<ReasonLabel, Counter>,
     reconciles: Family<KindLabel, Counter>,
     reconcile_errors: Family<KindErrorLabel, Counter>,
+    approvals_pending: Gauge<i64, std::sync::atomic::AtomicI64>,
+    approval_decisions: Histogram,
 }
 
 impl Default for Metrics {
@@ -79,7 +81,22 @@ impl Metrics {
             "Failed reconciliations by kind and error",
             reconcile_errors.clone(),
         );
+        let approvals_pending = Gauge::default();
+        registry.register(
+            "approvals_pending",
+            "ApprovalRequests a sidecar is waiting on",
+            approvals_pending.clone(),
+        );
+        let approval_decisions =
+            Histogram::new([1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0]);
+        registry.register(
+            "approval_decision_seconds",
+            "From an ApprovalRequest's creation to its final state",
+            approval_decisions.clone(),
+        );
         Metrics {
+            approvals_pending,
+            approval_decisions,
             registry,
             connected,
             pushes,
@@ -129,6 +146,16 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts a pending approval until the guard drops.
+    pub fn approval_pending(&self) -> PendingGuard {
+        self.approvals_pending.inc();
+        PendingGuard(self.approvals_pending.clone())
+    }
+
+    pub fn approval_decided(&self, took: Duration) {
+        self.approval_decisions.observe(took.as_secs_f64());
+    }
+
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing to a String cannot fail.
@@ -140,6 +167,14 @@ impl Metrics {
 pub struct ConnectedGuard(Gauge<i64, std::sync::atomic::AtomicI64>);
 
 impl Drop for ConnectedGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+pub struct PendingGuard(Gauge<i64, std::sync::atomic::AtomicI64>);
+
+impl Drop for PendingGuard {
     fn drop(&mut self) {
         self.0.dec();
     }

@@ -496,6 +496,11 @@ mod approvals {
             stream.message().await.unwrap().is_none(),
             "the stream ends with the decision"
         );
+        let metrics = h.metrics.encode();
+        assert!(
+            metrics.contains("aip_operator_approval_decision_seconds_count 1"),
+            "{metrics}"
+        );
     }
 
     #[tokio::test]

@@ -242,7 +242,13 @@ impl<A: Authenticate> Config for ConfigService<A> {
             ask.resume_name
         };
         let (tx, rx) = mpsc::channel(4);
-        tokio::spawn(crate::approvals::follow(client.clone(), id, name, tx));
+        tokio::spawn(crate::approvals::follow(
+            client.clone(),
+            id,
+            name,
+            tx,
+            self.metrics.clone(),
+        ));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }
