@@ -12,9 +12,8 @@ use std::sync::Arc;
 
 use aip_operator::metrics::Metrics;
 use aip_operator::webhooks::{self, Webhooks};
-use base64::Engine;
 use common::Cluster;
-use common::kubectl::{Kubectl, tempdir};
+use common::kubectl::{Kubectl, tempdir, webhook_configuration};
 use tokio_util::sync::CancellationToken;
 
 const USERS: &str = "alice-token,alice,u-alice,\"platform\"\nbob-token,bob,u-bob,\"platform\"\n";
@@ -76,40 +75,17 @@ async fn kubectl_apply_is_refused_with_the_reason() {
         kubeconfig: cluster.kubeconfig(&dir, "bob-token"),
     };
 
-    // The operator's webhook server, with a certificate for 127.0.0.1.
-    let key = rcgen::KeyPair::generate().unwrap();
-    let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
-        .unwrap()
-        .self_signed(&key)
-        .unwrap();
-    let tls = webhooks::tls_config(&cert.pem(), &key.serialize_pem()).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let shutdown = CancellationToken::new();
-    let _stop = shutdown.clone().drop_guard();
-    let hooks = Arc::new(Webhooks {
-        client: cluster.admin.clone(),
-        metrics: Arc::new(Metrics::new()),
-        operator: "admin".to_owned(),
-    });
-    tokio::spawn(webhooks::serve(hooks, listener, tls, shutdown.clone()));
+    let (addr, cert_pem, _stop) = start_webhooks(&cluster).await;
 
     let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/aip.io.yaml");
     admin.ok(&["apply", "-f", crds], None);
     admin.apply(RBAC);
-    let ca = base64::engine::general_purpose::STANDARD.encode(cert.pem());
-    admin.apply(&format!(
-        "apiVersion: admissionregistration.k8s.io/v1
-kind: ValidatingWebhookConfiguration
-metadata: {{name: aip-validate}}
-webhooks:
-  - name: validate.aip.io
-    clientConfig: {{url: 'https://{addr}/validate', caBundle: {ca}}}
-    rules: [{{operations: [CREATE, UPDATE], apiGroups: [aip.io], apiVersions: [v1alpha1], resources: [agentpolicies, toolconnections]}}]
-    sideEffects: None
-    admissionReviewVersions: [v1]
-    failurePolicy: Fail
-"
+    admin.apply(&webhook_configuration(
+        "Validating",
+        "validate",
+        &format!("https://{addr}/validate"),
+        &cert_pem,
+        "agentpolicies, toolconnections",
     ));
 
     // An invalid policy: every problem, each with its path.
@@ -214,25 +190,6 @@ fn request(name: &str) -> String {
     )
 }
 
-fn decide(kubectl: &Kubectl, name: &str, decision: &str) -> (bool, String) {
-    let patch = format!("{{\"status\":{{\"decision\":\"{decision}\"}}}}");
-    let (ok, out, err) = kubectl.run(
-        &[
-            "patch",
-            "-n",
-            "agents",
-            "approvalrequest",
-            name,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            &patch,
-        ],
-        None,
-    );
-    (ok, format!("{out}{err}"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn only_the_right_people_decide_and_a_decision_is_final() {
     let dir = tempdir();
@@ -240,52 +197,20 @@ async fn only_the_right_people_decide_and_a_decision_is_final() {
     let admin = Kubectl {
         kubeconfig: cluster.kubeconfig(&dir, aip_fake_apiserver::ADMIN_TOKEN),
     };
-    let key = rcgen::KeyPair::generate().unwrap();
-    let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
-        .unwrap()
-        .self_signed(&key)
-        .unwrap();
-    let tls = webhooks::tls_config(&cert.pem(), &key.serialize_pem()).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let shutdown = CancellationToken::new();
-    let _stop = shutdown.clone().drop_guard();
-    let hooks = Arc::new(Webhooks {
-        client: cluster.admin.clone(),
-        metrics: Arc::new(Metrics::new()),
-        // The operator runs as the bootstrap administrator here.
-        operator: "admin".to_owned(),
-    });
-    tokio::spawn(webhooks::serve(hooks, listener, tls, shutdown.clone()));
+    let (addr, cert_pem, _stop) = start_webhooks(&cluster).await;
     let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/aip.io.yaml");
     admin.ok(&["apply", "-f", crds], None);
     admin.apply(APPROVER_RBAC);
-    let ca = base64::engine::general_purpose::STANDARD.encode(cert.pem());
-    let rules = "rules: [{operations: [CREATE, UPDATE], apiGroups: [aip.io], apiVersions: [v1alpha1], resources: [approvalrequests, approvalrequests/status]}]";
-    admin.apply(&format!(
-        "apiVersion: admissionregistration.k8s.io/v1
-kind: MutatingWebhookConfiguration
-metadata: {{name: aip-stamp}}
-webhooks:
-  - name: stamp.aip.io
-    clientConfig: {{url: 'https://{addr}/mutate', caBundle: {ca}}}
-    {rules}
-    sideEffects: None
-    admissionReviewVersions: [v1]
-    failurePolicy: Fail
----
-apiVersion: admissionregistration.k8s.io/v1
-kind: ValidatingWebhookConfiguration
-metadata: {{name: aip-guard}}
-webhooks:
-  - name: guard.aip.io
-    clientConfig: {{url: 'https://{addr}/validate', caBundle: {ca}}}
-    {rules}
-    sideEffects: None
-    admissionReviewVersions: [v1]
-    failurePolicy: Fail
-"
-    ));
+    let resources = "approvalrequests, approvalrequests/status";
+    for (kind, name, path) in [
+        ("Mutating", "stamp", "mutate"),
+        ("Validating", "guard", "validate"),
+    ] {
+        let url = format!("https://{addr}/{path}");
+        admin.apply(&webhook_configuration(
+            kind, name, &url, &cert_pem, resources,
+        ));
+    }
     let alice = Kubectl {
         kubeconfig: cluster.kubeconfig(&dir, "alice-token"),
     };
@@ -323,29 +248,29 @@ webhooks:
     admin.apply(&request("r1"));
     admin.apply(&request("r2"));
 
-    let (ok, out) = decide(&runner, "r1", "Approved");
+    let (ok, out) = runner.decide("r1", "Approved", "");
     assert!(!ok);
     assert!(
         out.contains("system:serviceaccount:agents:runner is the asking pod's own service account"),
         "{out}"
     );
-    let (ok, out) = decide(&helper, "r1", "Approved");
+    let (ok, out) = helper.decide("r1", "Approved", "");
     assert!(!ok);
     assert!(out.contains("it may decide only if AgentPolicy p lists helper in spec.approval.allowedServiceAccounts"), "{out}");
-    let (ok, out) = decide(&admin, "r1", "Approved");
+    let (ok, out) = admin.decide("r1", "Approved", "");
     assert!(!ok);
     assert!(
         out.contains("the operator (admin) may only set Expired or Withdrawn, not Approved"),
         "{out}"
     );
-    let (ok, out) = decide(&carol, "r1", "Approved");
+    let (ok, out) = carol.decide("r1", "Approved", "");
     assert!(!ok);
     assert!(
         out.contains("Forbidden") || out.contains("forbidden"),
         "{out}"
     );
 
-    let (ok, out) = decide(&alice, "r1", "Approved");
+    let (ok, out) = alice.decide("r1", "Approved", "");
     assert!(ok, "{out}");
     assert_eq!(
         admin.get("approvalrequest/r1", "{.status.decidedBy}"),
@@ -356,7 +281,7 @@ webhooks:
             .get("approvalrequest/r1", "{.status.decidedAt}")
             .is_empty()
     );
-    let (ok, out) = decide(&alice, "r1", "Denied");
+    let (ok, out) = alice.decide("r1", "Denied", "");
     assert!(!ok);
     assert!(
         out.contains("was already decided (Approved by alice); a decision is final"),
@@ -364,7 +289,7 @@ webhooks:
     );
 
     // The operator may withdraw; the spec never changes.
-    let (ok, out) = decide(&admin, "r2", "Withdrawn");
+    let (ok, out) = admin.decide("r2", "Withdrawn", "");
     assert!(ok, "{out}");
     let (ok, _, err2) = admin.run(
         &["apply", "-f", "-"],
@@ -381,4 +306,28 @@ webhooks:
         err.contains("cannot create resource \"approvalrequests\""),
         "{err}"
     );
+}
+
+/// The operator's webhook server in this process, with a certificate for
+/// 127.0.0.1, acting as if the operator were the bootstrap administrator;
+/// its address and certificate, and a guard that stops it.
+async fn start_webhooks(
+    cluster: &Cluster,
+) -> (std::net::SocketAddr, String, tokio_util::sync::DropGuard) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let tls = webhooks::tls_config(&cert.pem(), &key.serialize_pem()).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    let hooks = Arc::new(Webhooks {
+        client: cluster.admin.clone(),
+        metrics: Arc::new(Metrics::new()),
+        operator: "admin".to_owned(),
+    });
+    tokio::spawn(webhooks::serve(hooks, listener, tls, shutdown.clone()));
+    (addr, cert.pem(), shutdown.drop_guard())
 }

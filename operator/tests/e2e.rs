@@ -26,10 +26,9 @@ use std::time::Duration;
 use aip_fault_server::core::Core;
 use aip_fault_server::log::AttemptLog;
 use aip_fault_server::script::{Script, Transport};
-use base64::Engine;
 use common::Cluster;
 use common::agent::Agent;
-use common::kubectl::{Kubectl, tempdir};
+use common::kubectl::{Kubectl, tempdir, webhook_configuration};
 use common::local::{TlsFiles, free_port};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -224,20 +223,12 @@ async fn kubectl_to_sidecar_enforcement() {
     let grpc = ports.grpc;
     let mut operator = start_operator(&kubeconfig, &tls, ports);
     operator.line("gRPC config service listening").await;
-    let ca = base64::engine::general_purpose::STANDARD.encode(std::fs::read(&tls.cert).unwrap());
-    kubectl.apply(&format!(
-        "apiVersion: admissionregistration.k8s.io/v1
-kind: ValidatingWebhookConfiguration
-metadata: {{name: aip-validate}}
-webhooks:
-  - name: validate.aip.io
-    clientConfig: {{url: 'https://127.0.0.1:{}/validate', caBundle: {ca}}}
-    rules: [{{operations: [CREATE, UPDATE], apiGroups: [aip.io], apiVersions: [v1alpha1], resources: [agentpolicies, toolconnections]}}]
-    sideEffects: None
-    admissionReviewVersions: [v1]
-    failurePolicy: Fail
-",
-        ports.webhook
+    kubectl.apply(&webhook_configuration(
+        "Validating",
+        "validate",
+        &format!("https://127.0.0.1:{}/validate", ports.webhook),
+        &tls.cert_pem,
+        "agentpolicies, toolconnections",
     ));
     // bob may not aim a Secret he cannot read at a host of his choosing.
     kubectl.apply("apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {name: aip-editor, namespace: agents}\nrules:\n- {apiGroups: [aip.io], resources: [agentpolicies, toolconnections], verbs: [get, list, create, update, patch]}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {name: bob-edits-aip, namespace: agents}\nsubjects: [{kind: User, name: bob, apiGroup: rbac.authorization.k8s.io}]\nroleRef: {kind: Role, name: aip-editor, apiGroup: rbac.authorization.k8s.io}\n");
@@ -386,19 +377,8 @@ webhooks:
         before,
         "nothing sent yet"
     );
-    kubectl.ok(
-        &[
-            "patch",
-            "-n",
-            "agents",
-            &apr,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            r#"{"status":{"decision":"Approved"}}"#,
-        ],
-        None,
-    );
+    let (ok, said) = kubectl.decide(&name, "Approved", "");
+    assert!(ok, "{said}");
     let released = tokio::time::timeout(PATIENCE, held).await.unwrap().unwrap();
     assert_eq!(
         released["result"]["content"][0]["text"], "deleted",
@@ -443,19 +423,8 @@ webhooks:
     );
     // (Without the approval webhooks registered here, a late decision is
     // even written; it releases nothing.)
-    kubectl.ok(
-        &[
-            "patch",
-            "-n",
-            "agents",
-            &format!("approvalrequest/{withdrawn}"),
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            r#"{"status":{"decision":"Approved"}}"#,
-        ],
-        None,
-    );
+    let (ok, said) = kubectl.decide(&withdrawn, "Approved", "");
+    assert!(ok, "{said}");
     assert_eq!(
         deletes(&std::fs::read_to_string(&attempts).unwrap()),
         before + 1,
@@ -485,19 +454,8 @@ webhooks:
         }
     })
     .await;
-    kubectl.ok(
-        &[
-            "patch",
-            "-n",
-            "agents",
-            &format!("approvalrequest/{}", both[0]),
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            r#"{"status":{"decision":"Approved"}}"#,
-        ],
-        None,
-    );
+    let (ok, said) = kubectl.decide(&both[0], "Approved", "");
+    assert!(ok, "{said}");
     eventually("one of the two is released", || {
         let attempts = attempts.clone();
         async move {
@@ -509,19 +467,8 @@ webhooks:
         !(first.is_finished() && second.is_finished()),
         "the other still waits"
     );
-    kubectl.ok(
-        &[
-            "patch",
-            "-n",
-            "agents",
-            &format!("approvalrequest/{}", both[1]),
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            r#"{"status":{"decision":"Approved"}}"#,
-        ],
-        None,
-    );
+    let (ok, said) = kubectl.decide(&both[1], "Approved", "");
+    assert!(ok, "{said}");
     for call in [first, second] {
         let r = tokio::time::timeout(PATIENCE, call).await.unwrap().unwrap();
         assert_eq!(r["result"]["content"][0]["text"], "deleted", "{r}");
@@ -548,19 +495,8 @@ webhooks:
         }
     })
     .await;
-    kubectl.ok(
-        &[
-            "patch",
-            "-n",
-            "agents",
-            &format!("approvalrequest/{denied}"),
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            r#"{"status":{"decision":"Denied","reason":"not today"}}"#,
-        ],
-        None,
-    );
+    let (ok, said) = kubectl.decide(&denied, "Denied", r#","reason":"not today""#);
+    assert!(ok, "{said}");
     let refused = tokio::time::timeout(PATIENCE, held).await.unwrap().unwrap();
     assert_eq!(error_code(&refused), Some(-32004), "{refused}");
     assert_eq!(
@@ -619,7 +555,7 @@ webhooks:
     );
     // ...and, admitted while the webhook is not there, marked and not enforced.
     kubectl.ok(
-        &["delete", "validatingwebhookconfiguration", "aip-validate"],
+        &["delete", "validatingwebhookconfiguration", "validate"],
         None,
     );
     kubectl.apply(&invalid);

@@ -96,3 +96,54 @@ pub fn tempdir() -> TempDir {
     std::fs::create_dir_all(&dir).unwrap();
     TempDir(dir)
 }
+
+impl Kubectl {
+    /// `kubectl patch --subresource=status` of an ApprovalRequest's decision
+    /// (`extra` adds fields to the status, e.g. `,"reason":"..."`); whether it
+    /// was accepted, and what kubectl said.
+    pub fn decide(&self, name: &str, decision: &str, extra: &str) -> (bool, String) {
+        let patch = format!("{{\"status\":{{\"decision\":\"{decision}\"{extra}}}}}");
+        let object = format!("approvalrequest/{name}");
+        let (ok, out, err) = self.run(
+            &[
+                "patch",
+                "-n",
+                "agents",
+                &object,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                &patch,
+            ],
+            None,
+        );
+        (ok, format!("{out}{err}"))
+    }
+}
+
+/// A Validating- or MutatingWebhookConfiguration (`kind`) with one webhook
+/// at `url`, trusting `ca_pem`, for CREATE and UPDATE of `resources` in
+/// aip.io/v1alpha1; failurePolicy Fail.
+pub fn webhook_configuration(
+    kind: &str,
+    name: &str,
+    url: &str,
+    ca_pem: &str,
+    resources: &str,
+) -> String {
+    use base64::Engine;
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    format!(
+        "apiVersion: admissionregistration.k8s.io/v1
+kind: {kind}WebhookConfiguration
+metadata: {{name: {name}}}
+webhooks:
+  - name: {name}.aip.io
+    clientConfig: {{url: '{url}', caBundle: {ca}}}
+    rules: [{{operations: [CREATE, UPDATE], apiGroups: [aip.io], apiVersions: [v1alpha1], resources: [{resources}]}}]
+    sideEffects: None
+    admissionReviewVersions: [v1]
+    failurePolicy: Fail
+"
+    )
+}
