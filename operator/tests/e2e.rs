@@ -304,13 +304,12 @@ async fn kubectl_to_sidecar_enforcement() {
 
     // Editing the policy changes enforcement; the status follows.
     kubectl.apply(&policy(&["fs_read_file", "fs_delete_file"]));
-    let deleted = eventually("the edited policy is enforced", || {
-        let mut agent = clone_agent(&agent);
-        async move {
-            let r = agent.call("fs_delete_file", json!({"path": "a"})).await;
-            r.get("result").is_some().then_some(r)
-        }
-    })
+    let deleted = succeeds(
+        &agent,
+        "the edited policy is enforced",
+        "fs_delete_file",
+        json!({"path": "a"}),
+    )
     .await;
     assert_eq!(deleted["result"]["content"][0]["text"], "deleted");
     kubectl.wait("agentpolicy/files", "{.status.synced}", "1/1");
@@ -683,13 +682,12 @@ async fn kubectl_to_sidecar_enforcement() {
 
     // Rotating back restores the tools, and the upstream sees tok-A again.
     kubectl.apply(&secret("tok-A"));
-    let read = eventually("the restored credential brings the tools back", || {
-        let mut agent = clone_agent(&agent);
-        async move {
-            let r = agent.call("fs_read_file", json!({"path": "f"})).await;
-            r.get("result").is_some().then_some(r)
-        }
-    })
+    let read = succeeds(
+        &agent,
+        "the restored credential brings the tools back",
+        "fs_read_file",
+        json!({"path": "f"}),
+    )
     .await;
     assert_eq!(read["result"]["content"][0]["text"], "contents");
     kubectl.wait("toolconnection/fs", "{.status.health.state}", "Healthy");
@@ -713,6 +711,19 @@ async fn pending_request(kubeconfig: &Path) -> String {
                 "{.items[?(@.status.decision==\"Pending\")].metadata.name}",
             );
             (!names.is_empty() && !names.contains(' ')).then_some(names)
+        }
+    })
+    .await
+}
+
+/// Calls `tool` until it returns a result (not an error); the result.
+async fn succeeds(agent: &Agent, what: &str, tool: &str, arguments: Value) -> Value {
+    eventually(what, || {
+        let mut agent = clone_agent(agent);
+        let arguments = arguments.clone();
+        async move {
+            let r = agent.call(tool, arguments).await;
+            r.get("result").is_some().then_some(r)
         }
     })
     .await
