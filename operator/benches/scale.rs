@@ -400,7 +400,7 @@ async fn simulated_sidecar(
     let bearer: tonic::metadata::MetadataValue<_> = format!("Bearer {token}").parse().unwrap();
     let mut request = tonic::Request::new(WatchRequest {
         sidecar_version: "bench".to_owned(),
-        applied_version: 0,
+        ..WatchRequest::default()
     });
     request
         .metadata_mut()

@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::admin;
-use crate::controllers::{connection_health, feed, policy_status};
+use crate::controllers::{approval_lifecycle, connection_health, feed, policy_status};
 use crate::grpc::{self, ConfigService, Signals, TokenReviewer, tls::ServerTls};
 use crate::index::Index;
 use crate::lease::{self, LeaseConfig};
@@ -66,6 +66,10 @@ pub struct Args {
     pub lease_name: String,
     #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
     pub lease_duration: Duration,
+    /// How long a decided ApprovalRequest is kept (the record of who
+    /// decided what) before the operator deletes it.
+    #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+    pub approval_retention: Duration,
     /// Diagnostics format on stderr.
     #[arg(long, value_enum, default_value = "json")]
     pub log_format: aip_runtime::LogFormat,
@@ -120,8 +124,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         },
         metrics.clone(),
         shutdown.clone(),
-    )
-    .with_approvals(client.clone());
+    );
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -129,6 +132,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             instance: Some(identity.clone()),
         },
     );
+    let service = service.with_approvals(client.clone(), recorder.clone());
     let health_ctx = Arc::new(crate::controllers::Context {
         client: client.clone(),
         index: index.clone(),
@@ -163,6 +167,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     tokio::select! {
         r = grpc::serve(grpc_listener, tls, service) => r.context("the gRPC server")?,
         () = feed::until(feed::run(client.clone(), index.clone(), touched, ready_tx), shutdown.clone()) => {}
+        () = feed::until(approval_lifecycle::run(status_ctx.clone(), args.approval_retention), shutdown.clone()) => {}
         () = feed::until(policy_status::run(status_ctx, policies_rx), shutdown.clone()) => {}
         () = admin::serve(admin, admin_listener, shutdown.clone()) => {}
         () = crate::webhooks::serve(webhooks, webhook_listener, webhook_tls, shutdown.clone()) => {}

@@ -95,7 +95,14 @@ async fn serve<A: Authenticate>(
         shutdown.clone(),
     );
     if let Some(client) = approvals {
-        service = service.with_approvals(client);
+        let recorder = kube::runtime::events::Recorder::new(
+            client.clone(),
+            kube::runtime::events::Reporter {
+                controller: "aip-operator".to_owned(),
+                instance: None,
+            },
+        );
+        service = service.with_approvals(client, recorder);
     }
     let tls = ServerTls::self_signed(&["localhost".to_owned()]).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -131,7 +138,7 @@ impl Harness {
     async fn watch(&self, token: Option<&str>) -> Result<Streaming<Snapshot>, tonic::Status> {
         let mut request = tonic::Request::new(WatchRequest {
             sidecar_version: "test".to_owned(),
-            applied_version: 0,
+            ..WatchRequest::default()
         });
         if let Some(t) = token {
             request
@@ -424,7 +431,7 @@ mod approvals {
             arguments_json: r#"{"path":"/tmp/x","content":"[REDACTED:token]"}"#.to_owned(),
             arguments_hash: "sha256:00".to_owned(),
             policy_version: 1,
-            resume_name: String::new(),
+            ..ApprovalRequest::default()
         });
         request
             .metadata_mut()

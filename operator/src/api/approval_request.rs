@@ -36,6 +36,10 @@ pub struct ApprovalRequestSpec {
     pub pod_uid: String,
     /// The asking pod's service account.
     pub service_account: String,
+    /// The sidecar process that asked; a restarted sidecar (a new
+    /// instance) has lost the call, and the request is withdrawn.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub sidecar_instance: String,
     /// The ToolConnection the call goes to.
     pub connection: String,
     /// The tool as the agent named it.

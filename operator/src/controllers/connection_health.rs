@@ -17,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event as KubeEvent, EventType};
+use kube::runtime::events::EventType;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -347,16 +347,15 @@ async fn write(ctx: &Context, key: &ObjectKey, resolved: &ResolvedConnection, ou
         }
     }
     if changed_state && !listable && state != HealthState::Unchecked {
-        let event = KubeEvent {
-            type_: EventType::Warning,
-            reason: format!("{state:?}"),
-            note: Some(reason.unwrap_or_default()),
-            action: "HealthCheck".to_owned(),
-            secondary: None,
-        };
-        if let Err(e) = ctx.recorder.publish(&event, &current.object_ref(&())).await {
-            tracing::warn!(error = %e, "event not recorded");
-        }
+        super::publish(
+            &ctx.recorder,
+            EventType::Warning,
+            &format!("{state:?}"),
+            "HealthCheck",
+            reason,
+            &current.object_ref(&()),
+        )
+        .await;
     }
 }
 

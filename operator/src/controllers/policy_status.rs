@@ -7,19 +7,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event as KubeEvent, EventType};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use super::Context;
 use super::conditions::Conditions;
+use super::{Context, publish};
 use crate::api::{AgentPolicy, AgentPolicyStatus};
 use crate::index::{ObjectKey, PolicyView};
 
@@ -282,7 +281,7 @@ async fn announce(
             .find(|c| c.type_ == "Accepted")
             .map(|c| c.message.clone());
         publish(
-            ctx,
+            &ctx.recorder,
             EventType::Warning,
             "Invalid",
             "Validate",
@@ -299,15 +298,9 @@ async fn announce(
                 policy.name_any(),
                 others.join(", ")
             );
-            let pod_ref = ObjectReference {
-                api_version: Some("v1".to_owned()),
-                kind: Some("Pod".to_owned()),
-                name: Some(pod.clone()),
-                namespace: Some(ns.clone()),
-                ..ObjectReference::default()
-            };
+            let pod_ref = super::pod_reference(&ns, pod, None);
             publish(
-                ctx,
+                &ctx.recorder,
                 EventType::Warning,
                 "PolicyConflict",
                 "Select",
@@ -316,7 +309,7 @@ async fn announce(
             )
             .await;
             publish(
-                ctx,
+                &ctx.recorder,
                 EventType::Warning,
                 "PolicyConflict",
                 "Select",
@@ -325,26 +318,6 @@ async fn announce(
             )
             .await;
         }
-    }
-}
-
-async fn publish(
-    ctx: &Context,
-    type_: EventType,
-    reason: &str,
-    action: &str,
-    note: Option<String>,
-    reference: &ObjectReference,
-) {
-    let event = KubeEvent {
-        type_,
-        reason: reason.to_owned(),
-        note: note.map(|n| n.chars().take(1000).collect()),
-        action: action.to_owned(),
-        secondary: None,
-    };
-    if let Err(e) = ctx.recorder.publish(&event, reference).await {
-        tracing::warn!(error = %e, reason, "event not recorded");
     }
 }
 

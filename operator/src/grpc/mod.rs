@@ -13,10 +13,12 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::approvals::Approvals;
 use aip_proto::v1::config_server::{Config, ConfigServer};
 use aip_proto::v1::{
     ApprovalRequest, ApprovalUpdate, ReportRequest, ReportResponse, Snapshot, WatchRequest,
 };
+use kube::runtime::events::Recorder;
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
@@ -66,7 +68,7 @@ pub struct ConfigService<A> {
     sent: SentLog,
     /// Where ApprovalRequests are created; None: RequestApproval is
     /// refused.
-    approvals: Option<kube::Client>,
+    approvals: Option<Arc<Approvals>>,
 }
 
 impl<A: Authenticate> ConfigService<A> {
@@ -89,9 +91,15 @@ impl<A: Authenticate> ConfigService<A> {
         }
     }
 
-    /// Serves RequestApproval, creating ApprovalRequests with `client`.
-    pub fn with_approvals(mut self, client: kube::Client) -> ConfigService<A> {
-        self.approvals = Some(client);
+    /// Serves RequestApproval, creating ApprovalRequests with `client`
+    /// and recording Events with `recorder`.
+    pub fn with_approvals(mut self, client: kube::Client, recorder: Recorder) -> ConfigService<A> {
+        self.approvals = Some(Arc::new(Approvals {
+            client,
+            recorder,
+            metrics: self.metrics.clone(),
+            shutdown: self.shutdown.clone(),
+        }));
         self
     }
 
@@ -166,7 +174,12 @@ impl<A: Authenticate> Config for ConfigService<A> {
                 id.namespace, id.pod, id.uid
             )));
         };
-        tracing::info!(namespace = %id.namespace, pod = %id.pod, sidecar = %request.get_ref().sidecar_version, "sidecar connected");
+        let hello = request.get_ref();
+        tracing::info!(namespace = %id.namespace, pod = %id.pod, sidecar = %hello.sidecar_version, instance = %hello.sidecar_instance, "sidecar connected");
+        if let Some(approvals) = self.approvals.clone() {
+            let (id, instance) = (id.clone(), hello.sidecar_instance.clone());
+            tokio::spawn(async move { approvals.withdraw_earlier(&id, &instance).await });
+        }
         let (tx, rx) = mpsc::channel(2);
         let stream = snapshot::Stream {
             id,
@@ -221,7 +234,7 @@ impl<A: Authenticate> Config for ConfigService<A> {
         request: Request<ApprovalRequest>,
     ) -> Result<Response<ApprovalStream>, Status> {
         let id = self.identify(&request).await?;
-        let Some(client) = &self.approvals else {
+        let Some(approvals) = &self.approvals else {
             return Err(Status::unimplemented(
                 "this operator was started without approvals",
             ));
@@ -236,19 +249,14 @@ impl<A: Authenticate> Config for ConfigService<A> {
                     "no AgentPolicy governs this pod, so nothing can be asked",
                 ));
             };
-            crate::approvals::create(client, &id, &policy.name, policy.approval_timeout, &ask)
+            approvals
+                .create(&id, &policy.name, policy.approval_timeout, &ask)
                 .await?
         } else {
             ask.resume_name
         };
         let (tx, rx) = mpsc::channel(4);
-        tokio::spawn(crate::approvals::follow(
-            client.clone(),
-            id,
-            name,
-            tx,
-            self.metrics.clone(),
-        ));
+        tokio::spawn(approvals.clone().follow(id, name, tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }

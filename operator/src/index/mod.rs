@@ -405,6 +405,14 @@ impl Index {
         (pod.uid == uid).then(|| pod.config.subscribe())
     }
 
+    /// Whether pod `namespace/name` with `uid` exists.
+    pub fn has_pod(&self, namespace: &str, name: &str, uid: &str) -> bool {
+        self.namespaces
+            .get(namespace)
+            .and_then(|n| n.pods.get(name))
+            .is_some_and(|p| p.uid == uid)
+    }
+
     /// Records that the pod's sidecar applied `version`. Returns the policy
     /// whose synced count may have changed.
     pub fn ack(

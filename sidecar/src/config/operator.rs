@@ -64,12 +64,15 @@ pub fn watch(
     let channel = channel(&source)?;
     let (config_tx, config) = watch::channel(Arc::new(Config::empty()));
     let (version_tx, version) = watch::channel(0u64);
+    let instance = format!("{:032x}", rand::random::<u128>());
     let approvals = Arc::new(OperatorApprovals {
         client: ConfigClient::new(channel.clone()),
         token_file: source.token_file.clone(),
+        instance: instance.clone(),
     });
     let follower = Follower {
         source,
+        instance,
         client: ConfigClient::new(channel),
         config: config_tx,
         version: version_tx,
@@ -109,6 +112,8 @@ fn channel(source: &OperatorSource) -> anyhow::Result<Channel> {
 
 struct Follower {
     source: OperatorSource,
+    /// This process's instance id (see WatchRequest.sidecar_instance).
+    instance: String,
     client: ConfigClient<Channel>,
     config: watch::Sender<Arc<Config>>,
     version: watch::Sender<u64>,
@@ -168,6 +173,7 @@ impl Follower {
         let mut request = tonic::Request::new(WatchRequest {
             sidecar_version: env!("CARGO_PKG_VERSION").to_owned(),
             applied_version: *self.version.borrow(),
+            sidecar_instance: self.instance.clone(),
         });
         authorize(&mut request, &token)?;
         let mut stream = tokio::select! {
@@ -419,6 +425,7 @@ fn read_token(path: &std::path::Path) -> Result<SecretString, tonic::Status> {
 pub struct OperatorApprovals {
     client: ConfigClient<Channel>,
     token_file: PathBuf,
+    instance: String,
 }
 
 impl crate::approvals::Remote for OperatorApprovals {
@@ -449,6 +456,7 @@ impl OperatorApprovals {
                 arguments_hash: ask.arguments_hash.clone(),
                 policy_version: 0,
                 resume_name: name.clone(),
+                sidecar_instance: self.instance.clone(),
             });
             let authorized = read_token(&self.token_file).and_then(|t| authorize(&mut request, &t));
             let stream = match authorized {

@@ -1,0 +1,195 @@
+//! What becomes of ApprovalRequests after they are asked. The operator
+//! replica following a request (for the sidecar's stream) expires it on
+//! time; this controller, on the lease holder, covers what no follower sees:
+//! a pending request whose pod is gone is Withdrawn, one left past its
+//! expiry (the operator was down) is Expired, and a decided one is deleted
+//! after the retention. Each final decision is recorded once as an Event on
+//! the request and on the pod; an annotation marks it recorded, so a
+//! restarted operator does not say it again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::EventType;
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use super::{Context, pod_reference, publish};
+use crate::api::ApprovalRequest;
+use crate::api::approval_request::{ApprovalRequestStatus, Decision};
+use crate::approvals::set_decision_if_pending;
+
+/// The annotation naming the decision already recorded as an Event.
+pub const RECORDED: &str = "aip.io/recorded-decision";
+/// How long past its expiry a request is left to its follower.
+const GRACE: SignedDuration = SignedDuration::from_secs(10);
+/// How often a pending request's pod is looked for.
+const POD_CHECK: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("writing the ApprovalRequest: {0}")]
+    Write(#[source] kube::Error),
+    #[error("setting the decision: {0}")]
+    Decide(String),
+}
+
+impl Error {
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Write(_) => "write",
+            Error::Decide(_) => "decide",
+        }
+    }
+}
+
+struct Lifecycle {
+    ctx: Arc<Context>,
+    retention: Duration,
+}
+
+/// Runs until the process stops; decided requests live `retention`.
+pub async fn run(ctx: Arc<Context>, retention: Duration) {
+    let api: Api<ApprovalRequest> = Api::all(ctx.client.clone());
+    let leading = tokio_stream::wrappers::WatchStream::new(ctx.leader.clone())
+        .filter_map(|l| async move { l.then_some(()) });
+    Controller::new(api, watcher::Config::default())
+        .reconcile_all_on(leading)
+        .run(
+            reconcile,
+            error_policy,
+            Arc::new(Lifecycle { ctx, retention }),
+        )
+        .for_each(|_| async {})
+        .await;
+}
+
+async fn reconcile(request: Arc<ApprovalRequest>, lc: Arc<Lifecycle>) -> Result<Action, Error> {
+    let ctx = &lc.ctx;
+    ctx.metrics.reconciled("ApprovalRequest");
+    if !*ctx.leader.borrow() {
+        return Ok(Action::await_change());
+    }
+    let ns = request.namespace().unwrap_or_default();
+    let api: Api<ApprovalRequest> = Api::namespaced(ctx.client.clone(), &ns);
+    let name = request.name_any();
+    let status = request.status.clone().unwrap_or_default();
+    let now = Timestamp::now();
+    if status.decision == Decision::Pending {
+        let gone = {
+            let index = ctx
+                .index
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            index.is_synced() && !index.has_pod(&ns, &request.spec.pod, &request.spec.pod_uid)
+        };
+        let deadline = request.spec.expires_at.0 + GRACE;
+        let ending = if gone {
+            Decision::Withdrawn
+        } else if now >= deadline {
+            Decision::Expired
+        } else {
+            let left = now.duration_until(deadline).unsigned_abs();
+            return Ok(Action::requeue(left.min(POD_CHECK)));
+        };
+        set_decision_if_pending(&api, &name, ending)
+            .await
+            .map_err(|e| Error::Decide(e.message().to_owned()))?;
+        return Ok(Action::await_change());
+    }
+    if request.annotations().get(RECORDED).map(String::as_str)
+        != Some(decision_name(status.decision))
+    {
+        record(ctx, &request, &status).await;
+        let marked =
+            json!({"metadata": {"annotations": {RECORDED: decision_name(status.decision)}}});
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(marked))
+            .await
+            .map_err(Error::Write)?;
+    }
+    let since = status
+        .decided_at
+        .as_ref()
+        .or(request.metadata.creation_timestamp.as_ref())
+        .map_or(now, |t| t.0);
+    let end = since + SignedDuration::try_from(lc.retention).unwrap_or(SignedDuration::MAX);
+    if now < end {
+        return Ok(Action::requeue(now.duration_until(end).unsigned_abs()));
+    }
+    tracing::info!(namespace = %ns, approval = %name, "retention over: deleting the decided ApprovalRequest");
+    match api.delete(&name, &DeleteParams::default()).await {
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(Action::await_change()),
+        Ok(_) => Ok(Action::await_change()),
+        Err(e) => Err(Error::Write(e)),
+    }
+}
+
+/// The decision as an Event on the request and on the pod that asked.
+async fn record(ctx: &Context, request: &ApprovalRequest, status: &ApprovalRequestStatus) {
+    let by = status.decided_by.as_deref().unwrap_or("unknown");
+    let spec = &request.spec;
+    let (type_, note) = match status.decision {
+        Decision::Approved => (EventType::Normal, format!("{} approved by {by}", spec.tool)),
+        Decision::Denied => (
+            EventType::Warning,
+            format!(
+                "{} denied by {by}{}",
+                spec.tool,
+                status
+                    .reason
+                    .as_deref()
+                    .map(|r| format!(": {r}"))
+                    .unwrap_or_default()
+            ),
+        ),
+        Decision::Expired => (
+            EventType::Warning,
+            format!("{} expired undecided", spec.tool),
+        ),
+        Decision::Withdrawn => (
+            EventType::Normal,
+            format!(
+                "{} withdrawn: the call was cancelled, its session ended, or the policy now blocks it",
+                spec.tool
+            ),
+        ),
+        Decision::Pending => return,
+    };
+    let note = format!("{} ({}): {note}", request.name_any(), spec.arguments_hash);
+    let ns = request.namespace().unwrap_or_default();
+    let pod = pod_reference(&ns, &spec.pod, Some(&spec.pod_uid));
+    for reference in [request.object_ref(&()), pod] {
+        publish(
+            &ctx.recorder,
+            type_,
+            decision_name(status.decision),
+            "Decide",
+            Some(note.clone()),
+            &reference,
+        )
+        .await;
+    }
+}
+
+fn decision_name(decision: Decision) -> &'static str {
+    match decision {
+        Decision::Pending => "Pending",
+        Decision::Approved => "Approved",
+        Decision::Denied => "Denied",
+        Decision::Expired => "Expired",
+        Decision::Withdrawn => "Withdrawn",
+    }
+}
+
+fn error_policy(_: Arc<ApprovalRequest>, error: &Error, lc: Arc<Lifecycle>) -> Action {
+    tracing::warn!(%error, "ApprovalRequest not reconciled; retrying");
+    lc.ctx
+        .metrics
+        .reconcile_failed("ApprovalRequest", error.metric_label());
+    Action::requeue(Duration::from_secs(2))
+}
