@@ -245,7 +245,7 @@ fn review_request(review: &Review<'_>, uid: &str) -> Value {
         "requestKind": gvk, "requestResource": gvr,
         "name": review.name,
         "operation": review.operation,
-        "userInfo": {"username": review.user.name, "uid": review.user.uid, "groups": review.user.groups},
+        "userInfo": user_info(review.user),
         "object": review.object,
         "oldObject": review.old_object,
         "dryRun": false,
@@ -355,4 +355,13 @@ fn denied(name: &str, status: Option<&Value>) -> ApiError {
         },
         details: None,
     }
+}
+
+/// The requester as AdmissionReview and TokenReview describe it.
+pub fn user_info(user: &crate::auth::User) -> Value {
+    let mut info = json!({"username": user.name, "uid": user.uid, "groups": user.groups});
+    if !user.extra.is_empty() {
+        info["extra"] = json!(user.extra);
+    }
+    info
 }

@@ -2,16 +2,19 @@
 //! kube-apiserver's `--token-auth-file` reads it
 //! (`token,user,uid,"group1,group2"` per line).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::status::ApiError;
 
 /// Who made a request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct User {
     pub name: String,
     pub uid: String,
     pub groups: Vec<String>,
+    /// What the authenticator adds: for a pod-bound service-account token,
+    /// `authentication.kubernetes.io/pod-name` and `.../pod-uid`.
+    pub extra: BTreeMap<String, Vec<String>>,
 }
 
 /// token -> user.
@@ -44,6 +47,7 @@ impl Tokens {
                 name: fields[1].clone(),
                 uid: fields[2].clone(),
                 groups,
+                extra: BTreeMap::new(),
             };
             users.insert(fields[0].clone(), user);
         }

@@ -390,6 +390,7 @@ fn subject_access_review(server: &Server, review: &Value) -> Value {
         name: text(&spec, "user"),
         uid: text(&spec, "uid"),
         groups: crate::values::strings(spec.get("groups")),
+        ..User::default()
     };
     let r = spec.get("resourceAttributes").cloned().unwrap_or(json!({}));
     let (namespace, name, subresource) = (

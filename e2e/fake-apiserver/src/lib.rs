@@ -117,6 +117,7 @@ pub async fn start(options: Options) -> std::io::Result<Running> {
             name: "admin".into(),
             uid: "admin".into(),
             groups: vec!["system:masters".into()],
+            ..User::default()
         },
     );
     let server = Server::new(tokens, shutdown.clone());

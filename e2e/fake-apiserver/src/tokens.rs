@@ -20,6 +20,9 @@ use crate::store::Store;
 pub const ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
 /// Tokens live at least this long (the real server's minimum is 10 min).
 const MIN_EXPIRATION: u64 = 600;
+/// The userInfo extras a pod-bound token carries, as kube-apiserver names them.
+const POD_NAME: &str = "authentication.kubernetes.io/pod-name";
+const POD_UID: &str = "authentication.kubernetes.io/pod-uid";
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Claims {
@@ -230,6 +233,17 @@ impl Signer {
                 format!("system:serviceaccounts:{}", bound.namespace),
                 "system:authenticated".into(),
             ],
+            extra: bound
+                .pod
+                .as_ref()
+                .map(|pod| {
+                    [
+                        (POD_NAME.to_owned(), vec![pod.name.clone()]),
+                        (POD_UID.to_owned(), vec![pod.uid.clone()]),
+                    ]
+                    .into()
+                })
+                .unwrap_or_default(),
         };
         Ok((user, claims, matched))
     }
@@ -242,15 +256,8 @@ impl Signer {
             .unwrap_or_default();
         let audiences = audiences_or_default(review.pointer("/spec/audiences"));
         let status = match self.authenticate(store, token, &audiences) {
-            Ok((user, claims, matched)) => {
-                let mut extra = json!({});
-                if let Some(pod) = &claims.kubernetes.pod {
-                    extra["authentication.kubernetes.io/pod-name"] = json!([pod.name]);
-                    extra["authentication.kubernetes.io/pod-uid"] = json!([pod.uid]);
-                }
-                json!({"authenticated": true, "audiences": matched,
-                       "user": {"username": user.name, "uid": user.uid, "groups": user.groups, "extra": extra}})
-            }
+            Ok((user, _, matched)) => json!({"authenticated": true, "audiences": matched,
+                   "user": crate::admission::user_info(&user)}),
             Err(e) => json!({"authenticated": false, "user": {}, "error": e}),
         };
         json!({"kind": "TokenReview", "apiVersion": "authentication.k8s.io/v1",

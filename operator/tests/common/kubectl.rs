@@ -12,9 +12,35 @@ pub struct Kubectl {
 
 impl Kubectl {
     pub fn run(&self, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+        self.run_with_path(args, stdin, std::env::var_os("PATH").unwrap_or_default())
+    }
+
+    /// `kubectl aip ARGS`: kubectl finds the kubectl-aip plugin on PATH,
+    /// here beside the workspace's other binaries.
+    pub fn aip(&self, args: &[&str]) -> (bool, String, String) {
+        let plugin = Path::new(env!("CARGO_BIN_EXE_aip-operator")).with_file_name("kubectl-aip");
+        assert!(
+            plugin.exists(),
+            "{} is missing: build the workspace first (`make build`)",
+            plugin.display()
+        );
+        let mut path = std::ffi::OsString::from(plugin.parent().unwrap());
+        path.push(":");
+        path.push(std::env::var_os("PATH").unwrap_or_default());
+        let args: Vec<&str> = ["aip"].into_iter().chain(args.iter().copied()).collect();
+        self.run_with_path(&args, None, path)
+    }
+
+    fn run_with_path(
+        &self,
+        args: &[&str],
+        stdin: Option<&str>,
+        path: std::ffi::OsString,
+    ) -> (bool, String, String) {
         let mut child = Command::new("kubectl")
             .args(args)
             .env("KUBECONFIG", &self.kubeconfig)
+            .env("PATH", path)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -1,0 +1,106 @@
+//! `kubectl aip`: the approver's side of AIP. Lists the tool calls waiting
+//! for a person and records a decision by patching an ApprovalRequest's
+//! status, exactly as `kubectl patch --subresource=status` would: the
+//! operator's webhooks stamp who decided and refuse whoever may not.
+
+#![forbid(unsafe_code)]
+
+mod approvals;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "kubectl aip",
+    bin_name = "kubectl aip",
+    version,
+    about = "Decide the tool calls AI agents wait on (ApprovalRequests)"
+)]
+struct Cli {
+    /// Path to the kubeconfig file (default: $KUBECONFIG, then ~/.kube/config).
+    #[arg(long, global = true)]
+    kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use.
+    #[arg(long, global = true)]
+    context: Option<String>,
+    /// Namespace (default: the context's).
+    #[arg(short, long, global = true)]
+    namespace: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Pending ApprovalRequests: tool, pod, redacted arguments, age.
+    Approvals {
+        /// Every namespace.
+        #[arg(short = 'A', long)]
+        all_namespaces: bool,
+        /// Decided requests too, with their decision and who made it.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Approve one request: the call it holds runs once.
+    Approve {
+        name: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Deny one request: the agent gets an error saying so.
+    Deny {
+        name: String,
+        /// Required: the agent's operator will want to know why.
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let target = approvals::Target::connect(
+        cli.kubeconfig.as_deref(),
+        cli.context.clone(),
+        cli.namespace.clone(),
+    )
+    .await?;
+    match cli.command {
+        Command::Approvals {
+            all_namespaces,
+            all,
+        } => {
+            let table = target.list(all_namespaces, all).await?;
+            print!("{table}");
+        }
+        Command::Approve { name, reason } => {
+            let said = target
+                .decide(&name, approvals::Verdict::Approved, reason)
+                .await?;
+            println!("{said}");
+        }
+        Command::Deny { name, reason } => {
+            if reason.trim().is_empty() {
+                anyhow::bail!("--reason must say why the call is denied");
+            }
+            let said = target
+                .decide(&name, approvals::Verdict::Denied, Some(reason))
+                .await?;
+            println!("{said}");
+        }
+    }
+    Ok(())
+}

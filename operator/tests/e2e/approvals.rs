@@ -1,0 +1,423 @@
+//! The approver's story, end to end: an `ask` rule holds an agent's call in
+//! its sidecar; the real operator (running as its own identity, with its
+//! admission webhooks registered) makes an ApprovalRequest; alice lists it
+//! and approves it with the `kubectl aip` plugin, and the call reaches the
+//! fault server exactly once. Whoever may not decide is refused with the
+//! webhook's reason (the pod's own token, another service account of its
+//! namespace, the operator) or by RBAC; a decision is final. Cancelled calls
+//! are withdrawn and never sent; identical calls need one approval each; a
+//! denial and an expiry reach the agent as -32004 and -32005. The operator
+//! restarted mid-wait still delivers the decision; a sidecar restarted while
+//! the operator was away has its old requests withdrawn; decided requests go
+//! away after the retention; every decision is an Event.
+
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::common::Cluster;
+use crate::common::agent::Agent;
+use crate::common::kubectl::{Kubectl, tempdir, webhook_configuration};
+use crate::common::local::{TlsFiles, free_port};
+use crate::support::*;
+
+/// The operator (the name it is told is its own by default), alice the
+/// approver, carol with no rights at all.
+const USERS: &str = "op-token,system:serviceaccount:aip-system:aip-operator,u-op,\"system:masters\"
+alice-token,alice,u-alice,\"approvers\"
+carol-token,carol,u-carol
+";
+
+/// What a platform team grants approvers, and (a mistake the webhook
+/// catches) the same to the agent's namespace's service accounts.
+const RBAC: &str = "apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: aip-approver}
+rules:
+- {apiGroups: [aip.io], resources: [approvalrequests], verbs: [get, list, watch]}
+- {apiGroups: [aip.io], resources: [approvalrequests/status], verbs: [get, patch, update]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: approvers}
+subjects: [{kind: Group, name: approvers, apiGroup: rbac.authorization.k8s.io}]
+roleRef: {kind: ClusterRole, name: aip-approver, apiGroup: rbac.authorization.k8s.io}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: too-wide, namespace: agents}
+subjects:
+- {kind: ServiceAccount, name: agent, namespace: agents}
+- {kind: ServiceAccount, name: helper, namespace: agents}
+roleRef: {kind: ClusterRole, name: aip-approver, apiGroup: rbac.authorization.k8s.io}
+";
+
+/// The retention the restarted operator runs with, so the test sees it.
+const RETENTION: &str = "6s";
+
+fn asking_policy(extra: &str) -> String {
+    format!(
+        "{}  tool_rules: [{{tool: fs_delete_file, action: ask}}]\n{extra}",
+        policy(&["fs_read_file", "fs_delete_file"])
+    )
+}
+
+/// The running system and the people at the keyboard.
+struct Story {
+    admin: Kubectl,
+    alice: Kubectl,
+    agent: Agent,
+}
+
+impl Story {
+    /// Starts `tool` with `arguments` as a call of its own; its answer.
+    fn call(&self, id: u64, arguments: Value) -> tokio::task::JoinHandle<Value> {
+        let agent = clone_agent(&self.agent);
+        tokio::spawn(async move { agent.call_as(id, "fs_delete_file", arguments).await })
+    }
+
+    fn decision(&self, name: &str) -> String {
+        self.admin
+            .get(&format!("approvalrequest/{name}"), "{.status.decision}")
+    }
+
+    /// Alice decides with the plugin; what it printed.
+    fn alice_says(&self, args: &[&str]) -> String {
+        let (ok, out, err) = self.alice.aip(args);
+        assert!(ok, "kubectl aip {args:?}:\n{out}{err}");
+        out
+    }
+}
+
+async fn answer(call: tokio::task::JoinHandle<Value>) -> Value {
+    tokio::time::timeout(PATIENCE, call).await.unwrap().unwrap()
+}
+
+// kubectl blocks a worker while the API server runs on the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_person_decides_each_held_call_with_kubectl() {
+    let dir = tempdir();
+    let cluster = Cluster::with_users(USERS).await;
+    let admin = Kubectl {
+        kubeconfig: cluster.kubeconfig(&dir, aip_fake_apiserver::ADMIN_TOKEN),
+    };
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let (fault_url, attempts) = start_fault_server(&dir, &shutdown).await;
+
+    let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/aip.io.yaml");
+    admin.ok(&["apply", "-f", crds], None);
+    admin.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: agents}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: aip-system}\n");
+    admin.apply(&secret("tok-A"));
+    admin.apply(&connection(&fault_url));
+    admin.apply(&asking_policy(""));
+    cluster.service_account("agents", "agent").await;
+    cluster.service_account("agents", "helper").await;
+    admin.apply(RBAC);
+    let uid = cluster
+        .pod("agents", "agent-1", "agent", json!({"app": "agent"}))
+        .await;
+    let helper_uid = cluster
+        .pod("agents", "helper-1", "helper", json!({"app": "helper"}))
+        .await;
+    let sidecar_token = dir.join("token");
+    let minted = cluster
+        .token(
+            "agents",
+            "agent",
+            "agent-1",
+            &uid,
+            &[aip_proto::TOKEN_AUDIENCE],
+        )
+        .await;
+    std::fs::write(&sidecar_token, minted).unwrap();
+
+    // The people, and the tokens a compromised pod could use.
+    let as_user = |token: &str| Kubectl {
+        kubeconfig: cluster.kubeconfig(&dir, token),
+    };
+    let alice = as_user("alice-token");
+    let carol = as_user("carol-token");
+    let operator_identity = as_user("op-token");
+    let pod_token = cluster.token("agents", "agent", "agent-1", &uid, &[]).await;
+    let the_pod = as_user(&pod_token);
+    let helper_token = cluster
+        .token("agents", "helper", "helper-1", &helper_uid, &[])
+        .await;
+    let helper = as_user(&helper_token);
+
+    // The operator as its own identity, its approval webhooks registered.
+    let tls = TlsFiles::new(&dir);
+    let ports = Ports {
+        grpc: free_port(),
+        webhook: free_port(),
+    };
+    let op_kubeconfig = operator_identity.kubeconfig.clone();
+    let mut operator = start_operator(&op_kubeconfig, &tls, ports, &[]);
+    operator.line("cluster state loaded").await;
+    for (kind, name, path) in [
+        ("Mutating", "stamp", "mutate"),
+        ("Validating", "guard", "validate"),
+    ] {
+        admin.apply(&webhook_configuration(
+            kind,
+            name,
+            &format!("https://127.0.0.1:{}/{path}", ports.webhook),
+            &tls.cert_pem,
+            "approvalrequests, approvalrequests/status",
+        ));
+    }
+    let sidecar = start_sidecar(&tls.cert, ports.grpc, &sidecar_token);
+    let agent = agent_of(&sidecar).await;
+    lists(&agent, "fs_delete_file").await;
+    let story = Story {
+        admin,
+        alice,
+        agent,
+    };
+    let admin = &story.admin;
+
+    // The call waits; the agent's other calls do not.
+    let held = story.call(10, json!({"path": "held"}));
+    let name = pending_request(&admin.kubeconfig).await;
+    assert!(name.starts_with("fs-delete-file-"), "{name}");
+    let mut reader = clone_agent(&story.agent);
+    let other = reader
+        .call("fs_read_file", json!({"path": "meanwhile"}))
+        .await;
+    assert_eq!(other["result"]["content"][0]["text"], "contents", "{other}");
+    assert_eq!(deletes(&attempts), 0, "nothing sent while it waits");
+
+    // What alice sees.
+    let listed = story.alice_says(&["approvals", "-n", "agents"]);
+    let row = listed.lines().find(|l| l.starts_with(&name)).unwrap_or("");
+    for cell in ["fs_delete_file", "agent-1", r#"{"path":"held"}"#, "in 4m"] {
+        assert!(row.contains(cell), "{cell} missing from:\n{listed}");
+    }
+
+    // Who may not decide, and why they are told.
+    let refused = |who: &Kubectl, expected: &str| {
+        let (ok, said) = who.decide(&name, "Approved", "");
+        assert!(!ok, "{said}");
+        assert!(said.contains(expected), "expected {expected:?} in:\n{said}");
+    };
+    refused(&carol, "Forbidden");
+    refused(
+        &the_pod,
+        "system:serviceaccount:agents:agent is bound to pod agent-1, which asked; a pod cannot approve its own calls",
+    );
+    refused(
+        &helper,
+        "system:serviceaccount:agents:helper is a service account of namespace agents, where the asking pod runs",
+    );
+    refused(
+        &operator_identity,
+        "the operator (system:serviceaccount:aip-system:aip-operator) may only set Expired or Withdrawn, not Approved",
+    );
+    assert_eq!(story.decision(&name), "Pending");
+
+    // alice approves: the call runs once, and the record says she did.
+    let said = story.alice_says(&["approve", &name, "-n", "agents", "--reason", "looks fine"]);
+    assert!(
+        said.contains(&format!("approvalrequest.aip.io/{name} approved")),
+        "{said}"
+    );
+    let released = answer(held).await;
+    assert_eq!(
+        released["result"]["content"][0]["text"], "deleted",
+        "{released}"
+    );
+    assert_eq!(deletes(&attempts), 1, "forwarded exactly once");
+    let apr = format!("approvalrequest/{name}");
+    assert_eq!(admin.get(&apr, "{.status.decidedBy}"), "alice");
+    assert_eq!(admin.get(&apr, "{.status.reason}"), "looks fine");
+    let (ok, said) = story.alice.decide(&name, "Denied", "");
+    assert!(!ok);
+    assert!(
+        said.contains("was already decided (Approved by alice); a decision is final"),
+        "{said}"
+    );
+    let events = eventually("the request and the pod carry Events", || {
+        let kubectl = Kubectl {
+            kubeconfig: admin.kubeconfig.clone(),
+        };
+        let name = name.clone();
+        async move {
+            let events = events(&kubectl);
+            let want = [
+                format!("ApprovalRequested ApprovalRequest/{name}"),
+                "ApprovalRequested Pod/agent-1".to_owned(),
+                format!("Approved ApprovalRequest/{name}"),
+                "Approved Pod/agent-1".to_owned(),
+            ];
+            want.iter().all(|w| events.contains(w)).then_some(events)
+        }
+    })
+    .await;
+    assert!(events.contains("approved by alice"), "{events}");
+
+    // Cancelled by the agent: withdrawn, and no later decision sends it.
+    let cancelled = story.call(777, json!({"path": "cancelled"}));
+    let withdrawn = pending_request(&admin.kubeconfig).await;
+    story
+        .agent
+        .notify("notifications/cancelled", json!({"requestId": 777}))
+        .await;
+    admin.wait(
+        &format!("approvalrequest/{withdrawn}"),
+        "{.status.decision}",
+        "Withdrawn",
+    );
+    let answered = answer(cancelled).await;
+    assert!(answered.get("result").is_none(), "{answered}");
+    let (ok, out, err) = story.alice.aip(&["approve", &withdrawn, "-n", "agents"]);
+    assert!(!ok && err.contains("is already Withdrawn"), "{out}{err}");
+    let (ok, said) = story.alice.decide(&withdrawn, "Approved", "");
+    assert!(!ok && said.contains("a decision is final"), "{said}");
+    assert_eq!(deletes(&attempts), 1, "never sent");
+
+    // Two identical calls: two requests, one approval each.
+    let first = story.call(21, json!({"path": "twice"}));
+    let second = story.call(22, json!({"path": "twice"}));
+    let both = eventually("two requests are pending", || {
+        let kubectl = Kubectl {
+            kubeconfig: admin.kubeconfig.clone(),
+        };
+        async move {
+            let names = pending(&kubectl);
+            (names.len() == 2).then_some(names)
+        }
+    })
+    .await;
+    story.alice_says(&["approve", &both[0], "-n", "agents"]);
+    eventually("one of the two runs", || {
+        let attempts = attempts.clone();
+        async move { (deletes(&attempts) == 2).then_some(()) }
+    })
+    .await;
+    assert!(
+        !(first.is_finished() && second.is_finished()),
+        "the other still waits"
+    );
+    assert_eq!(story.decision(&both[1]), "Pending");
+    story.alice_says(&["approve", &both[1], "-n", "agents"]);
+    for call in [first, second] {
+        let r = answer(call).await;
+        assert_eq!(r["result"]["content"][0]["text"], "deleted", "{r}");
+    }
+    assert_eq!(deletes(&attempts), 3);
+
+    // A denial: -32004, nothing sent, the reason recorded.
+    let denied_call = story.call(30, json!({"path": "denied"}));
+    let denied = pending_request(&admin.kubeconfig).await;
+    let said = story.alice_says(&["deny", &denied, "-n", "agents", "--reason", "not today"]);
+    assert!(said.contains("denied"), "{said}");
+    let refused_answer = answer(denied_call).await;
+    assert_eq!(refused_answer["error"]["code"], -32004, "{refused_answer}");
+    assert_eq!(deletes(&attempts), 3);
+
+    // The operator restarts while a call waits: nothing is lost.
+    let waiting = story.call(40, json!({"path": "across a restart"}));
+    let across = pending_request(&admin.kubeconfig).await;
+    operator.terminate();
+    let mut operator = start_operator(
+        &op_kubeconfig,
+        &tls,
+        ports,
+        &["--approval-retention", RETENTION],
+    );
+    operator.line("cluster state loaded").await;
+    assert_eq!(
+        story.decision(&across),
+        "Pending",
+        "not withdrawn by the restart"
+    );
+    story.alice_says(&["approve", &across, "-n", "agents"]);
+    let released = answer(waiting).await;
+    assert_eq!(
+        released["result"]["content"][0]["text"], "deleted",
+        "{released}"
+    );
+    assert_eq!(deletes(&attempts), 4, "once");
+
+    // Decided requests go when the retention is over.
+    admin.ok(
+        &[
+            "wait",
+            "-n",
+            "agents",
+            "--for=delete",
+            &apr,
+            "--timeout=30s",
+        ],
+        None,
+    );
+
+    // A sidecar that restarts while the operator is away has lost the
+    // call: its request is withdrawn when it comes back.
+    let orphan = story.call(50, json!({"path": "orphan"}));
+    let orphaned = pending_request(&admin.kubeconfig).await;
+    operator.terminate();
+    drop(sidecar);
+    let _ = answer(orphan).await;
+    let sidecar = start_sidecar(&tls.cert, ports.grpc, &sidecar_token);
+    let operator = start_operator(&op_kubeconfig, &tls, ports, &[]);
+    operator.line("cluster state loaded").await;
+    admin.wait(
+        &format!("approvalrequest/{orphaned}"),
+        "{.status.decision}",
+        "Withdrawn",
+    );
+    let agent = agent_of(&sidecar).await;
+    lists(&agent, "fs_delete_file").await;
+    assert_eq!(deletes(&attempts), 4);
+
+    // Undecided until it expires: -32005, and the request says Expired.
+    admin.apply(&asking_policy("  approval: {timeoutSeconds: 1}\n"));
+    let expired = eventually("the short timeout is in force", || {
+        let agent = clone_agent(&agent);
+        async move {
+            let r = agent
+                .call_as(60, "fs_delete_file", json!({"path": "late"}))
+                .await;
+            (r["error"]["code"] == -32005).then_some(r)
+        }
+    })
+    .await;
+    assert!(
+        expired["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()),
+        "{expired}"
+    );
+    let decisions = admin.get("approvalrequests", "{.items[*].status.decision}");
+    assert!(decisions.contains("Expired"), "{decisions}");
+    assert_eq!(deletes(&attempts), 4, "nothing sent");
+    drop(sidecar);
+}
+
+/// The pending requests' names.
+fn pending(kubectl: &Kubectl) -> Vec<String> {
+    kubectl
+        .get(
+            "approvalrequests",
+            "{.items[?(@.status.decision==\"Pending\")].metadata.name}",
+        )
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Every Event in namespace agents as "reason Kind/name: note" lines.
+fn events(kubectl: &Kubectl) -> String {
+    kubectl.ok(
+        &[
+            "get",
+            "events.events.k8s.io",
+            "-n",
+            "agents",
+            "-o",
+            "jsonpath={range .items[*]}{.reason} {.regarding.kind}/{.regarding.name}: {.note}{\"\\n\"}{end}",
+        ],
+        None,
+    )
+}

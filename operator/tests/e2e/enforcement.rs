@@ -1,0 +1,314 @@
+//! The platform engineer's story, end to end, against the fake API server:
+//! kubectl applies the CRDs, a Secret, a ToolConnection pointing at the
+//! fault server and an AgentPolicy; the real aip-operator binary streams the
+//! pod's configuration to the real aip-sidecar binary in Kubernetes mode,
+//! which enforces it on an agent's calls. Editing the policy changes
+//! enforcement and the status shows the new hash synced 1/1; an invalid edit
+//! is refused by the operator's webhook and, admitted while the webhook is
+//! not registered, marked Accepted=False while the sidecar keeps the previous
+//! policy; a pod selected by two policies refuses every call;
+//! stopping the operator leaves the sidecar enforcing; rotating the Secret
+//! makes the next call use the new credential, and the upstream's 401 hides
+//! the connection's tools. A ToolConnection naming a Secret its author
+//! cannot read is refused, and a sidecar with the pod's default token (the
+//! wrong audience) gets nothing.
+
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
+
+use crate::common::Cluster;
+use crate::common::kubectl::{Kubectl, tempdir, webhook_configuration};
+use crate::common::local::{TlsFiles, free_port};
+use crate::support::*;
+
+// kubectl blocks a worker while the API server runs on the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kubectl_to_sidecar_enforcement() {
+    let dir = tempdir();
+    // bob is a platform engineer who may edit aip objects but not read the
+    // Secret the connection uses.
+    let cluster = Cluster::with_users("bob-token,bob,u-bob,\"platform\"\n").await;
+    let kubeconfig = dir.join("admin.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        cluster.running.kubeconfig(aip_fake_apiserver::ADMIN_TOKEN),
+    )
+    .unwrap();
+    let kubectl = Kubectl {
+        kubeconfig: kubeconfig.clone(),
+    };
+
+    // The upstream: a fault server that takes only tok-A.
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let (fault_url, attempts) = start_fault_server(&dir, &shutdown).await;
+
+    // The platform engineer's objects.
+    let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/aip.io.yaml");
+    kubectl.ok(&["apply", "-f", crds], None);
+    kubectl.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: agents}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: aip-system}\n");
+    kubectl.apply(&secret("tok-A"));
+    kubectl.apply(&connection(&fault_url));
+    kubectl.apply(&policy(&["fs_read_file"]));
+
+    // The agent pod, and the token the kubelet would project for its sidecar.
+    cluster.service_account("agents", "agent").await;
+    let uid = cluster
+        .pod("agents", "agent-1", "agent", json!({"app": "agent"}))
+        .await;
+    let token = cluster
+        .token(
+            "agents",
+            "agent",
+            "agent-1",
+            &uid,
+            &[aip_proto::TOKEN_AUDIENCE],
+        )
+        .await;
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, &token).unwrap();
+
+    // The operator (a fixed port and certificate, so that it can come back
+    // where the sidecar expects it), then the sidecar pointed at it.
+    let tls = TlsFiles::new(&dir);
+    let ports = Ports {
+        grpc: free_port(),
+        webhook: free_port(),
+    };
+    let grpc = ports.grpc;
+    let mut operator = start_operator(&kubeconfig, &tls, ports, &[]);
+    operator.line("gRPC config service listening").await;
+    kubectl.apply(&webhook_configuration(
+        "Validating",
+        "validate",
+        &format!("https://127.0.0.1:{}/validate", ports.webhook),
+        &tls.cert_pem,
+        "agentpolicies, toolconnections",
+    ));
+    // bob may not aim a Secret he cannot read at a host of his choosing.
+    kubectl.apply("apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {name: aip-editor, namespace: agents}\nrules:\n- {apiGroups: [aip.io], resources: [agentpolicies, toolconnections], verbs: [get, list, create, update, patch]}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {name: bob-edits-aip, namespace: agents}\nsubjects: [{kind: User, name: bob, apiGroup: rbac.authorization.k8s.io}]\nroleRef: {kind: Role, name: aip-editor, apiGroup: rbac.authorization.k8s.io}\n");
+    let bob = Kubectl {
+        kubeconfig: cluster.kubeconfig(&dir, "bob-token"),
+    };
+    let (ok, _, err) = bob.run(
+        &["apply", "-f", "-"],
+        Some("apiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {name: exfil, namespace: agents}\nspec:\n  url: https://bob.example.net/mcp\n  bearerToken: {valueFrom: {secretKeyRef: {name: fs-token, key: token}}}\n"),
+    );
+    assert!(!ok, "refused");
+    assert!(
+        err.contains("names Secret fs-token, which bob may not get in namespace agents"),
+        "{err}"
+    );
+
+    // A sidecar presenting the pod's default token (the API server's
+    // audience) gets nothing: it never leaves its empty, deny-all config.
+    let default_token = cluster.token("agents", "agent", "agent-1", &uid, &[]).await;
+    let default_token_file = dir.join("default-token");
+    std::fs::write(&default_token_file, &default_token).unwrap();
+    let impostor = start_sidecar(&tls.cert, grpc, &default_token_file);
+    let line = impostor
+        .line("configuration stream from the operator lost")
+        .await;
+    assert!(line.contains("audience"), "{line}");
+    drop(impostor);
+
+    let sidecar = start_sidecar(&tls.cert, grpc, &token_file);
+    let mut agent = agent_of(&sidecar).await;
+
+    // Enforced: the granted tool works, the other is refused.
+    lists(&agent, "fs_read_file").await;
+    let read = agent.call("fs_read_file", json!({"path": "a"})).await;
+    assert_eq!(read["result"]["content"][0]["text"], "contents", "{read}");
+    let refused = agent.call("fs_delete_file", json!({"path": "a"})).await;
+    assert_eq!(error_code(&refused), Some(-32001), "{refused}");
+    kubectl.wait("agentpolicy/files", "{.status.synced}", "1/1");
+    kubectl.wait("toolconnection/fs", "{.status.health.state}", "Healthy");
+    assert_eq!(
+        kubectl.get("toolconnection/fs", "{.status.tools[*].name}"),
+        "delete_file read_file"
+    );
+    let listed = kubectl.ok(&["get", "aip", "-n", "agents"], None);
+    assert!(
+        listed.contains("agentpolicy.aip.io/files") && listed.contains("toolconnection.aip.io/fs"),
+        "{listed}"
+    );
+    assert!(
+        listed.contains("Healthy") && listed.contains("1/1"),
+        "{listed}"
+    );
+    let first_hash = kubectl.get("agentpolicy/files", "{.status.policyHash}");
+    assert!(first_hash.starts_with("sha256:"));
+
+    // Editing the policy changes enforcement; the status follows.
+    kubectl.apply(&policy(&["fs_read_file", "fs_delete_file"]));
+    let deleted = succeeds(
+        &agent,
+        "the edited policy is enforced",
+        "fs_delete_file",
+        json!({"path": "a"}),
+    )
+    .await;
+    assert_eq!(deleted["result"]["content"][0]["text"], "deleted");
+    kubectl.wait("agentpolicy/files", "{.status.synced}", "1/1");
+    let second_hash = kubectl.get("agentpolicy/files", "{.status.policyHash}");
+    assert_ne!(second_hash, first_hash);
+    kubectl.wait("agentpolicy/files", "{.status.observedGeneration}", "2");
+
+    // An invalid edit is refused at apply time by the operator's webhook...
+    let invalid = format!(
+        "{}  tool_rules: [{{tool: fs_read_file, rate_limit: lots}}]\n",
+        policy(&["fs_read_file"])
+    );
+    let (ok, _, err) = kubectl.run(&["apply", "-f", "-"], Some(&invalid));
+    assert!(!ok, "the webhook refuses it");
+    assert!(
+        err.contains("denied the request: AgentPolicy files is invalid: spec.tool_rules[0].rate_limit: invalid rate_limit \"lots\""),
+        "{err}"
+    );
+    // ...and, admitted while the webhook is not there, marked and not enforced.
+    kubectl.ok(
+        &["delete", "validatingwebhookconfiguration", "validate"],
+        None,
+    );
+    kubectl.apply(&invalid);
+    kubectl.wait(
+        "agentpolicy/files",
+        "{.status.conditions[?(@.type==\"Accepted\")].status}",
+        "False",
+    );
+    let message = kubectl.get(
+        "agentpolicy/files",
+        "{.status.conditions[?(@.type==\"Accepted\")].message}",
+    );
+    assert!(
+        message.starts_with("spec.tool_rules[0].rate_limit: invalid rate_limit \"lots\""),
+        "{message}"
+    );
+    assert_eq!(
+        kubectl.get("agentpolicy/files", "{.status.policyHash}"),
+        second_hash
+    );
+    let still = agent.call("fs_delete_file", json!({"path": "b"})).await;
+    assert!(
+        still.get("result").is_some(),
+        "the previous policy stays in force: {still}"
+    );
+
+    // A second policy selecting the same pod: neither applies, both say so,
+    // and the pod gets an Event.
+    kubectl.apply("apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {name: wide, namespace: agents}\nspec:\n  allowed_tools: [fs_read_file]\n");
+    kubectl.wait(
+        "agentpolicy/wide",
+        "{.status.conditions[?(@.type==\"Conflict\")].status}",
+        "True",
+    );
+    let conflict = kubectl.get(
+        "agentpolicy/files",
+        "{.status.conditions[?(@.type==\"Conflict\")].message}",
+    );
+    assert!(conflict.contains("agent-1 (also wide)"), "{conflict}");
+    eventually(
+        "the pod caught between two policies refuses every call",
+        || {
+            let mut agent = clone_agent(&agent);
+            async move {
+                error_code(&agent.call("fs_read_file", json!({"path": "x"})).await).map(|_| ())
+            }
+        },
+    )
+    .await;
+    let events = kubectl.ok(
+        &[
+            "get",
+            "events.events.k8s.io",
+            "-n",
+            "agents",
+            "-o",
+            "jsonpath={range .items[*]}{.reason} {.regarding.kind}/{.regarding.name}{\"\\n\"}{end}",
+        ],
+        None,
+    );
+    assert!(events.contains("PolicyConflict Pod/agent-1"), "{events}");
+    kubectl.ok(&["delete", "agentpolicy", "wide", "-n", "agents"], None);
+    kubectl.wait(
+        "agentpolicy/files",
+        "{.status.conditions[?(@.type==\"Conflict\")].status}",
+        "False",
+    );
+    eventually("the pod is governed again", || {
+        let mut agent = clone_agent(&agent);
+        async move {
+            agent
+                .call("fs_read_file", json!({"path": "y"}))
+                .await
+                .get("result")
+                .map(|_| ())
+        }
+    })
+    .await;
+
+    // Without the operator the sidecar keeps enforcing its last config.
+    operator.terminate();
+    let read = agent.call("fs_read_file", json!({"path": "c"})).await;
+    assert!(read.get("result").is_some(), "{read}");
+    assert_eq!(
+        error_code(&agent.call("fs_other", json!({})).await),
+        Some(-32001)
+    );
+
+    // Back, then a rotated Secret: the next call carries the new credential,
+    // the upstream refuses it, and the connection's tools disappear.
+    let operator = start_operator(&kubeconfig, &tls, ports, &[]);
+    operator.line("cluster state loaded").await;
+    kubectl.apply(&secret("tok-B"));
+    // The old credential still works upstream, so a 401 proves the new one
+    // was sent.
+    eventually(
+        "the rotated credential's 401 hides the connection's tools",
+        || {
+            let mut agent = clone_agent(&agent);
+            async move {
+                (!agent
+                    .tool_names()
+                    .await
+                    .iter()
+                    .any(|t| t.starts_with("fs_")))
+                .then_some(())
+            }
+        },
+    )
+    .await;
+    kubectl.wait(
+        "toolconnection/fs",
+        "{.status.health.state}",
+        "NeedsCredentials",
+    );
+    assert_eq!(
+        kubectl.get("toolconnection/fs", "{.status.health.httpStatus}"),
+        "401"
+    );
+    let hidden = agent.call("fs_read_file", json!({"path": "e"})).await;
+    assert_eq!(
+        hidden["error"]["message"], "Unknown tool: fs_read_file",
+        "{hidden}"
+    );
+
+    // Rotating back restores the tools, and the upstream sees tok-A again.
+    kubectl.apply(&secret("tok-A"));
+    let read = succeeds(
+        &agent,
+        "the restored credential brings the tools back",
+        "fs_read_file",
+        json!({"path": "f"}),
+    )
+    .await;
+    assert_eq!(read["result"]["content"][0]["text"], "contents");
+    kubectl.wait("toolconnection/fs", "{.status.health.state}", "Healthy");
+    let want = hex::encode(Sha256::digest(b"Bearer tok-A"));
+    let log = std::fs::read_to_string(&attempts).unwrap();
+    let last = log.lines().last().unwrap();
+    assert!(last.contains(&want), "{last}");
+    assert!(!log.contains("tok-A"), "the attempt log holds digests only");
+    drop(sidecar);
+}

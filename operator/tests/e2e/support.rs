@@ -1,0 +1,278 @@
+//! What the end-to-end stories share: processes of the real binaries, the
+//! fault server as the upstream, the platform engineer's objects, waiting.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use aip_fault_server::core::Core;
+use aip_fault_server::log::AttemptLog;
+use aip_fault_server::script::{Script, Transport};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
+
+use crate::common::agent::Agent;
+use crate::common::kubectl::Kubectl;
+use crate::common::local::TlsFiles;
+
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// A child process killed on drop, its stderr collected line by line.
+pub struct Proc {
+    child: Child,
+    /// Every stderr line so far; a new line bumps the version.
+    lines: tokio::sync::watch::Receiver<Vec<String>>,
+    name: &'static str,
+}
+
+impl Proc {
+    pub fn start(name: &'static str, mut command: Command) -> Proc {
+        let mut child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        let (sink, lines) = tokio::sync::watch::channel(Vec::new());
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                sink.send_modify(|all| all.push(line));
+            }
+        });
+        Proc { child, lines, name }
+    }
+
+    /// Waits for a stderr line containing `needle`; returns it.
+    pub async fn line(&self, needle: &str) -> String {
+        let mut lines = self.lines.clone();
+        let found = tokio::time::timeout(
+            PATIENCE,
+            lines.wait_for(|all| all.iter().any(|l| l.contains(needle))),
+        )
+        .await;
+        let all = self.lines.borrow().clone();
+        assert!(
+            matches!(found, Ok(Ok(_))),
+            "{} never said {needle:?}:\n{}",
+            self.name,
+            all.join("\n")
+        );
+        all.into_iter().find(|l| l.contains(needle)).unwrap()
+    }
+
+    pub fn terminate(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "--- {} said:\n{}",
+                self.name,
+                self.lines.borrow().join("\n")
+            );
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A workspace binary built beside this crate's.
+pub fn binary(name: &str) -> PathBuf {
+    let path = Path::new(env!("CARGO_BIN_EXE_aip-operator")).with_file_name(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the workspace first (`make build`)",
+        path.display()
+    );
+    path
+}
+
+pub fn policy(tools: &[&str]) -> String {
+    format!(
+        "apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {{name: files, namespace: agents}}\nspec:\n  allowed_tools: {}\n  podSelector: {{matchLabels: {{app: agent}}}}\n  toolConnections: [fs]\n",
+        json!(tools)
+    )
+}
+
+pub fn secret(token: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: fs-token, namespace: agents}}\nstringData: {{token: {token}}}\n"
+    )
+}
+
+/// Calls `f` until it returns Some, or fails after PATIENCE.
+pub async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub fn error_code(response: &Value) -> Option<i64> {
+    response["error"]["code"].as_i64()
+}
+
+/// The name of the one ApprovalRequest that is pending, once there is one.
+pub async fn pending_request(kubeconfig: &Path) -> String {
+    eventually("an ApprovalRequest is pending", || {
+        let kubectl = Kubectl {
+            kubeconfig: kubeconfig.to_owned(),
+        };
+        async move {
+            let names = kubectl.get(
+                "approvalrequests",
+                "{.items[?(@.status.decision==\"Pending\")].metadata.name}",
+            );
+            (!names.is_empty() && !names.contains(' ')).then_some(names)
+        }
+    })
+    .await
+}
+
+/// Calls `tool` until it returns a result (not an error); the result.
+pub async fn succeeds(agent: &Agent, what: &str, tool: &str, arguments: Value) -> Value {
+    eventually(what, || {
+        let mut agent = clone_agent(agent);
+        let arguments = arguments.clone();
+        async move {
+            let r = agent.call(tool, arguments).await;
+            r.get("result").is_some().then_some(r)
+        }
+    })
+    .await
+}
+
+pub fn clone_agent(agent: &Agent) -> Agent {
+    Agent::resume(agent.addr, &agent.session)
+}
+
+/// The sidecar in Kubernetes mode, pointed at the operator on `grpc`.
+pub fn start_sidecar(ca: &Path, grpc: u16, token_file: &Path) -> Proc {
+    let mut c = Command::new(binary("aip-sidecar"));
+    c.args(["--log-format", "json", "run"])
+        .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+        .arg("--operator")
+        .arg(format!("https://127.0.0.1:{grpc}"))
+        .arg("--operator-ca")
+        .arg(ca)
+        .args(["--operator-server-name", "localhost"])
+        .arg("--token-file")
+        .arg(token_file);
+    Proc::start("aip-sidecar", c)
+}
+
+/// The operator's ports: gRPC and webhooks fixed (it comes back on them).
+#[derive(Clone, Copy)]
+pub struct Ports {
+    pub grpc: u16,
+    pub webhook: u16,
+}
+
+/// The operator binary as `kubeconfig`'s user; `extra` flags last.
+pub fn start_operator(kubeconfig: &Path, tls: &TlsFiles, ports: Ports, extra: &[&str]) -> Proc {
+    let mut c = Command::new(binary("aip-operator"));
+    c.env("KUBECONFIG", kubeconfig)
+        .args(["--grpc-listen", &format!("127.0.0.1:{}", ports.grpc)])
+        .args(["--webhook-listen", &format!("127.0.0.1:{}", ports.webhook)])
+        .args(["--admin-listen", "127.0.0.1:0"])
+        .args(["--log-format", "json"])
+        .args(["--namespace", "aip-system", "--pod-name", "operator-0"])
+        .arg("--tls-cert")
+        .arg(&tls.cert)
+        .arg("--tls-key")
+        .arg(&tls.key)
+        .args(extra);
+    Proc::start("aip-operator", c)
+}
+
+/// The fault server on loopback as the upstream `files`: `read_file` and
+/// `delete_file` answer "contents" and "deleted" (50 times each) to callers
+/// presenting `Bearer tok-A`; its URL and attempt log. It stops with
+/// `shutdown`.
+pub async fn start_fault_server(dir: &Path, shutdown: &CancellationToken) -> (String, PathBuf) {
+    let attempts = dir.join("attempts.jsonl");
+    let script = format!(
+        "apiVersion: aip.io/v1alpha1\nkind: FaultServer\nmetadata: {{name: files}}\nspec:\n  requireBearer: {{sha256: {}}}\n  tools:\n    - name: read_file\n      responses: [{{sequence: [{}]}}]\n    - name: delete_file\n      responses: [{{sequence: [{}]}}]\n",
+        hex::encode(Sha256::digest(b"tok-A")),
+        vec!["{return: contents}"; 50].join(", "),
+        vec!["{return: deleted}"; 50].join(", "),
+    );
+    let fault = Core::new(
+        Script::from_yaml(&script, Transport::Http).unwrap(),
+        AttemptLog::new(Box::new(std::fs::File::create(&attempts).unwrap()), false),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+    tokio::spawn(fault.clone().run(shutdown.clone()));
+    tokio::spawn(aip_fault_server::http::serve(
+        fault,
+        listener,
+        Default::default(),
+        shutdown.clone(),
+    ));
+    (url, attempts)
+}
+
+/// The ToolConnection `fs` to `url`, with the `fs-token` Secret as bearer.
+pub fn connection(url: &str) -> String {
+    format!(
+        "apiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {{name: fs, namespace: agents}}\nspec:\n  url: {url}\n  toolPrefix: fs_\n  bearerToken: {{valueFrom: {{secretKeyRef: {{name: fs-token, key: token}}}}}}\n"
+    )
+}
+
+/// How many delete_file calls reached the upstream.
+pub fn deletes(attempts: &Path) -> usize {
+    std::fs::read_to_string(attempts)
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("\"tool\":\"delete_file\""))
+        .count()
+}
+
+/// An agent session on the sidecar's MCP endpoint, once it listens.
+pub async fn agent_of(sidecar: &Proc) -> Agent {
+    let line = sidecar.line("agents at http://").await;
+    let addr: SocketAddr = line
+        .split("agents at http://")
+        .nth(1)
+        .and_then(|rest| rest.split("/mcp").next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    Agent::connect(addr).await
+}
+
+/// Waits until the agent lists `tool`.
+pub async fn lists(agent: &Agent, tool: &str) {
+    eventually(&format!("{tool} reaches the agent"), || {
+        let mut agent = clone_agent(agent);
+        async move {
+            agent
+                .tool_names()
+                .await
+                .iter()
+                .any(|t| t == tool)
+                .then_some(())
+        }
+    })
+    .await;
+}
