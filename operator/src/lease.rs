@@ -37,12 +37,12 @@ pub async fn run(
         match attempt(&api, &config).await {
             Ok(true) => {
                 last_renewed = Some(tokio::time::Instant::now());
-                if !leader.send_replace(true) {
+                if set(&leader, true) {
                     tracing::info!(lease = %config.name, identity = %config.identity, "leading: writing status");
                 }
             }
             Ok(false) => {
-                if leader.send_replace(false) {
+                if set(&leader, false) {
                     tracing::info!(lease = %config.name, "no longer leading");
                 }
             }
@@ -50,9 +50,7 @@ pub async fn run(
                 tracing::warn!(lease = %config.name, error = %e, "lease not renewed");
                 // Step down before the Lease can expire for the others.
                 let deadline = config.duration.saturating_sub(config.renew_every);
-                if last_renewed.is_none_or(|t| t.elapsed() >= deadline)
-                    && leader.send_replace(false)
-                {
+                if last_renewed.is_none_or(|t| t.elapsed() >= deadline) && set(&leader, false) {
                     tracing::warn!(lease = %config.name, "stepped down: the lease could not be renewed in time");
                 }
             }
@@ -62,8 +60,7 @@ pub async fn run(
             () = shutdown.cancelled() => break,
         }
     }
-    if *leader.borrow() {
-        leader.send_replace(false);
+    if set(&leader, false) {
         if let Err(e) = release(&api, &config).await {
             tracing::warn!(error = %e, "lease not released; another replica takes over when it expires");
         }
@@ -139,4 +136,27 @@ async fn release(api: &Api<Lease>, config: &LeaseConfig) -> Result<(), kube::Err
     api.replace(&config.name, &PostParams::default(), &lease)
         .await
         .map(|_| ())
+}
+
+/// Sets whether this replica leads; true (and the receivers notified) only
+/// on a change, so renewing the lease does not look like gaining it.
+fn set(leader: &watch::Sender<bool>, leading: bool) -> bool {
+    leader.send_if_modified(|l| std::mem::replace(l, leading) != leading)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renewing_the_lease_notifies_nobody() {
+        let (tx, mut rx) = watch::channel(false);
+        assert!(set(&tx, true), "gaining it is news");
+        assert!(rx.has_changed().unwrap_or(false));
+        rx.mark_unchanged();
+        assert!(!set(&tx, true), "a renewal is not");
+        assert!(!rx.has_changed().unwrap_or(true));
+        assert!(set(&tx, false));
+        assert!(!*rx.borrow_and_update());
+    }
 }

@@ -90,6 +90,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let index = Arc::new(Mutex::new(Index::loading()));
     let (policies_tx, policies_rx) = mpsc::unbounded_channel();
     let (connections_tx, connections_rx) = mpsc::unbounded_channel();
+    let (pods_gone_tx, pods_gone_rx) = mpsc::unbounded_channel();
     let (evidence_tx, evidence_rx) = mpsc::unbounded_channel();
     let (leader_tx, leader) = watch::channel(false);
 
@@ -157,6 +158,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let touched = feed::Touched {
         policies: policies_tx,
         connections: connections_tx,
+        pods_gone: pods_gone_tx,
     };
     let lease_task = tokio::spawn(lease::run(
         client.clone(),
@@ -167,7 +169,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     tokio::select! {
         r = grpc::serve(grpc_listener, tls, service) => r.context("the gRPC server")?,
         () = feed::until(feed::run(client.clone(), index.clone(), touched, ready_tx), shutdown.clone()) => {}
-        () = feed::until(approval_lifecycle::run(status_ctx.clone(), args.approval_retention), shutdown.clone()) => {}
+        () = feed::until(approval_lifecycle::run(status_ctx.clone(), args.approval_retention, pods_gone_rx), shutdown.clone()) => {}
         () = feed::until(policy_status::run(status_ctx, policies_rx), shutdown.clone()) => {}
         () = admin::serve(admin, admin_listener, shutdown.clone()) => {}
         () = crate::webhooks::serve(webhooks, webhook_listener, webhook_tls, shutdown.clone()) => {}

@@ -15,14 +15,18 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::{Context, pod_reference, publish};
 use crate::api::ApprovalRequest;
 use crate::api::approval_request::{ApprovalRequestStatus, Decision};
 use crate::approvals::set_decision_if_pending;
+use crate::index::ObjectKey;
 
 /// The annotation naming the decision already recorded as an Event.
 pub const RECORDED: &str = "aip.io/recorded-decision";
@@ -53,12 +57,30 @@ struct Lifecycle {
     retention: Duration,
 }
 
-/// Runs until the process stops; decided requests live `retention`.
-pub async fn run(ctx: Arc<Context>, retention: Duration) {
+/// Runs until the process stops; decided requests live `retention`;
+/// `pods_gone` names deleted pods.
+pub async fn run(
+    ctx: Arc<Context>,
+    retention: Duration,
+    pods_gone: mpsc::UnboundedReceiver<ObjectKey>,
+) {
     let api: Api<ApprovalRequest> = Api::all(ctx.client.clone());
     let leading = tokio_stream::wrappers::WatchStream::new(ctx.leader.clone())
         .filter_map(|l| async move { l.then_some(()) });
-    Controller::new(api, watcher::Config::default())
+    let controller = Controller::new(api, watcher::Config::default());
+    let requests = controller.store();
+    // A deleted pod's requests, found in the controller's own cache.
+    let of_gone_pods = UnboundedReceiverStream::new(pods_gone).flat_map(move |pod| {
+        let refs: Vec<ObjectRef<ApprovalRequest>> = requests
+            .state()
+            .iter()
+            .filter(|r| r.spec.pod == pod.name && r.namespace().as_deref() == Some(&pod.namespace))
+            .map(|r| ObjectRef::from_obj(&**r))
+            .collect();
+        futures::stream::iter(refs)
+    });
+    controller
+        .reconcile_on(of_gone_pods)
         .reconcile_all_on(leading)
         .run(
             reconcile,

@@ -23,6 +23,9 @@ use crate::index::{Index, ObjectKey, PodMeta, SecretData};
 pub struct Touched {
     pub policies: mpsc::UnboundedSender<ObjectKey>,
     pub connections: mpsc::UnboundedSender<ObjectKey>,
+    /// Pods deleted (after the index forgot them): their pending
+    /// ApprovalRequests are withdrawn.
+    pub pods_gone: mpsc::UnboundedSender<ObjectKey>,
 }
 
 impl Touched {
@@ -243,7 +246,10 @@ async fn pods(client: Client, index: Shared, touched: Touched, listed: impl FnMu
             };
             touched.policies(lock(&index).apply_pod(meta));
         },
-        |ns, name| touched.policies(lock(&index).delete_pod(ns, name)),
+        |ns, name| {
+            touched.policies(lock(&index).delete_pod(ns, name));
+            let _ = touched.pods_gone.send(ObjectKey::new(ns, name));
+        },
         listed,
     )
     .await;

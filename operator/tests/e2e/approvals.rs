@@ -169,7 +169,7 @@ async fn a_person_decides_each_held_call_with_kubectl() {
     let sidecar = start_sidecar(&tls.cert, ports.grpc, &sidecar_token);
     let agent = agent_of(&sidecar).await;
     lists(&agent, "fs_delete_file").await;
-    let story = Story {
+    let mut story = Story {
         admin,
         alice,
         agent,
@@ -215,12 +215,12 @@ async fn a_person_decides_each_held_call_with_kubectl() {
     );
     assert_eq!(story.decision(&name), "Pending");
 
-    // alice approves: the call runs once, and the record says she did.
-    let said = story.alice_says(&["approve", &name, "-n", "agents", "--reason", "looks fine"]);
-    assert!(
-        said.contains(&format!("approvalrequest.aip.io/{name} approved")),
-        "{said}"
-    );
+    // alice approves with kubectl: the call runs once, and the record says
+    // she did.
+    let (ok, said) = story
+        .alice
+        .decide(&name, "Approved", r#","reason":"looks fine""#);
+    assert!(ok, "{said}");
     let released = answer(held).await;
     assert_eq!(
         released["result"]["content"][0]["text"], "deleted",
@@ -288,7 +288,11 @@ async fn a_person_decides_each_held_call_with_kubectl() {
         }
     })
     .await;
-    story.alice_says(&["approve", &both[0], "-n", "agents"]);
+    let said = story.alice_says(&["approve", &both[0], "-n", "agents", "--reason", "once"]);
+    assert!(
+        said.contains(&format!("approvalrequest.aip.io/{} approved", both[0])),
+        "{said}"
+    );
     eventually("one of the two runs", || {
         let attempts = attempts.clone();
         async move { (deletes(&attempts) == 2).then_some(()) }
@@ -367,14 +371,14 @@ async fn a_person_decides_each_held_call_with_kubectl() {
         "{.status.decision}",
         "Withdrawn",
     );
-    let agent = agent_of(&sidecar).await;
-    lists(&agent, "fs_delete_file").await;
+    story.agent = agent_of(&sidecar).await;
+    lists(&story.agent, "fs_delete_file").await;
     assert_eq!(deletes(&attempts), 4);
 
     // Undecided until it expires: -32005, and the request says Expired.
     admin.apply(&asking_policy("  approval: {timeoutSeconds: 1}\n"));
     let expired = eventually("the short timeout is in force", || {
-        let agent = clone_agent(&agent);
+        let agent = clone_agent(&story.agent);
         async move {
             let r = agent
                 .call_as(60, "fs_delete_file", json!({"path": "late"}))
@@ -392,6 +396,25 @@ async fn a_person_decides_each_held_call_with_kubectl() {
     let decisions = admin.get("approvalrequests", "{.items[*].status.decision}");
     assert!(decisions.contains("Expired"), "{decisions}");
     assert_eq!(deletes(&attempts), 4, "nothing sent");
+
+    // A pod deleted while its call waits: the request is withdrawn.
+    admin.apply(&asking_policy(""));
+    let generation = admin.get("agentpolicy/files", "{.metadata.generation}");
+    admin.wait(
+        "agentpolicy/files",
+        "{.status.observedGeneration}",
+        &generation,
+    );
+    let doomed = story.call(70, json!({"path": "doomed"}));
+    let doomed_request = pending_request(&admin.kubeconfig).await;
+    admin.ok(&["delete", "pod", "agent-1", "-n", "agents"], None);
+    admin.wait(
+        &format!("approvalrequest/{doomed_request}"),
+        "{.status.decision}",
+        "Withdrawn",
+    );
+    let _ = answer(doomed).await;
+    assert_eq!(deletes(&attempts), 4, "never sent");
     drop(sidecar);
 }
 
