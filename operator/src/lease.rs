@@ -60,10 +60,10 @@ pub async fn run(
             () = shutdown.cancelled() => break,
         }
     }
-    if set(&leader, false) {
-        if let Err(e) = release(&api, &config).await {
-            tracing::warn!(error = %e, "lease not released; another replica takes over when it expires");
-        }
+    if set(&leader, false)
+        && let Err(e) = release(&api, &config).await
+    {
+        tracing::warn!(error = %e, "lease not released; another replica takes over when it expires");
     }
 }
 
