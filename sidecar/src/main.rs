@@ -82,11 +82,15 @@ struct RunArgs {
     )]
     config: Option<PathBuf>,
     /// Kubernetes mode: the operator's gRPC service (https://HOST:PORT).
-    #[arg(long, env = "AIP_OPERATOR_URL", requires = "operator_ca")]
+    #[arg(long, env = "AIP_OPERATOR_URL", requires = "operator_trust")]
     operator: Option<String>,
     /// PEM CA bundle that signed the operator's certificate.
-    #[arg(long, env = "AIP_OPERATOR_CA")]
+    #[arg(long, env = "AIP_OPERATOR_CA", group = "operator_trust")]
     operator_ca: Option<PathBuf>,
+    /// The same bundle given inline as PEM text (the injected sidecar gets
+    /// it so).
+    #[arg(long, env = "AIP_OPERATOR_CA_PEM", group = "operator_trust", hide_env_values = true)]
+    operator_ca_pem: Option<String>,
     /// Verify the operator's certificate for this name instead of the
     /// URL's host.
     #[arg(long, env = "AIP_OPERATOR_SERVER_NAME")]
@@ -251,7 +255,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     let (evidence_tx, evidence) = tokio::sync::watch::channel(None);
     let kubernetes = args.operator.is_some();
-    let (config, remote_approvals) = match (&args.config, &args.operator, &args.operator_ca) {
+    let trust = match (&args.operator_ca, &args.operator_ca_pem) {
+        (Some(file), _) => Some(operator::OperatorCa::File(file.clone())),
+        (None, Some(pem)) => Some(operator::OperatorCa::Pem(pem.clone())),
+        (None, None) => None,
+    };
+    let (config, remote_approvals) = match (&args.config, &args.operator, trust) {
         (Some(path), _, _) => (
             watch_config(path, Duration::from_millis(args.reload_ms), &shutdown).config,
             None,
@@ -259,7 +268,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         (None, Some(url), Some(ca)) => {
             let source = operator::OperatorSource {
                 url: url.clone(),
-                ca_file: ca.clone(),
+                ca,
                 server_name: args.operator_server_name.clone(),
                 token_file: args.token_file.clone(),
                 max_staleness: args.max_staleness,
@@ -267,7 +276,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             let watched = operator::watch(source, evidence, shutdown.clone())?;
             (watched.config, Some(watched.approvals))
         }
-        _ => anyhow::bail!("give --config FILE, or --operator URL with --operator-ca FILE"),
+        _ => anyhow::bail!(
+            "give --config FILE, or --operator URL with --operator-ca FILE (or --operator-ca-pem PEM)"
+        ),
     };
     let audit = audit_sink(args.audit.as_deref(), || Box::new(std::io::stdout()))?;
     let options = GatewayOptions {

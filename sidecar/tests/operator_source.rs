@@ -16,7 +16,7 @@ use aip_proto::v1::{
     ApprovalRequest, ApprovalUpdate, Policy, ReportRequest, ReportResponse, Snapshot, WatchRequest,
 };
 use aip_sidecar::config::Config;
-use aip_sidecar::config::operator::{self, OperatorSource};
+use aip_sidecar::config::operator::{self, OperatorCa, OperatorSource};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
@@ -170,7 +170,7 @@ async fn harness(max_staleness: Option<Duration>) -> Harness {
     let watched = operator::watch(
         OperatorSource {
             url: format!("https://{addr}"),
-            ca_file,
+            ca: OperatorCa::File(ca_file),
             server_name: Some("operator.test".to_owned()),
             token_file: token_file.clone(),
             max_staleness,

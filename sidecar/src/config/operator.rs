@@ -26,8 +26,8 @@ use super::connection::{ClientCapabilities, Connection, Endpoint, Tls};
 pub struct OperatorSource {
     /// `https://HOST:PORT` of the operator's gRPC service.
     pub url: String,
-    /// PEM bundle that signed the operator's certificate.
-    pub ca_file: PathBuf,
+    /// The CAs that signed the operator's certificate.
+    pub ca: OperatorCa,
     /// Verify the operator's certificate for this name instead of the URL's
     /// host.
     pub server_name: Option<String>,
@@ -36,6 +36,30 @@ pub struct OperatorSource {
     pub token_file: PathBuf,
     /// After this long without the operator, every tool call is refused.
     pub max_staleness: Option<Duration>,
+}
+
+/// Where the operator's CA bundle comes from.
+#[derive(Debug, Clone)]
+pub enum OperatorCa {
+    /// A PEM file (a mounted ConfigMap or Secret).
+    File(PathBuf),
+    /// The PEM itself (the injector puts it in the environment, so the pod
+    /// needs no extra object in its namespace).
+    Pem(String),
+}
+
+impl OperatorCa {
+    fn pem(&self) -> anyhow::Result<String> {
+        match self {
+            OperatorCa::File(path) => std::fs::read_to_string(path).map_err(|e| {
+                anyhow::anyhow!("cannot read the operator CA {}: {}", path.display(), e.kind())
+            }),
+            OperatorCa::Pem(pem) if pem.contains("-----BEGIN CERTIFICATE-----") => Ok(pem.clone()),
+            OperatorCa::Pem(_) => anyhow::bail!(
+                "the operator CA given inline (--operator-ca-pem) holds no PEM certificate"
+            ),
+        }
+    }
 }
 
 /// What the source publishes.
@@ -88,13 +112,7 @@ pub fn watch(
 }
 
 fn channel(source: &OperatorSource) -> anyhow::Result<Channel> {
-    let ca = std::fs::read_to_string(&source.ca_file).map_err(|e| {
-        anyhow::anyhow!(
-            "cannot read the operator CA {}: {}",
-            source.ca_file.display(),
-            e.kind()
-        )
-    })?;
+    let ca = source.ca.pem()?;
     let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
     if let Some(name) = &source.server_name {
         tls = tls.domain_name(name.clone());
