@@ -70,9 +70,80 @@ pub struct Args {
     /// decided what) before the operator deletes it.
     #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
     pub approval_retention: Duration,
+    #[command(flatten)]
+    pub injection: InjectionArgs,
     /// Diagnostics format on stderr.
     #[arg(long, value_enum, default_value = "json")]
     pub log_format: aip_runtime::LogFormat,
+}
+
+/// Sidecar injection (`/inject`); off unless --sidecar-image is given.
+#[derive(clap::Args, Debug)]
+pub struct InjectionArgs {
+    /// The aip-sidecar image to inject; without it `/inject` refuses pods
+    /// with a message saying injection is not configured.
+    #[arg(long, env = "AIP_SIDECAR_IMAGE")]
+    pub sidecar_image: Option<String>,
+    #[arg(long, env = "AIP_SIDECAR_PULL_POLICY", default_value = "IfNotPresent")]
+    pub sidecar_pull_policy: String,
+    /// The operator's gRPC URL as pods reach it (default
+    /// https://SERVICE.NAMESPACE.svc:8443 from --service-name and --namespace).
+    #[arg(long, env = "AIP_SIDECAR_OPERATOR_URL")]
+    pub sidecar_operator_url: Option<String>,
+    /// The operator's Service name.
+    #[arg(long, env = "AIP_SERVICE_NAME", default_value = "aip-operator")]
+    pub service_name: String,
+    /// The CA bundle sidecars trust for the operator (default: the serving
+    /// certificate itself, right when it is self-signed).
+    #[arg(long, env = "AIP_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    #[arg(long, default_value_t = 15001)]
+    pub sidecar_port: u16,
+    #[arg(long, default_value_t = 15021)]
+    pub sidecar_admin_port: u16,
+    #[arg(long, default_value_t = 65532)]
+    pub sidecar_user: i64,
+    #[arg(long, default_value = "50m")]
+    pub sidecar_cpu_request: String,
+    #[arg(long, default_value = "32Mi")]
+    pub sidecar_memory_request: String,
+    #[arg(long, default_value = "128Mi")]
+    pub sidecar_memory_limit: String,
+}
+
+impl InjectionArgs {
+    fn injection(
+        &self,
+        namespace: &str,
+        audience: &str,
+        serving_pem: &str,
+    ) -> anyhow::Result<Option<crate::webhooks::inject::Injection>> {
+        let Some(image) = &self.sidecar_image else {
+            return Ok(None);
+        };
+        let ca_pem = match &self.tls_ca {
+            Some(path) => std::fs::read_to_string(path)
+                .with_context(|| format!("reading the CA bundle {}", path.display()))?,
+            None => serving_pem.to_owned(),
+        };
+        Ok(Some(crate::webhooks::inject::Injection {
+            image: image.clone(),
+            pull_policy: self.sidecar_pull_policy.clone(),
+            operator_url: self
+                .sidecar_operator_url
+                .clone()
+                .unwrap_or_else(|| format!("https://{}.{namespace}.svc:8443", self.service_name)),
+            server_name: None,
+            ca_pem,
+            port: self.sidecar_port,
+            admin_port: self.sidecar_admin_port,
+            user_id: self.sidecar_user,
+            audience: audience.to_owned(),
+            cpu_request: self.sidecar_cpu_request.clone(),
+            memory_request: self.sidecar_memory_request.clone(),
+            memory_limit: self.sidecar_memory_limit.clone(),
+        }))
+    }
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
@@ -108,6 +179,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         client: client.clone(),
         metrics: metrics.clone(),
         operator: args.operator_username.clone(),
+        injection: args.injection.injection(
+            &args.namespace,
+            &args.token_audience,
+            &tls.cert_pem,
+        )?,
     });
     let webhook_tls = tls.rustls()?;
 

@@ -327,6 +327,7 @@ async fn start_webhooks(
         client: cluster.admin.clone(),
         metrics: Arc::new(Metrics::new()),
         operator: "admin".to_owned(),
+        injection: None,
     });
     tokio::spawn(webhooks::serve(hooks, listener, tls, shutdown.clone()));
     (addr, cert.pem(), shutdown.drop_guard())

@@ -89,7 +89,12 @@ struct RunArgs {
     operator_ca: Option<PathBuf>,
     /// The same bundle given inline as PEM text (the injected sidecar gets
     /// it so).
-    #[arg(long, env = "AIP_OPERATOR_CA_PEM", group = "operator_trust", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "AIP_OPERATOR_CA_PEM",
+        group = "operator_trust",
+        hide_env_values = true
+    )]
     operator_ca_pem: Option<String>,
     /// Verify the operator's certificate for this name instead of the
     /// URL's host.

@@ -6,6 +6,7 @@
 //! a Secret they cannot read at a host of their choosing.
 
 pub mod approvals;
+pub mod inject;
 pub mod validate;
 
 use std::convert::Infallible;
@@ -35,6 +36,8 @@ pub struct Webhooks {
     pub metrics: Arc<Metrics>,
     /// The operator's own user name, as the API server authenticates it.
     pub operator: String,
+    /// What `/inject` adds to pods; None: it refuses them, saying so.
+    pub injection: Option<inject::Injection>,
 }
 
 /// A rustls server configuration from PEM text.
@@ -83,9 +86,10 @@ async fn route(
     webhooks: Arc<Webhooks>,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
-    let mutate = match (req.method(), req.uri().path()) {
-        (&Method::POST, "/validate") => false,
-        (&Method::POST, "/mutate") => true,
+    let hook = match (req.method(), req.uri().path()) {
+        (&Method::POST, "/validate") => Hook::Validate,
+        (&Method::POST, "/mutate") => Hook::Mutate,
+        (&Method::POST, "/inject") => Hook::Inject,
         _ => return Ok(plain(StatusCode::NOT_FOUND, "not found\n")),
     };
     let body = match Limited::new(req.into_body(), MAX_REVIEW_BYTES)
@@ -104,10 +108,16 @@ async fn route(
             ));
         }
     };
-    let response = match review.try_into() {
-        Ok(request) if mutate => mutation(&request),
-        Ok(request) => validate::review(&webhooks, &request).await,
-        Err(e) => AdmissionResponse::invalid(format!("not an AdmissionReview request: {e}")),
+    let response = match (review.try_into(), hook) {
+        (Ok(request), Hook::Mutate) => mutation(&request),
+        (Ok(request), Hook::Validate) => validate::review(&webhooks, &request).await,
+        (Ok(request), Hook::Inject) => match &webhooks.injection {
+            Some(injection) => inject::review(injection, &request),
+            None => AdmissionResponse::from(&request).deny(
+                "sidecar injection is not configured on this operator (start it with --sidecar-image)",
+            ),
+        },
+        (Err(e), _) => AdmissionResponse::invalid(format!("not an AdmissionReview request: {e}")),
     };
     let body = serde_json::to_vec(&wire_review(response)).unwrap_or_default();
     let mut r = Response::new(Full::new(Bytes::from(body)));
@@ -143,6 +153,13 @@ fn mutation(request: &kube::core::admission::AdmissionRequest<DynamicObject>) ->
             .with_patch(patch)
             .unwrap_or_else(|e| AdmissionResponse::invalid(e.to_string())),
     }
+}
+
+#[derive(Clone, Copy)]
+enum Hook {
+    Validate,
+    Mutate,
+    Inject,
 }
 
 fn plain(status: StatusCode, text: &str) -> Response<Full<Bytes>> {

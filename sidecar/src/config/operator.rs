@@ -52,7 +52,11 @@ impl OperatorCa {
     fn pem(&self) -> anyhow::Result<String> {
         match self {
             OperatorCa::File(path) => std::fs::read_to_string(path).map_err(|e| {
-                anyhow::anyhow!("cannot read the operator CA {}: {}", path.display(), e.kind())
+                anyhow::anyhow!(
+                    "cannot read the operator CA {}: {}",
+                    path.display(),
+                    e.kind()
+                )
             }),
             OperatorCa::Pem(pem) if pem.contains("-----BEGIN CERTIFICATE-----") => Ok(pem.clone()),
             OperatorCa::Pem(_) => anyhow::bail!(
