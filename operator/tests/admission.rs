@@ -2,7 +2,9 @@
 //! with token-file users: an invalid AgentPolicy is refused at apply time
 //! with aip-policy's field paths; a ToolConnection naming a Secret its author
 //! cannot read is refused, one its author can read is admitted, and a
-//! reference to another namespace is refused with the reason.
+//! reference to another namespace is refused with the reason. Approval
+//! decisions are guarded and stamped. Opted-in pods come back with their
+//! gateway (once), others are untouched, and a hostNetwork pod is refused.
 
 #![allow(clippy::unwrap_used)]
 
@@ -11,6 +13,7 @@ mod common;
 use std::sync::Arc;
 
 use aip_operator::metrics::Metrics;
+use aip_operator::webhooks::inject::Injection;
 use aip_operator::webhooks::{self, Webhooks};
 use common::Cluster;
 use common::kubectl::{Kubectl, tempdir, webhook_configuration};
@@ -308,6 +311,134 @@ async fn only_the_right_people_decide_and_a_decision_is_final() {
     );
 }
 
+/// How the chart registers injection: pods of namespaces labelled
+/// `aip.io/inject: enabled` (unless the pod says disabled), and pods
+/// labelled so anywhere else.
+fn injection_webhooks(url: &str, ca_pem: &str) -> String {
+    use base64::Engine;
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    let hook = |name: &str, namespaces: &str, objects: &str| {
+        format!(
+            "  - name: {name}
+    clientConfig: {{url: '{url}', caBundle: {ca}}}
+    rules: [{{operations: [CREATE], apiGroups: [''], apiVersions: [v1], resources: [pods], scope: Namespaced}}]
+    namespaceSelector: {namespaces}
+    objectSelector: {objects}
+    sideEffects: None
+    admissionReviewVersions: [v1]
+    failurePolicy: Fail
+    reinvocationPolicy: IfNeeded
+"
+        )
+    };
+    format!(
+        "apiVersion: admissionregistration.k8s.io/v1\nkind: MutatingWebhookConfiguration\nmetadata: {{name: aip-inject}}\nwebhooks:\n{}{}",
+        hook(
+            "namespaces.inject.aip.io",
+            "{matchLabels: {aip.io/inject: enabled}}",
+            "{matchExpressions: [{key: aip.io/inject, operator: NotIn, values: [disabled]}]}"
+        ),
+        hook(
+            "pods.inject.aip.io",
+            "{matchExpressions: [{key: aip.io/inject, operator: NotIn, values: [enabled]}]}",
+            "{matchLabels: {aip.io/inject: enabled}}"
+        ),
+    )
+}
+
+fn agent_pod(namespace: &str, name: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}{extra}}}\nspec:\n  containers: [{{name: agent, image: agent}}]\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn opted_in_pods_come_back_with_their_gateway() {
+    let dir = tempdir();
+    let cluster = Cluster::start().await;
+    let admin = Kubectl {
+        kubeconfig: cluster.kubeconfig(&dir, aip_fake_apiserver::ADMIN_TOKEN),
+    };
+    let (addr, cert_pem, _stop) = start_webhooks(&cluster).await;
+    admin.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: agents, labels: {aip.io/inject: enabled}}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: other}\n");
+    admin.apply(&injection_webhooks(
+        &format!("https://{addr}/inject"),
+        &cert_pem,
+    ));
+    let get = |ns: &str, pod: &str| -> serde_json::Value {
+        let out = admin.ok(&["get", "pod", pod, "-n", ns, "-o", "json"], None);
+        serde_json::from_str(&out).unwrap()
+    };
+    let sidecars = |pod: &serde_json::Value| {
+        pod["spec"]["initContainers"].as_array().map_or(0, |c| {
+            c.iter().filter(|c| c["name"] == "aip-sidecar").count()
+        })
+    };
+
+    admin.apply(&agent_pod("agents", "agent-1", ""));
+    let pod = get("agents", "agent-1");
+    assert_eq!(sidecars(&pod), 1, "{pod}");
+    let sidecar = &pod["spec"]["initContainers"][0];
+    assert_eq!(sidecar["restartPolicy"], "Always");
+    assert_eq!(sidecar["startupProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(sidecar["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(sidecar["volumeMounts"][0]["name"], "aip-token");
+    let agent = &pod["spec"]["containers"][0];
+    assert!(
+        agent["volumeMounts"]
+            .as_array()
+            .is_none_or(|m| m.iter().all(|m| m["name"] != "aip-token")),
+        "{agent}"
+    );
+    assert_eq!(agent["env"][0]["name"], "AIP_MCP_URL");
+    assert_eq!(agent["env"][0]["value"], "http://127.0.0.1:15001/mcp");
+    let volume = pod["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "aip-token")
+        .unwrap();
+    assert_eq!(
+        volume["projected"]["sources"][0]["serviceAccountToken"]["audience"],
+        "aip.io/sidecar"
+    );
+    assert_eq!(pod["metadata"]["annotations"]["aip.io/sidecar"], "injected");
+
+    // The injected pod admitted again (say, recreated from its own YAML)
+    // still has one gateway.
+    let mut again = pod.clone();
+    again["metadata"] = serde_json::json!({"name": "agent-2", "namespace": "agents", "annotations": pod["metadata"]["annotations"]});
+    admin.apply(&again.to_string());
+    assert_eq!(sidecars(&get("agents", "agent-2")), 1);
+
+    // Not opted in: untouched; a pod's own label opts it in anywhere.
+    admin.apply(&agent_pod("other", "plain", ""));
+    assert_eq!(sidecars(&get("other", "plain")), 0);
+    admin.apply(&agent_pod(
+        "other",
+        "labelled",
+        ", labels: {aip.io/inject: enabled}",
+    ));
+    assert_eq!(sidecars(&get("other", "labelled")), 1);
+    admin.apply(&agent_pod(
+        "agents",
+        "opted-out",
+        ", labels: {aip.io/inject: disabled}",
+    ));
+    assert_eq!(sidecars(&get("agents", "opted-out")), 0);
+
+    // Sharing the node's network is refused, and kubectl says why.
+    let (ok, _, err) = admin.run(
+        &["apply", "-f", "-"],
+        Some("apiVersion: v1\nkind: Pod\nmetadata: {name: host, namespace: agents}\nspec:\n  hostNetwork: true\n  containers: [{name: agent, image: agent}]\n"),
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("denied the request: pod host sets hostNetwork"),
+        "{err}"
+    );
+}
+
 /// The operator's webhook server in this process, with a certificate for
 /// 127.0.0.1, acting as if the operator were the bootstrap administrator;
 /// its address and certificate, and a guard that stops it.
@@ -327,7 +458,20 @@ async fn start_webhooks(
         client: cluster.admin.clone(),
         metrics: Arc::new(Metrics::new()),
         operator: "admin".to_owned(),
-        injection: None,
+        injection: Some(Injection {
+            image: "aip-sidecar:test".into(),
+            pull_policy: "IfNotPresent".into(),
+            operator_url: "https://aip-operator.aip-system.svc:8443".into(),
+            server_name: None,
+            ca_pem: cert.pem(),
+            port: 15001,
+            admin_port: 15021,
+            user_id: 65532,
+            audience: "aip.io/sidecar".into(),
+            cpu_request: "50m".into(),
+            memory_request: "32Mi".into(),
+            memory_limit: "128Mi".into(),
+        }),
     });
     tokio::spawn(webhooks::serve(hooks, listener, tls, shutdown.clone()));
     (addr, cert.pem(), shutdown.drop_guard())
