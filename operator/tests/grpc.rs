@@ -131,6 +131,7 @@ impl Harness {
             name: name.to_owned(),
             uid: uid.clone(),
             labels: BTreeMap::from([("app".to_owned(), app.to_owned())]),
+            injected: true,
         });
         uid
     }
@@ -348,6 +349,7 @@ async fn the_stream_ends_when_the_token_expires() {
         name: "agent-1".to_owned(),
         uid: "u1".to_owned(),
         labels: BTreeMap::new(),
+        injected: true,
     });
     let (ptx, _policies) = mpsc::unbounded_channel();
     let (etx, _evidence) = mpsc::unbounded_channel();

@@ -188,4 +188,9 @@ pub struct AgentPolicyStatus {
     /// synced/governed, e.g. "12/12".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub synced: Option<String>,
+    /// Governed pods running without the aip-sidecar gateway (not injected,
+    /// and no sidecar of theirs ever connected): their tool calls are not
+    /// governed. The first 20 by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pods_without_sidecar: Vec<String>,
 }

@@ -243,6 +243,9 @@ async fn pods(client: Client, index: Shared, touched: Touched, listed: impl FnMu
                 name: p.name_any(),
                 uid: p.uid().unwrap_or_default(),
                 labels: p.labels().clone(),
+                injected: p
+                    .annotations()
+                    .contains_key(crate::webhooks::inject::INJECTED_ANNOTATION),
             };
             touched.policies(lock(&index).apply_pod(meta));
         },

@@ -211,6 +211,22 @@ pub fn desired(view: &PolicyView, current: &AgentPolicyStatus, now: Time) -> Age
                 view.missing_connections.join(", ")
             ),
         )
+    } else if !view.without_sidecar.is_empty() {
+        condition(
+            "Ready",
+            false,
+            "PodsWithoutSidecar",
+            format!(
+                "{} governed pod(s) run without the aip-sidecar gateway, so their tool calls are not governed (e.g. {}): label the namespace or the pods aip.io/inject=enabled and recreate them",
+                view.without_sidecar.len(),
+                view.without_sidecar
+                    .iter()
+                    .take(3)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )
     } else if view.synced_pods < view.governed_pods {
         condition(
             "Ready",
@@ -250,8 +266,17 @@ pub fn desired(view: &PolicyView, current: &AgentPolicyStatus, now: Time) -> Age
         governed_pods: view.governed_pods,
         synced_pods: view.synced_pods,
         synced: Some(format!("{}/{}", view.synced_pods, view.governed_pods)),
+        pods_without_sidecar: view
+            .without_sidecar
+            .iter()
+            .take(MAX_LISTED_PODS)
+            .cloned()
+            .collect(),
     }
 }
+
+/// Pods named in a status, at most.
+const MAX_LISTED_PODS: usize = 20;
 
 /// Events for what a person should notice: a refused spec, and pods caught
 /// between two policies (on the pods too).
@@ -290,8 +315,26 @@ async fn announce(
         )
         .await;
     }
+    let ns = policy.namespace().unwrap_or_default();
+    for pod in after
+        .pods_without_sidecar
+        .iter()
+        .filter(|p| !before.pods_without_sidecar.contains(p))
+    {
+        publish(
+            &ctx.recorder,
+            EventType::Warning,
+            "NoSidecar",
+            "Govern",
+            Some(format!(
+                "AgentPolicy {} selects this pod, but it runs without the aip-sidecar gateway: its tool calls are not governed (label its namespace aip.io/inject=enabled and recreate it)",
+                policy.name_any()
+            )),
+            &super::pod_reference(&ns, pod, None),
+        )
+        .await;
+    }
     if became("Conflict", "True") {
-        let ns = policy.namespace().unwrap_or_default();
         for (pod, others) in view.conflicts.iter().take(10) {
             let note = format!(
                 "selected by AgentPolicies {} and {}: every tool call is refused until only one selects it",
@@ -349,6 +392,7 @@ mod tests {
             synced_pods: 12,
             conflicts: BTreeMap::new(),
             missing_connections: Vec::new(),
+            without_sidecar: Vec::new(),
         }
     }
 
@@ -421,5 +465,23 @@ mod tests {
             condition(&s, "Ready").message,
             "no ToolConnection named gh in this namespace"
         );
+    }
+
+    #[test]
+    fn pods_without_a_sidecar_are_named() {
+        let mut v = view();
+        v.without_sidecar = (0..25).map(|i| format!("agent-{i:02}")).collect();
+        let s = desired(&v, &AgentPolicyStatus::default(), at(100));
+        let ready = condition(&s, "Ready");
+        assert_eq!(ready.reason, "PodsWithoutSidecar");
+        assert!(
+            ready
+                .message
+                .starts_with("25 governed pod(s) run without the aip-sidecar gateway"),
+            "{}",
+            ready.message
+        );
+        assert_eq!(s.pods_without_sidecar.len(), 20);
+        assert_eq!(s.pods_without_sidecar[0], "agent-00");
     }
 }

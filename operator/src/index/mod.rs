@@ -67,6 +67,8 @@ pub struct PodMeta {
     pub name: String,
     pub uid: String,
     pub labels: BTreeMap<String, String>,
+    /// The injector marked it (annotation `aip.io/sidecar`).
+    pub injected: bool,
 }
 
 /// A policy or connection, by namespace and name.
@@ -102,6 +104,9 @@ pub struct PolicyView {
     pub conflicts: BTreeMap<String, Vec<String>>,
     /// Granted connections that do not exist.
     pub missing_connections: Vec<String>,
+    /// Governed pods with no gateway: not injected, and no sidecar of
+    /// theirs ever connected. Their tool calls are not governed.
+    pub without_sidecar: Vec<String>,
 }
 
 pub struct Index {
@@ -170,6 +175,9 @@ struct PodEntry {
     config: watch::Sender<Arc<PodConfig>>,
     /// The policy hash of the config version the sidecar last acknowledged.
     acked_hash: Option<String>,
+    injected: bool,
+    /// Whether a sidecar of this pod ever acknowledged a config.
+    acked_once: bool,
 }
 
 impl Index {
@@ -340,6 +348,7 @@ impl Index {
                 );
                 entry.labels = pod.labels;
                 entry.matched = matched;
+                entry.injected = pod.injected;
             }
             _ => {
                 let (config, _) = watch::channel(Arc::new(PodConfig {
@@ -355,6 +364,8 @@ impl Index {
                     matched,
                     config,
                     acked_hash: None,
+                    injected: pod.injected,
+                    acked_once: false,
                 };
                 if let Some(old) = ns.pods.insert(pod.name.clone(), entry) {
                     touched.extend(
@@ -440,6 +451,7 @@ impl Index {
             return BTreeSet::new();
         }
         pod.acked_hash = hash;
+        pod.acked_once = true;
         pod.matched
             .iter()
             .map(|m| ObjectKey::new(namespace, m))
@@ -458,6 +470,7 @@ impl Index {
             synced_pods: 0,
             conflicts: BTreeMap::new(),
             missing_connections: Vec::new(),
+            without_sidecar: Vec::new(),
         };
         for (pod_name, pod) in &ns.pods {
             if !pod.matched.iter().any(|m| m == name) {
@@ -469,6 +482,9 @@ impl Index {
                 continue;
             }
             view.governed_pods += 1;
+            if !pod.injected && !pod.acked_once {
+                view.without_sidecar.push(pod_name.clone());
+            }
             let hash = accepted.as_ref().map(|a| &a.hash);
             if hash.is_some() && pod.acked_hash.as_ref() == hash {
                 view.synced_pods += 1;

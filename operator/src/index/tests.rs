@@ -20,6 +20,7 @@ fn pod(ns: &str, name: &str, uid: &str, pairs: &[(&str, &str)]) -> PodMeta {
         name: name.to_owned(),
         uid: uid.to_owned(),
         labels: labels(pairs),
+        injected: true,
     }
 }
 
@@ -478,4 +479,34 @@ fn a_policy_never_accepted_here_tells_its_pods_to_keep_what_they_run() {
     let fixed = current(&index, "agents", "a-1", "u1");
     assert!(!fixed.keep_previous);
     assert_eq!(fixed.policy.as_ref().unwrap().name, "p");
+}
+
+#[test]
+fn a_governed_pod_without_a_gateway_is_named_until_its_sidecar_reports() {
+    let mut index = Index::new();
+    index.apply_pod(pod("agents", "injected", "u1", &[("app", "a")]));
+    let mut manual = pod("agents", "manual", "u2", &[("app", "a")]);
+    manual.injected = false;
+    index.apply_pod(manual);
+    let mut stray = pod("agents", "stray", "u3", &[("app", "other")]);
+    stray.injected = false;
+    index.apply_pod(stray);
+    index.apply_policy("agents", "p", Some(1), &policy("a", &["x"], &[]));
+    let view = index.policy_view("agents", "p").unwrap();
+    assert_eq!(
+        view.without_sidecar,
+        ["manual"],
+        "ungoverned pods are not its business"
+    );
+
+    // A sidecar started by hand counts once it has reported.
+    let v = current(&index, "agents", "manual", "u2").version;
+    index.ack("agents", "manual", "u2", v);
+    assert!(
+        index
+            .policy_view("agents", "p")
+            .unwrap()
+            .without_sidecar
+            .is_empty()
+    );
 }
