@@ -8,6 +8,7 @@
 pub mod admin;
 pub mod api;
 pub mod approvals;
+pub mod certs;
 pub mod controllers;
 pub mod grpc;
 pub mod index;

@@ -45,6 +45,21 @@ pub struct Args {
     /// Where dev mode writes its certificate, for sidecars to trust.
     #[arg(long)]
     pub dev_tls_out: Option<PathBuf>,
+    /// Make (once) and serve a CA-signed certificate kept in this Secret of
+    /// the operator's namespace, instead of --tls-cert.
+    #[arg(long, env = "AIP_TLS_SECRET", conflicts_with_all = ["tls_cert", "dev_tls_names"])]
+    pub tls_secret: Option<String>,
+    /// With --tls-secret: write its CA into every webhook's caBundle of
+    /// these MutatingWebhookConfigurations...
+    #[arg(long, env = "AIP_CA_BUNDLE_MUTATING", value_delimiter = ',')]
+    pub ca_bundle_mutating: Vec<String>,
+    /// ...and these ValidatingWebhookConfigurations.
+    #[arg(long, env = "AIP_CA_BUNDLE_VALIDATING", value_delimiter = ',')]
+    pub ca_bundle_validating: Vec<String>,
+    /// The CA bundle sidecars trust for the operator, with --tls-cert
+    /// (default: the serving certificate itself, right when self-signed).
+    #[arg(long, env = "AIP_TLS_CA", requires = "tls_cert")]
+    pub tls_ca: Option<PathBuf>,
     /// The operator's own user name as the API server sees it (the only
     /// identity allowed to create ApprovalRequests or expire them).
     #[arg(
@@ -90,13 +105,10 @@ pub struct InjectionArgs {
     /// https://SERVICE.NAMESPACE.svc:8443 from --service-name and --namespace).
     #[arg(long, env = "AIP_SIDECAR_OPERATOR_URL")]
     pub sidecar_operator_url: Option<String>,
-    /// The operator's Service name.
+    /// The operator's Service name (for the URL above and the names in a
+    /// --tls-secret certificate).
     #[arg(long, env = "AIP_SERVICE_NAME", default_value = "aip-operator")]
     pub service_name: String,
-    /// The CA bundle sidecars trust for the operator (default: the serving
-    /// certificate itself, right when it is self-signed).
-    #[arg(long, env = "AIP_TLS_CA")]
-    pub tls_ca: Option<PathBuf>,
     #[arg(long, default_value_t = 15001)]
     pub sidecar_port: u16,
     #[arg(long, default_value_t = 15021)]
@@ -116,17 +128,10 @@ impl InjectionArgs {
         &self,
         namespace: &str,
         audience: &str,
-        serving_pem: &str,
-    ) -> anyhow::Result<Option<crate::webhooks::inject::Injection>> {
-        let Some(image) = &self.sidecar_image else {
-            return Ok(None);
-        };
-        let ca_pem = match &self.tls_ca {
-            Some(path) => std::fs::read_to_string(path)
-                .with_context(|| format!("reading the CA bundle {}", path.display()))?,
-            None => serving_pem.to_owned(),
-        };
-        Ok(Some(crate::webhooks::inject::Injection {
+        ca_pem: &str,
+    ) -> Option<crate::webhooks::inject::Injection> {
+        let image = self.sidecar_image.as_ref()?;
+        Some(crate::webhooks::inject::Injection {
             image: image.clone(),
             pull_policy: self.sidecar_pull_policy.clone(),
             operator_url: self
@@ -134,7 +139,7 @@ impl InjectionArgs {
                 .clone()
                 .unwrap_or_else(|| format!("https://{}.{namespace}.svc:8443", self.service_name)),
             server_name: None,
-            ca_pem,
+            ca_pem: ca_pem.to_owned(),
             port: self.sidecar_port,
             admin_port: self.sidecar_admin_port,
             user_id: self.sidecar_user,
@@ -142,7 +147,7 @@ impl InjectionArgs {
             cpu_request: self.sidecar_cpu_request.clone(),
             memory_request: self.sidecar_memory_request.clone(),
             memory_limit: self.sidecar_memory_limit.clone(),
-        }))
+        })
     }
 }
 
@@ -152,7 +157,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API (KUBECONFIG or in-cluster)")?;
-    let tls = server_tls(&args)?;
+    let (tls, ca_pem) = serving(&args, &client).await?;
     let identity = args
         .pod_name
         .clone()
@@ -179,11 +184,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         client: client.clone(),
         metrics: metrics.clone(),
         operator: args.operator_username.clone(),
-        injection: args.injection.injection(
-            &args.namespace,
-            &args.token_audience,
-            &tls.cert_pem,
-        )?,
+        injection: args
+            .injection
+            .injection(&args.namespace, &args.token_audience, &ca_pem),
     });
     let webhook_tls = tls.rustls()?;
 
@@ -236,6 +239,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         connections: connections_tx,
         pods_gone: pods_gone_tx,
     };
+    if args.tls_secret.is_some() {
+        tokio::spawn(crate::certs::keep_ca_bundles(
+            client.clone(),
+            ca_pem.clone(),
+            args.ca_bundle_mutating.clone(),
+            args.ca_bundle_validating.clone(),
+            shutdown.clone(),
+        ));
+    }
     let lease_task = tokio::spawn(lease::run(
         client.clone(),
         lease_config,
@@ -257,6 +269,28 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The serving certificate, and the CA bundle sidecars are to trust.
+async fn serving(args: &Args, client: &kube::Client) -> anyhow::Result<(ServerTls, String)> {
+    if let Some(secret) = &args.tls_secret {
+        let service = format!("{}.{}", args.injection.service_name, args.namespace);
+        let names = [
+            args.injection.service_name.clone(),
+            service.clone(),
+            format!("{service}.svc"),
+            format!("{service}.svc.cluster.local"),
+        ];
+        let made = crate::certs::ensure(client, &args.namespace, secret, &names).await?;
+        return Ok((made.tls, made.ca_pem));
+    }
+    let tls = server_tls(args)?;
+    let ca = match &args.tls_ca {
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("reading the CA bundle {}", path.display()))?,
+        None => tls.cert_pem.clone(),
+    };
+    Ok((tls, ca))
+}
+
 fn server_tls(args: &Args) -> anyhow::Result<ServerTls> {
     match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => ServerTls::from_files(cert, key),
@@ -270,7 +304,7 @@ fn server_tls(args: &Args) -> anyhow::Result<ServerTls> {
             Ok(tls)
         }
         _ => anyhow::bail!(
-            "give --tls-cert and --tls-key, or --dev-tls-names for a self-signed dev certificate"
+            "give --tls-secret NAME, or --tls-cert and --tls-key, or --dev-tls-names for a self-signed dev certificate"
         ),
     }
 }

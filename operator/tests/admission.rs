@@ -476,3 +476,84 @@ async fn start_webhooks(
     tokio::spawn(webhooks::serve(hooks, listener, tls, shutdown.clone()));
     (addr, cert.pem(), shutdown.drop_guard())
 }
+
+/// Two replicas starting at once make one certificate between them, and
+/// its CA lands in every webhook's caBundle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_operator_makes_one_certificate_and_fills_the_ca_bundles() {
+    use aip_operator::certs;
+    let dir = tempdir();
+    let cluster = Cluster::start().await;
+    let admin = Kubectl {
+        kubeconfig: cluster.kubeconfig(&dir, aip_fake_apiserver::ADMIN_TOKEN),
+    };
+    admin.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: aip-system}\n");
+    let unset = |kind: &str, name: &str| {
+        format!(
+            "apiVersion: admissionregistration.k8s.io/v1\nkind: {kind}WebhookConfiguration\nmetadata: {{name: {name}}}\nwebhooks:\n{}",
+            ["a", "b"]
+                .map(|w| format!("  - name: {w}.{name}.aip.io\n    clientConfig: {{url: 'https://127.0.0.1:1/x'}}\n    rules: [{{operations: [CREATE], apiGroups: [aip.io], apiVersions: [v1alpha1], resources: [toolconnections]}}]\n    sideEffects: None\n    admissionReviewVersions: [v1]\n    failurePolicy: Ignore\n"))
+                .join("")
+        )
+    };
+    admin.apply(&unset("Mutating", "aip-mutate"));
+    admin.apply(&unset("Validating", "aip-validate"));
+
+    let names = ["aip-operator.aip-system.svc".to_owned()];
+    let (one, two) = tokio::join!(
+        certs::ensure(&cluster.admin, "aip-system", "aip-tls", &names),
+        certs::ensure(&cluster.admin, "aip-system", "aip-tls", &names),
+    );
+    let (one, two) = (one.unwrap(), two.unwrap());
+    assert_eq!(one.tls.cert_pem, two.tls.cert_pem, "one certificate");
+    assert_eq!(one.ca_pem, two.ca_pem);
+    let again = certs::ensure(&cluster.admin, "aip-system", "aip-tls", &names)
+        .await
+        .unwrap();
+    assert_eq!(again.tls.cert_pem, one.tls.cert_pem, "kept across restarts");
+    assert_eq!(
+        admin.ok(
+            &[
+                "get",
+                "secret",
+                "aip-tls",
+                "-n",
+                "aip-system",
+                "-o",
+                "jsonpath={.type}"
+            ],
+            None
+        ),
+        "kubernetes.io/tls"
+    );
+
+    certs::patch_ca_bundles(
+        &cluster.admin,
+        &one.ca_pem,
+        &["aip-mutate".to_owned()],
+        &["aip-validate".to_owned()],
+    )
+    .await
+    .unwrap();
+    use base64::Engine;
+    for object in [
+        "mutatingwebhookconfiguration/aip-mutate",
+        "validatingwebhookconfiguration/aip-validate",
+    ] {
+        let bundles = admin.ok(
+            &[
+                "get",
+                object,
+                "-o",
+                "jsonpath={.webhooks[*].clientConfig.caBundle}",
+            ],
+            None,
+        );
+        let bundles: Vec<&str> = bundles.split_whitespace().collect();
+        assert_eq!(bundles.len(), 2, "{object}");
+        for b in bundles {
+            let pem = base64::engine::general_purpose::STANDARD.decode(b).unwrap();
+            assert_eq!(String::from_utf8(pem).unwrap(), one.ca_pem, "{object}");
+        }
+    }
+}

@@ -22,6 +22,16 @@ impl ServerTls {
         Ok(ServerTls { cert_pem, key_pem })
     }
 
+    /// A certificate and key given as PEM text.
+    pub fn from_pem(cert_pem: String, key_pem: String) -> ServerTls {
+        ServerTls { cert_pem, key_pem }
+    }
+
+    /// The key as PEM (for storing it in the operator's own TLS Secret).
+    pub fn key_pem(&self) -> &str {
+        &self.key_pem
+    }
+
     /// A self-signed certificate for `names` (DNS names or IP addresses).
     pub fn self_signed(names: &[String]) -> anyhow::Result<ServerTls> {
         let key = rcgen::KeyPair::generate().context("generating a TLS key")?;
