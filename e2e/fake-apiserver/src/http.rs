@@ -167,13 +167,21 @@ async fn serve(
         (&Method::DELETE, false) => "deletecollection",
         _ => "unknown",
     };
+    // A list or watch of one object by name is authorized as that name, so
+    // a Role with resourceNames may watch exactly the objects it names.
+    let selected = match verb {
+        "list" | "watch" => {
+            FieldSelector::parse(query.get("fieldSelector").map_or("", String::as_str))?
+        }
+        _ => FieldSelector::default(),
+    };
     let attributes = crate::rbac::Attributes {
         verb,
         group: &kind.group,
         resource: &kind.plural,
         subresource: t.subresource.as_deref(),
         namespace: t.namespace.as_deref().filter(|_| kind.namespaced),
-        name: t.name.as_deref(),
+        name: t.name.as_deref().or(selected.required_name()),
     };
     crate::rbac::authorize(store, user, &attributes)?;
     match (&method, t.name.as_deref()) {

@@ -127,6 +127,15 @@ impl FieldSelector {
         Ok(FieldSelector(terms))
     }
 
+    /// The one name it requires (`metadata.name=X`), as kube-apiserver
+    /// reads it to authorize a list or watch against RBAC resourceNames.
+    pub fn required_name(&self) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(field, equal, _)| field == "metadata.name" && *equal)
+            .map(|(_, _, value)| value.as_str())
+    }
+
     pub fn matches(&self, object: &Value) -> bool {
         self.0.iter().all(|(field, equal, value)| {
             let path = format!("/{}", field.replace('.', "/"));

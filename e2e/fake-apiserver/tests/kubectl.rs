@@ -262,7 +262,7 @@ kind: Role
 metadata: {name: read-config, namespace: team-a}
 rules:
   - {apiGroups: [\"\"], resources: [configmaps], verbs: [get, list, watch]}
-  - {apiGroups: [\"\"], resources: [secrets], verbs: [get], resourceNames: [allowed]}
+  - {apiGroups: [\"\"], resources: [secrets], verbs: [get, list, watch], resourceNames: [allowed]}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: RoleBinding
@@ -285,6 +285,12 @@ roleRef: {kind: Role, name: read-config, apiGroup: rbac.authorization.k8s.io}
         assert!(!ok && text.contains("Forbidden"), "resourceNames limit the grant: {text}");
         let (_, text) = alice.run(&["get", "secret", "allowed", "-n", "team-a"]);
         assert!(text.contains("NotFound"), "the named secret may be read (it just does not exist): {text}");
+        // A list of exactly the named object is authorized as that name...
+        let (ok, text) = alice.run(&["get", "secrets", "-n", "team-a", "--field-selector", "metadata.name=allowed"]);
+        assert!(ok, "{text}");
+        // ...a list of everything is not.
+        let (ok, text) = alice.run(&["get", "secrets", "-n", "team-a"]);
+        assert!(!ok && text.contains("cannot list resource \"secrets\""), "{text}");
         let _ = std::fs::remove_dir_all(&admin.dir);
         let _ = std::fs::remove_dir_all(&alice.dir);
     })
