@@ -1,5 +1,6 @@
 //! Watches that feed the index: AgentPolicies, ToolConnections, the Secrets
-//! those reference, and pods as metadata only. Each event becomes one index
+//! those reference (one watch each, see secret_feed), and pods as metadata
+//! only. Each event becomes one index
 //! update; what it touched is handed to the status writers.
 
 use std::collections::HashSet;
@@ -29,14 +30,14 @@ pub struct Touched {
 }
 
 impl Touched {
-    fn policies(&self, keys: impl IntoIterator<Item = ObjectKey>) {
+    pub(super) fn policies(&self, keys: impl IntoIterator<Item = ObjectKey>) {
         for k in keys {
             let _ = self.policies.send(k);
         }
     }
 
     /// After a Secret change: the connections that read it.
-    fn readers(&self, index: &Index, namespace: &str, secret: &str) {
+    pub(super) fn readers(&self, index: &Index, namespace: &str, secret: &str) {
         for name in index.connections_reading(namespace, secret) {
             let _ = self.connections.send(ObjectKey::new(namespace, &name));
         }
@@ -56,7 +57,7 @@ fn lock(index: &Shared) -> std::sync::MutexGuard<'_, Index> {
 /// watch starts after the ToolConnections are known, so that its first list
 /// keeps every Secret they read.
 pub async fn run(client: Client, index: Shared, touched: Touched, ready: watch::Sender<bool>) {
-    let (fetch_tx, fetch_rx) = mpsc::unbounded_channel();
+    let (refs_tx, refs_rx) = mpsc::unbounded_channel();
     let (listed_tx, mut listed) = watch::channel(0u8);
     let listed_tx = Arc::new(listed_tx);
     let done = |tx: &Arc<watch::Sender<u8>>| {
@@ -98,17 +99,17 @@ pub async fn run(client: Client, index: Shared, touched: Touched, ready: watch::
             client.clone(),
             index.clone(),
             touched.clone(),
-            fetch_tx,
+            refs_tx,
             connections_done
         ),
-        secrets(
+        super::secret_feed::run(
             client.clone(),
             index.clone(),
             touched.clone(),
             connections_listed,
+            refs_rx,
             done(&listed_tx)
         ),
-        fetch_secrets(client.clone(), index.clone(), touched.clone(), fetch_rx),
         pods(client, index, touched, done(&listed_tx)),
         mark_synced,
     );
@@ -134,7 +135,7 @@ async fn connections(
     client: Client,
     index: Shared,
     touched: Touched,
-    fetch: mpsc::UnboundedSender<ObjectKey>,
+    refs_changed: mpsc::UnboundedSender<()>,
     listed: impl FnMut(),
 ) {
     let api: Api<ToolConnection> = Api::all(client);
@@ -144,84 +145,22 @@ async fn connections(
         |c: &ToolConnection| {
             let ns = c.namespace().unwrap_or_default();
             let name = c.name_any();
-            // Secrets this connection reads that no one read before: fetch
-            // them, since the Secret watch keeps only referenced ones.
-            for (_, r) in c.spec.secret_refs() {
-                if !lock(&index).is_secret_referenced(&ns, &r.name) {
-                    let _ = fetch.send(ObjectKey::new(&ns, &r.name));
-                }
-            }
             touched.policies(lock(&index).apply_connection(&ns, &name, &c.spec));
             let _ = touched.connections.send(ObjectKey::new(&ns, &name));
+            // The Secret feed watches what connections reference.
+            let _ = refs_changed.send(());
         },
         |ns, name| {
             touched.policies(lock(&index).delete_connection(ns, name));
             let _ = touched.connections.send(ObjectKey::new(ns, name));
+            let _ = refs_changed.send(());
         },
         listed,
     )
     .await;
 }
 
-async fn secrets(
-    client: Client,
-    index: Shared,
-    touched: Touched,
-    mut connections_listed: watch::Receiver<bool>,
-    listed: impl FnMut(),
-) {
-    if connections_listed.wait_for(|l| *l).await.is_err() {
-        return;
-    }
-    let api: Api<Secret> = Api::all(client);
-    let stream = watcher::watcher(api, list_config()).default_backoff();
-    follow(
-        stream,
-        |s: &Secret| {
-            let ns = s.namespace().unwrap_or_default();
-            let name = s.name_any();
-            let mut index = lock(&index);
-            // Only Secrets some connection reads are kept in memory.
-            if index.is_secret_referenced(&ns, &name) {
-                touched.policies(index.apply_secret(&ns, &name, data(s)));
-                touched.readers(&index, &ns, &name);
-            }
-        },
-        |ns, name| {
-            let mut index = lock(&index);
-            touched.policies(index.delete_secret(ns, name));
-            touched.readers(&index, ns, name);
-        },
-        listed,
-    )
-    .await;
-}
-
-/// Fetches Secrets a new connection references (the watch may have
-/// delivered them before anyone cared).
-async fn fetch_secrets(
-    client: Client,
-    index: Shared,
-    touched: Touched,
-    mut wanted: mpsc::UnboundedReceiver<ObjectKey>,
-) {
-    while let Some(key) = wanted.recv().await {
-        let api: Api<Secret> = Api::namespaced(client.clone(), &key.namespace);
-        match api.get_opt(&key.name).await {
-            Ok(Some(s)) => {
-                let mut index = lock(&index);
-                touched.policies(index.apply_secret(&key.namespace, &key.name, data(&s)));
-                touched.readers(&index, &key.namespace, &key.name);
-            }
-            Ok(None) => {}
-            Err(e) => {
-                tracing::warn!(namespace = %key.namespace, secret = %key.name, error = %e, "cannot read a Secret a ToolConnection references")
-            }
-        }
-    }
-}
-
-fn data(s: &Secret) -> SecretData {
+pub(super) fn data(s: &Secret) -> SecretData {
     SecretData(
         s.data
             .iter()

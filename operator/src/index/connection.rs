@@ -73,13 +73,22 @@ impl PartialEq for ResolvedConnection {
     }
 }
 
+/// The Secrets of a namespace that connections read, and why the operator
+/// could not read others.
+#[derive(Default)]
+pub struct Secrets {
+    pub data: HashMap<String, Arc<SecretData>>,
+    /// Secret name -> why it cannot be read (no RBAC grant yet).
+    pub unreadable: HashMap<String, String>,
+}
+
 /// Resolves `spec` against the Secrets of its namespace. A spec that fails
 /// validation resolves to an error too: its tools must not be offered.
 pub fn resolve(
     namespace: &str,
     name: &str,
     spec: &ToolConnectionSpec,
-    secrets: &HashMap<String, Arc<SecretData>>,
+    secrets: &Secrets,
 ) -> ResolvedConnection {
     let health = spec.health_check.clone().unwrap_or_default();
     let seconds = |s: Option<u32>, default: u32| Duration::from_secs(s.unwrap_or(default).into());
@@ -110,10 +119,7 @@ pub fn resolve(
     }
 }
 
-fn credentials(
-    spec: &ToolConnectionSpec,
-    secrets: &HashMap<String, Arc<SecretData>>,
-) -> Result<Credentials, String> {
+fn credentials(spec: &ToolConnectionSpec, secrets: &Secrets) -> Result<Credentials, String> {
     let mut headers = Vec::new();
     for (i, h) in spec.headers.iter().enumerate() {
         let r = &h.value_from.secret_key_ref;
@@ -147,13 +153,14 @@ fn credentials(
 }
 
 /// One Secret key's value. Errors name the Secret and key, never the value.
-fn lookup(
-    secrets: &HashMap<String, Arc<SecretData>>,
-    r: &SecretKeyRef,
-) -> Result<SecretString, String> {
-    let data = secrets
-        .get(&r.name)
-        .ok_or_else(|| format!("Secret {} not found", r.name))?;
+fn lookup(secrets: &Secrets, r: &SecretKeyRef) -> Result<SecretString, String> {
+    let data = secrets.data.get(&r.name).ok_or_else(|| {
+        secrets
+            .unreadable
+            .get(&r.name)
+            .cloned()
+            .unwrap_or_else(|| format!("Secret {} not found", r.name))
+    })?;
     let bytes = data
         .0
         .get(&r.key)

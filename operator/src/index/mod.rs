@@ -133,7 +133,7 @@ struct Namespace {
     name: String,
     policies: BTreeMap<String, PolicyEntry>,
     connections: BTreeMap<String, ConnectionEntry>,
-    secrets: HashMap<String, Arc<SecretData>>,
+    secrets: connection::Secrets,
     pods: BTreeMap<String, PodEntry>,
 }
 
@@ -292,10 +292,11 @@ impl Index {
             .namespaces
             .entry(namespace.to_owned())
             .or_insert_with(|| Namespace::named(namespace));
-        if ns.secrets.get(name).is_some_and(|d| **d == data) {
+        let was_unreadable = ns.secrets.unreadable.remove(name).is_some();
+        if !was_unreadable && ns.secrets.data.get(name).is_some_and(|d| **d == data) {
             return BTreeSet::new();
         }
-        ns.secrets.insert(name.to_owned(), Arc::new(data));
+        ns.secrets.data.insert(name.to_owned(), Arc::new(data));
         self.reresolve_readers(namespace, name)
     }
 
@@ -303,10 +304,47 @@ impl Index {
         let Some(ns) = self.namespaces.get_mut(namespace) else {
             return BTreeSet::new();
         };
-        if ns.secrets.remove(name).is_none() {
+        let had_data = ns.secrets.data.remove(name).is_some();
+        let was_unreadable = ns.secrets.unreadable.remove(name).is_some();
+        if !had_data && !was_unreadable {
             return BTreeSet::new();
         }
         self.reresolve_readers(namespace, name)
+    }
+
+    /// The operator may not read Secret `name` (`reason` says how to grant
+    /// it); connections reading it say so instead of "not found".
+    pub fn secret_unreadable(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        reason: String,
+    ) -> BTreeSet<ObjectKey> {
+        let ns = self
+            .namespaces
+            .entry(namespace.to_owned())
+            .or_insert_with(|| Namespace::named(namespace));
+        let had_data = ns.secrets.data.remove(name).is_some();
+        if !had_data && ns.secrets.unreadable.get(name) == Some(&reason) {
+            return BTreeSet::new();
+        }
+        ns.secrets.unreadable.insert(name.to_owned(), reason);
+        self.reresolve_readers(namespace, name)
+    }
+
+    /// Every Secret some connection reads.
+    pub fn referenced_secrets(&self) -> BTreeSet<ObjectKey> {
+        self.namespaces
+            .iter()
+            .flat_map(|(ns, n)| {
+                n.connections.values().flat_map(move |c| {
+                    c.spec
+                        .secret_refs()
+                        .into_iter()
+                        .map(move |(_, r)| ObjectKey::new(ns, &r.name))
+                })
+            })
+            .collect()
     }
 
     /// The connections of `namespace` that read Secret `secret`.
@@ -317,15 +355,6 @@ impl Index {
                 .filter(|(_, c)| c.spec.secret_refs().iter().any(|(_, r)| r.name == secret))
                 .map(|(name, _)| name.clone())
                 .collect()
-        })
-    }
-
-    /// The Secrets that some connection in `namespace` reads.
-    pub fn is_secret_referenced(&self, namespace: &str, name: &str) -> bool {
-        self.namespaces.get(namespace).is_some_and(|ns| {
-            ns.connections
-                .values()
-                .any(|c| c.spec.secret_refs().iter().any(|(_, r)| r.name == name))
         })
     }
 

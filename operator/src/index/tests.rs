@@ -227,8 +227,18 @@ fn granted_connections_carry_resolved_credentials_and_follow_rotation() {
         bearer(&missing, "gh"),
         Err("spec.bearerToken: Secret gh-token not found".to_owned())
     );
-    assert!(index.is_secret_referenced("agents", "gh-token"));
-    assert!(!index.is_secret_referenced("agents", "other"));
+    assert_eq!(
+        index.referenced_secrets(),
+        BTreeSet::from([ObjectKey::new("agents", "gh-token")])
+    );
+
+    // Unreadable (no RBAC grant): the connection says how to grant it.
+    index.secret_unreadable("agents", "gh-token", "grant it with X".to_owned());
+    let unreadable = current(&index, "agents", "a-1", "u1");
+    assert_eq!(
+        bearer(&unreadable, "gh"),
+        Err("spec.bearerToken: grant it with X".to_owned())
+    );
 
     index.apply_secret("agents", "gh-token", secret(&[("token", "one\n")]));
     let first = current(&index, "agents", "a-1", "u1");
