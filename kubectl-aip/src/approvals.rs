@@ -56,6 +56,14 @@ impl Target {
         })
     }
 
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
     /// The requests as a table, pending only unless `all`.
     pub async fn list(&self, all_namespaces: bool, all: bool) -> anyhow::Result<String> {
         let api: Api<ApprovalRequest> = if all_namespaces {
@@ -134,7 +142,7 @@ fn decision(request: &ApprovalRequest) -> Decision {
 }
 
 /// An API error as kubectl words it.
-fn server_error(e: kube::Error) -> anyhow::Error {
+pub fn server_error(e: kube::Error) -> anyhow::Error {
     match e {
         kube::Error::Api(status) => anyhow::anyhow!(
             "Error from server ({}): {}",

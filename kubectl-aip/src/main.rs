@@ -2,10 +2,13 @@
 //! for a person and records a decision by patching an ApprovalRequest's
 //! status, exactly as `kubectl patch --subresource=status` would: the
 //! operator's webhooks stamp who decided and refuse whoever may not.
+//! For platform teams, `grant` lets the operator read exactly the Secrets
+//! one ToolConnection names.
 
 #![forbid(unsafe_code)]
 
 mod approvals;
+mod grant;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -17,7 +20,7 @@ use clap::{Parser, Subcommand};
     name = "kubectl aip",
     bin_name = "kubectl aip",
     version,
-    about = "Decide the tool calls AI agents wait on (ApprovalRequests)"
+    about = "Decide the tool calls AI agents wait on (ApprovalRequests); grant the operator the Secrets a ToolConnection names"
 )]
 struct Cli {
     /// Path to the kubeconfig file (default: $KUBECONFIG, then ~/.kube/config).
@@ -57,6 +60,15 @@ enum Command {
         #[arg(long)]
         reason: String,
     },
+    /// Let the operator read exactly the Secrets a ToolConnection names (a
+    /// Role with resourceNames, bound to the operator's service account).
+    Grant {
+        /// The ToolConnection.
+        connection: String,
+        /// The operator's service account, NAMESPACE/NAME.
+        #[arg(long, default_value = "aip-system/aip-operator")]
+        operator: String,
+    },
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -92,6 +104,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .await?;
             println!("{said}");
         }
+        Command::Grant {
+            connection,
+            operator,
+        } => println!("{}", grant::grant(&target, &connection, &operator).await?),
         Command::Deny { name, reason } => {
             if reason.trim().is_empty() {
                 anyhow::bail!("--reason must say why the call is denied");

@@ -1,0 +1,88 @@
+//! `kubectl aip grant CONNECTION`: lets the operator read exactly the
+//! Secrets one ToolConnection names, with a Role limited by resourceNames
+//! and a RoleBinding to the operator's service account. The operator holds
+//! no Secret access of its own. Kubernetes refuses to create a Role
+//! granting more than its author holds, so only someone who may read those
+//! Secrets can grant them.
+
+use std::collections::BTreeSet;
+
+use aip_operator::api::ToolConnection;
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams};
+
+use crate::approvals::{Target, server_error};
+
+const MANAGER: &str = "kubectl-aip";
+
+/// Writes the Role and RoleBinding for `connection`; what was granted.
+pub async fn grant(target: &Target, connection: &str, operator: &str) -> anyhow::Result<String> {
+    let (sa_namespace, sa_name) = operator.split_once('/').ok_or_else(|| {
+        anyhow::anyhow!("--operator must be NAMESPACE/SERVICEACCOUNT, found {operator:?}")
+    })?;
+    let ns = target.namespace();
+    let connections: Api<ToolConnection> = Api::namespaced(target.client(), ns);
+    let tc = connections.get(connection).await.map_err(server_error)?;
+    let secrets: BTreeSet<String> = tc
+        .spec
+        .secret_refs()
+        .into_iter()
+        .map(|(_, r)| r.name.clone())
+        .collect();
+    if secrets.is_empty() {
+        return Ok(format!(
+            "toolconnection {connection} names no Secret: nothing to grant"
+        ));
+    }
+    let name = format!("aip-credentials-{connection}");
+    let meta = || ObjectMeta {
+        name: Some(name.clone()),
+        namespace: Some(ns.to_owned()),
+        labels: Some(
+            [
+                ("app.kubernetes.io/managed-by".to_owned(), MANAGER.to_owned()),
+                ("aip.io/toolconnection".to_owned(), connection.to_owned()),
+            ]
+            .into(),
+        ),
+        ..ObjectMeta::default()
+    };
+    let role = Role {
+        metadata: meta(),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec![String::new()]),
+            resources: Some(vec!["secrets".to_owned()]),
+            // list and watch by name: the operator watches each Secret.
+            verbs: vec!["get".to_owned(), "list".to_owned(), "watch".to_owned()],
+            resource_names: Some(secrets.iter().cloned().collect()),
+            ..PolicyRule::default()
+        }]),
+    };
+    let binding = RoleBinding {
+        metadata: meta(),
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".to_owned()),
+            kind: "Role".to_owned(),
+            name: name.clone(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".to_owned(),
+            name: sa_name.to_owned(),
+            namespace: Some(sa_namespace.to_owned()),
+            ..Subject::default()
+        }]),
+    };
+    let apply = PatchParams::apply(MANAGER).force();
+    Api::<Role>::namespaced(target.client(), ns)
+        .patch(&name, &apply, &Patch::Apply(&role))
+        .await
+        .map_err(server_error)?;
+    Api::<RoleBinding>::namespaced(target.client(), ns)
+        .patch(&name, &apply, &Patch::Apply(&binding))
+        .await
+        .map_err(server_error)?;
+    Ok(format!(
+        "role.rbac.authorization.k8s.io/{name} granted: {operator} may read Secret(s) {} in namespace {ns}",
+        secrets.into_iter().collect::<Vec<_>>().join(", ")
+    ))
+}
