@@ -40,7 +40,10 @@ pub async fn grant(target: &Target, connection: &str, operator: &str) -> anyhow:
         namespace: Some(ns.to_owned()),
         labels: Some(
             [
-                ("app.kubernetes.io/managed-by".to_owned(), MANAGER.to_owned()),
+                (
+                    "app.kubernetes.io/managed-by".to_owned(),
+                    MANAGER.to_owned(),
+                ),
                 ("aip.io/toolconnection".to_owned(), connection.to_owned()),
             ]
             .into(),

@@ -49,6 +49,11 @@ pub struct Args {
     /// the operator's namespace, instead of --tls-cert.
     #[arg(long, env = "AIP_TLS_SECRET", conflicts_with_all = ["tls_cert", "dev_tls_names"])]
     pub tls_secret: Option<String>,
+    /// Names (DNS or IP) the --tls-secret certificate carries besides the
+    /// Service's, e.g. localhost for a development cluster. Read only when
+    /// the certificate is made.
+    #[arg(long, value_delimiter = ',', requires = "tls_secret")]
+    pub tls_extra_names: Vec<String>,
     /// With --tls-secret: write its CA into every webhook's caBundle of
     /// these MutatingWebhookConfigurations...
     #[arg(long, env = "AIP_CA_BUNDLE_MUTATING", value_delimiter = ',')]
@@ -273,12 +278,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 async fn serving(args: &Args, client: &kube::Client) -> anyhow::Result<(ServerTls, String)> {
     if let Some(secret) = &args.tls_secret {
         let service = format!("{}.{}", args.injection.service_name, args.namespace);
-        let names = [
+        let mut names = vec![
             args.injection.service_name.clone(),
             service.clone(),
             format!("{service}.svc"),
             format!("{service}.svc.cluster.local"),
         ];
+        names.extend(args.tls_extra_names.iter().cloned());
         let made = crate::certs::ensure(client, &args.namespace, secret, &names).await?;
         return Ok((made.tls, made.ca_pem));
     }

@@ -139,6 +139,26 @@ pub fn builtins() -> Vec<Kind> {
         builtin("", "v1", "events", "Event", true, &["ev"]),
         builtin("events.k8s.io", "v1", "events", "Event", true, &["ev"]),
         builtin("coordination.k8s.io", "v1", "leases", "Lease", true, &[]),
+        // Stored only (no controllers act on them): enough for a Helm
+        // chart's manifests to install with kubectl.
+        builtin("", "v1", "services", "Service", true, &["svc"]),
+        builtin("apps", "v1", "deployments", "Deployment", true, &["deploy"]),
+        builtin(
+            "policy",
+            "v1",
+            "poddisruptionbudgets",
+            "PodDisruptionBudget",
+            true,
+            &["pdb"],
+        ),
+        builtin(
+            "networking.k8s.io",
+            "v1",
+            "networkpolicies",
+            "NetworkPolicy",
+            true,
+            &["netpol"],
+        ),
         builtin(
             "apiextensions.k8s.io",
             "v1",

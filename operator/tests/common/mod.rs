@@ -80,6 +80,19 @@ impl Cluster {
         pod.metadata.uid.unwrap()
     }
 
+    /// A token for `account` (the API server's audience, bound to no pod),
+    /// as a controller's projected token is.
+    pub async fn account_token(&self, ns: &str, account: &str) -> String {
+        let accounts: Api<ServiceAccount> = Api::namespaced(self.admin.clone(), ns);
+        let request: TokenRequest =
+            serde_json::from_value(json!({"spec": {"expirationSeconds": 7200}})).unwrap();
+        let minted = accounts
+            .create_token_request(account, &PostParams::default(), &request)
+            .await
+            .unwrap();
+        minted.status.unwrap().token.unwrap()
+    }
+
     /// A token for `account` bound to pod `pod` (uid), for `audiences`
     /// (empty: the API server's own).
     pub async fn token(

@@ -1,6 +1,11 @@
 //! The platform engineer's story, end to end, against the fake API server:
-//! kubectl applies the CRDs, a Secret, a ToolConnection pointing at the
-//! fault server and an AgentPolicy; the real aip-operator binary streams the
+//! kubectl installs the Helm chart's rendered manifests, and the real
+//! aip-operator binary runs with the chart's arguments as the chart's service
+//! account, under exactly the chart's RBAC (which these flows prove
+//! sufficient, and checks below prove minimal: no Secret it was not granted,
+//! no write it does not need). kubectl applies a Secret, a ToolConnection
+//! pointing at the fault server (unreadable to the operator until `kubectl
+//! aip grant`) and an AgentPolicy; the operator streams the
 //! pod's configuration to the real aip-sidecar binary in Kubernetes mode,
 //! which enforces it on an agent's calls. Editing the policy changes
 //! enforcement and the status shows the new hash synced 1/1; an invalid edit
@@ -18,8 +23,8 @@ use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 use crate::common::Cluster;
-use crate::common::kubectl::{Kubectl, tempdir, webhook_configuration};
-use crate::common::local::{TlsFiles, free_port};
+use crate::common::kubectl::{Kubectl, tempdir};
+use crate::common::local::free_port;
 use crate::support::*;
 
 // kubectl blocks a worker while the API server runs on the others.
@@ -44,13 +49,55 @@ async fn kubectl_to_sidecar_enforcement() {
     let _stop = shutdown.clone().drop_guard();
     let (fault_url, attempts) = start_fault_server(&dir, &shutdown).await;
 
-    // The platform engineer's objects.
-    let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/aip.io.yaml");
-    kubectl.ok(&["apply", "-f", crds], None);
-    kubectl.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: agents}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: aip-system}\n");
+    // The chart, installed with kubectl; the operator as its service
+    // account, with the chart's arguments (a fixed port and certificate, so
+    // that it can come back where the sidecar expects it).
+    let ports = Ports {
+        grpc: free_port(),
+        webhook: free_port(),
+    };
+    let grpc = ports.grpc;
+    let chart_args = install_chart(&kubectl, ports.webhook);
+    let operator_kubeconfig = cluster.kubeconfig(
+        &dir,
+        &cluster.account_token("aip-system", "aip-operator").await,
+    );
+    let mut operator = start_chart_operator(&operator_kubeconfig, &chart_args, ports, &[]);
+    operator.line("caBundle written").await;
+    operator.line("cluster state loaded").await;
+    let operator_ca = operator_ca(&kubectl, &dir);
+
+    // The platform engineer's objects. The operator may not read the
+    // connection's Secret until it is granted, and says how.
+    kubectl.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: agents}\n");
     kubectl.apply(&secret("tok-A"));
+    kubectl.apply(&secret_named("unrelated", "not-for-the-operator"));
     kubectl.apply(&connection(&fault_url));
     kubectl.apply(&policy(&["fs_read_file"]));
+    let ungranted = eventually("the ungranted Secret is reported", || {
+        let kubectl = Kubectl {
+            kubeconfig: kubeconfig.clone(),
+        };
+        async move {
+            let message = kubectl.get(
+                "toolconnection/fs",
+                "{.status.conditions[?(@.type==\"CredentialsResolved\")].message}",
+            );
+            message.contains("may not read").then_some(message)
+        }
+    })
+    .await;
+    assert!(
+        ungranted.contains("the operator may not read Secret fs-token: grant it with `kubectl aip grant fs -n agents`"),
+        "{ungranted}"
+    );
+    let (ok, said, err) = kubectl.aip(&["grant", "fs", "-n", "agents"]);
+    assert!(ok, "{said}{err}");
+    assert!(
+        said.contains("aip-system/aip-operator may read Secret(s) fs-token in namespace agents"),
+        "{said}"
+    );
+    least_privilege(&cluster).await;
 
     // The agent pod, and the token the kubelet would project for its sidecar.
     cluster.service_account("agents", "agent").await;
@@ -69,23 +116,6 @@ async fn kubectl_to_sidecar_enforcement() {
     let token_file = dir.join("token");
     std::fs::write(&token_file, &token).unwrap();
 
-    // The operator (a fixed port and certificate, so that it can come back
-    // where the sidecar expects it), then the sidecar pointed at it.
-    let tls = TlsFiles::new(&dir);
-    let ports = Ports {
-        grpc: free_port(),
-        webhook: free_port(),
-    };
-    let grpc = ports.grpc;
-    let mut operator = start_operator(&kubeconfig, &tls, ports, &[]);
-    operator.line("gRPC config service listening").await;
-    kubectl.apply(&webhook_configuration(
-        "Validating",
-        "validate",
-        &format!("https://127.0.0.1:{}/validate", ports.webhook),
-        &tls.cert_pem,
-        "agentpolicies, toolconnections",
-    ));
     // bob may not aim a Secret he cannot read at a host of his choosing.
     kubectl.apply("apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {name: aip-editor, namespace: agents}\nrules:\n- {apiGroups: [aip.io], resources: [agentpolicies, toolconnections], verbs: [get, list, create, update, patch]}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {name: bob-edits-aip, namespace: agents}\nsubjects: [{kind: User, name: bob, apiGroup: rbac.authorization.k8s.io}]\nroleRef: {kind: Role, name: aip-editor, apiGroup: rbac.authorization.k8s.io}\n");
     let bob = Kubectl {
@@ -106,14 +136,14 @@ async fn kubectl_to_sidecar_enforcement() {
     let default_token = cluster.token("agents", "agent", "agent-1", &uid, &[]).await;
     let default_token_file = dir.join("default-token");
     std::fs::write(&default_token_file, &default_token).unwrap();
-    let impostor = start_sidecar(&tls.cert, grpc, &default_token_file);
+    let impostor = start_sidecar(&operator_ca, grpc, &default_token_file);
     let line = impostor
         .line("configuration stream from the operator lost")
         .await;
     assert!(line.contains("audience"), "{line}");
     drop(impostor);
 
-    let sidecar = start_sidecar(&tls.cert, grpc, &token_file);
+    let sidecar = start_sidecar(&operator_ca, grpc, &token_file);
     let mut agent = agent_of(&sidecar).await;
 
     // Enforced: the granted tool works, the other is refused.
@@ -168,7 +198,7 @@ async fn kubectl_to_sidecar_enforcement() {
     );
     // ...and, admitted while the webhook is not there, marked and not enforced.
     kubectl.ok(
-        &["delete", "validatingwebhookconfiguration", "validate"],
+        &["delete", "validatingwebhookconfiguration", "aip-operator"],
         None,
     );
     kubectl.apply(&invalid);
@@ -259,7 +289,7 @@ async fn kubectl_to_sidecar_enforcement() {
 
     // Back, then a rotated Secret: the next call carries the new credential,
     // the upstream refuses it, and the connection's tools disappear.
-    let operator = start_operator(&kubeconfig, &tls, ports, &[]);
+    let operator = start_chart_operator(&operator_kubeconfig, &chart_args, ports, &[]);
     operator.line("cluster state loaded").await;
     kubectl.apply(&secret("tok-B"));
     // The old credential still works upstream, so a 401 proves the new one
@@ -311,4 +341,95 @@ async fn kubectl_to_sidecar_enforcement() {
     assert!(last.contains(&want), "{last}");
     assert!(!log.contains("tok-A"), "the attempt log holds digests only");
     drop(sidecar);
+}
+
+/// What the chart's RBAC lets the operator do, asked of the API server: the
+/// granted Secret and nothing else of Secrets; none of the writes it has no
+/// use for.
+async fn least_privilege(cluster: &Cluster) {
+    use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+    let may = |verb: &str, group: &str, resource: &str, ns: Option<&str>, name: Option<&str>| {
+        let review: SubjectAccessReview = serde_json::from_value(json!({"spec": {
+            "user": "system:serviceaccount:aip-system:aip-operator",
+            "groups": ["system:serviceaccounts", "system:serviceaccounts:aip-system", "system:authenticated"],
+            "resourceAttributes": {"verb": verb, "group": group, "resource": resource,
+                                   "namespace": ns, "name": name}}}))
+        .unwrap();
+        let api: kube::Api<SubjectAccessReview> = kube::Api::all(cluster.admin.clone());
+        async move {
+            api.create(&Default::default(), &review)
+                .await
+                .unwrap()
+                .status
+                .unwrap()
+                .allowed
+        }
+    };
+    assert!(may("get", "", "secrets", Some("agents"), Some("fs-token")).await);
+    assert!(may("watch", "", "secrets", Some("agents"), Some("fs-token")).await);
+    let denied = [
+        ("get", "", "secrets", Some("agents"), Some("unrelated")),
+        ("list", "", "secrets", Some("agents"), None),
+        ("list", "", "secrets", None, None),
+        ("get", "", "secrets", Some("kube-system"), Some("fs-token")),
+        ("create", "", "pods", Some("agents"), None),
+        ("delete", "", "pods", Some("agents"), Some("agent-1")),
+        ("update", "", "secrets", Some("agents"), Some("fs-token")),
+        ("create", "", "secrets", Some("agents"), None),
+        (
+            "update",
+            "aip.io",
+            "agentpolicies",
+            Some("agents"),
+            Some("files"),
+        ),
+        (
+            "delete",
+            "aip.io",
+            "toolconnections",
+            Some("agents"),
+            Some("fs"),
+        ),
+        (
+            "create",
+            "rbac.authorization.k8s.io",
+            "roles",
+            Some("agents"),
+            None,
+        ),
+        (
+            "create",
+            "rbac.authorization.k8s.io",
+            "clusterrolebindings",
+            None,
+            None,
+        ),
+        (
+            "patch",
+            "admissionregistration.k8s.io",
+            "validatingwebhookconfigurations",
+            None,
+            Some("someone-else"),
+        ),
+        (
+            "patch",
+            "apps",
+            "deployments",
+            Some("aip-system"),
+            Some("aip-operator"),
+        ),
+        (
+            "update",
+            "coordination.k8s.io",
+            "leases",
+            Some("aip-system"),
+            Some("someone-else"),
+        ),
+    ];
+    for (verb, group, resource, ns, name) in denied {
+        assert!(
+            !may(verb, group, resource, ns, name).await,
+            "the chart lets the operator {verb} {group}/{resource} {ns:?} {name:?}"
+        );
+    }
 }

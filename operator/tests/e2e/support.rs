@@ -105,6 +105,13 @@ pub fn policy(tools: &[&str]) -> String {
     )
 }
 
+/// A Secret `name` in namespace agents holding `token` under key token.
+pub fn secret_named(name: &str, token: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}, namespace: agents}}\nstringData: {{token: {token}}}\n"
+    )
+}
+
 pub fn secret(token: &str) -> String {
     format!(
         "apiVersion: v1\nkind: Secret\nmetadata: {{name: fs-token, namespace: agents}}\nstringData: {{token: {token}}}\n"
@@ -275,4 +282,112 @@ pub async fn lists(agent: &Agent, tool: &str) {
         }
     })
     .await;
+}
+
+/// The chart as `helm template --include-crds` renders it for namespace
+/// aip-system, each webhook's Service reference replaced by
+/// `https://localhost:PORT/PATH` (the fake API server calls URLs only).
+pub fn rendered_chart(webhook_port: u16) -> Vec<Value> {
+    let chart = concat!(env!("CARGO_MANIFEST_DIR"), "/../charts/aip");
+    let out = Command::new("helm")
+        .args([
+            "template",
+            "aip",
+            chart,
+            "--namespace",
+            "aip-system",
+            "--include-crds",
+        ])
+        .output()
+        .expect("helm on PATH (make helm puts one in target/bin)");
+    assert!(
+        out.status.success(),
+        "helm template: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut objects = Vec::new();
+    for doc in text.split("\n---") {
+        let Ok(mut object) = serde_saphyr::from_str::<Value>(doc) else {
+            panic!("helm rendered YAML that does not parse:\n{doc}");
+        };
+        if object.is_null() {
+            continue;
+        }
+        for hook in object["webhooks"].as_array_mut().into_iter().flatten() {
+            let path = hook["clientConfig"]["service"]["path"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            hook["clientConfig"] =
+                json!({"url": format!("https://localhost:{webhook_port}{path}")});
+        }
+        objects.push(object);
+    }
+    objects
+}
+
+/// Installs the rendered chart with kubectl (namespace aip-system first);
+/// the operator's arguments, as the chart's Deployment gives them.
+pub fn install_chart(admin: &Kubectl, webhook_port: u16) -> Vec<String> {
+    admin.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: aip-system}\n");
+    let objects = rendered_chart(webhook_port);
+    let deployment = objects
+        .iter()
+        .find(|o| o["kind"] == "Deployment")
+        .expect("the chart has the operator's Deployment");
+    let args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect();
+    let documents: Vec<String> = objects.iter().map(Value::to_string).collect();
+    // A stream of JSON objects, which kubectl reads one after another.
+    admin.apply(&documents.join("\n"));
+    args
+}
+
+/// The operator binary as the chart runs it (`args` from the chart's
+/// Deployment), as the user of `kubeconfig`, listening on `ports` of
+/// loopback; its certificate also names localhost.
+pub fn start_chart_operator(
+    kubeconfig: &Path,
+    args: &[String],
+    ports: Ports,
+    extra: &[&str],
+) -> Proc {
+    let mut c = Command::new(binary("aip-operator"));
+    c.env("KUBECONFIG", kubeconfig)
+        .args(args)
+        .args(["--grpc-listen", &format!("127.0.0.1:{}", ports.grpc)])
+        .args(["--webhook-listen", &format!("127.0.0.1:{}", ports.webhook)])
+        .args(["--admin-listen", "127.0.0.1:0"])
+        .args(["--namespace", "aip-system", "--pod-name", "operator-0"])
+        .args(["--tls-extra-names", "localhost"])
+        .args(extra);
+    Proc::start("aip-operator", c)
+}
+
+/// The CA the operator made (in its TLS Secret), written to `dir`/ca.crt.
+pub fn operator_ca(admin: &Kubectl, dir: &Path) -> PathBuf {
+    use base64::Engine;
+    let encoded = admin.ok(
+        &[
+            "get",
+            "secret",
+            "aip-operator-tls",
+            "-n",
+            "aip-system",
+            "-o",
+            "jsonpath={.data.ca\\.crt}",
+        ],
+        None,
+    );
+    let pem = base64::engine::general_purpose::STANDARD
+        .decode(encoded.trim())
+        .unwrap();
+    let path = dir.join("operator-ca.crt");
+    std::fs::write(&path, pem).unwrap();
+    path
 }
