@@ -56,7 +56,7 @@ kubectl:
 helm:
 	@scripts/ensure-helm.sh
 
-unit: build interop-deps kubectl
+unit: build interop-deps kubectl helm
 	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
 		PATH="$(CURDIR)/target/bin:$$PATH" $(CARGO) nextest run --workspace --locked --no-fail-fast; \
 	else \

@@ -16,25 +16,25 @@ use tokio_util::sync::CancellationToken;
 
 use crate::common::Cluster;
 use crate::common::agent::Agent;
-use crate::common::kubectl::{Kubectl, tempdir, webhook_configuration};
-use crate::common::local::{TlsFiles, free_port};
+use crate::common::kubectl::{Kubectl, tempdir};
+use crate::common::local::free_port;
 use crate::support::*;
 
-/// The operator (the name it is told is its own by default), alice the
-/// approver, carol with no rights at all.
-const USERS: &str = "op-token,system:serviceaccount:aip-system:aip-operator,u-op,\"system:masters\"
-alice-token,alice,u-alice,\"approvers\"
+/// alice the approver, victor who may only look, carol with no rights at
+/// all.
+const USERS: &str = "alice-token,alice,u-alice,\"approvers\"
+victor-token,victor,u-victor,\"viewers\"
 carol-token,carol,u-carol
 ";
 
-/// What a platform team grants approvers, and (a mistake the webhook
-/// catches) the same to the agent's namespace's service accounts.
+/// What a platform team grants with the chart's roles: approvers decide,
+/// viewers look; and (a mistake the webhook catches) the approver role for
+/// the agent's namespace's service accounts.
 const RBAC: &str = "apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: aip-approver}
-rules:
-- {apiGroups: [aip.io], resources: [approvalrequests], verbs: [get, list, watch]}
-- {apiGroups: [aip.io], resources: [approvalrequests/status], verbs: [get, patch, update]}
+kind: ClusterRoleBinding
+metadata: {name: viewers}
+subjects: [{kind: Group, name: viewers, apiGroup: rbac.authorization.k8s.io}]
+roleRef: {kind: ClusterRole, name: aip-viewer, apiGroup: rbac.authorization.k8s.io}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding
@@ -104,11 +104,29 @@ async fn a_person_decides_each_held_call_with_kubectl() {
     let _stop = shutdown.clone().drop_guard();
     let (fault_url, attempts) = start_fault_server(&dir, &shutdown).await;
 
-    let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/aip.io.yaml");
-    admin.ok(&["apply", "-f", crds], None);
-    admin.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: agents}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: aip-system}\n");
+    // The chart, and the operator as the chart runs it.
+    let ports = Ports {
+        grpc: free_port(),
+        webhook: free_port(),
+    };
+    let chart_args = install_chart(&admin, ports.webhook);
+    let op_kubeconfig = cluster.kubeconfig(
+        &dir,
+        &cluster.account_token("aip-system", "aip-operator").await,
+    );
+    let operator_identity = Kubectl {
+        kubeconfig: op_kubeconfig.clone(),
+    };
+    let mut operator = start_chart_operator(&op_kubeconfig, &chart_args, ports, &[]);
+    operator.line("caBundle written").await;
+    operator.line("cluster state loaded").await;
+    let operator_ca = operator_ca(&admin, &dir);
+
+    admin.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: agents}\n");
     admin.apply(&secret("tok-A"));
     admin.apply(&connection(&fault_url));
+    let (ok, out, err) = admin.aip(&["grant", "fs", "-n", "agents"]);
+    assert!(ok, "{out}{err}");
     admin.apply(&asking_policy(""));
     cluster.service_account("agents", "agent").await;
     cluster.service_account("agents", "helper").await;
@@ -137,7 +155,7 @@ async fn a_person_decides_each_held_call_with_kubectl() {
     };
     let alice = as_user("alice-token");
     let carol = as_user("carol-token");
-    let operator_identity = as_user("op-token");
+    let victor = as_user("victor-token");
     let pod_token = cluster.token("agents", "agent", "agent-1", &uid, &[]).await;
     let the_pod = as_user(&pod_token);
     let helper_token = cluster
@@ -145,28 +163,7 @@ async fn a_person_decides_each_held_call_with_kubectl() {
         .await;
     let helper = as_user(&helper_token);
 
-    // The operator as its own identity, its approval webhooks registered.
-    let tls = TlsFiles::new(&dir);
-    let ports = Ports {
-        grpc: free_port(),
-        webhook: free_port(),
-    };
-    let op_kubeconfig = operator_identity.kubeconfig.clone();
-    let mut operator = start_operator(&op_kubeconfig, &tls, ports, &[]);
-    operator.line("cluster state loaded").await;
-    for (kind, name, path) in [
-        ("Mutating", "stamp", "mutate"),
-        ("Validating", "guard", "validate"),
-    ] {
-        admin.apply(&webhook_configuration(
-            kind,
-            name,
-            &format!("https://127.0.0.1:{}/{path}", ports.webhook),
-            &tls.cert_pem,
-            "approvalrequests, approvalrequests/status",
-        ));
-    }
-    let sidecar = start_sidecar(&tls.cert, ports.grpc, &sidecar_token);
+    let sidecar = start_sidecar(&operator_ca, ports.grpc, &sidecar_token);
     let agent = agent_of(&sidecar).await;
     lists(&agent, "fs_delete_file").await;
     let mut story = Story {
@@ -201,6 +198,7 @@ async fn a_person_decides_each_held_call_with_kubectl() {
         assert!(said.contains(expected), "expected {expected:?} in:\n{said}");
     };
     refused(&carol, "Forbidden");
+    refused(&victor, "cannot patch resource \"approvalrequests/status\"");
     refused(
         &the_pod,
         "system:serviceaccount:agents:agent is bound to pod agent-1, which asked; a pod cannot approve its own calls",
@@ -209,9 +207,17 @@ async fn a_person_decides_each_held_call_with_kubectl() {
         &helper,
         "system:serviceaccount:agents:helper is a service account of namespace agents, where the asking pod runs",
     );
+    // The operator's RBAC has no use for reading a status, so kubectl's
+    // patch (which reads first) is refused by RBAC; a bare PATCH, which
+    // RBAC allows it, meets the webhook.
     refused(
         &operator_identity,
-        "the operator (system:serviceaccount:aip-system:aip-operator) may only set Expired or Withdrawn, not Approved",
+        "cannot get resource \"approvalrequests/status\"",
+    );
+    let said = patch_status_as(&op_kubeconfig, &name, "Approved").await;
+    assert!(
+        said.contains("the operator (system:serviceaccount:aip-system:aip-operator) may only set Expired or Withdrawn, not Approved"),
+        "{said}"
     );
     assert_eq!(story.decision(&name), "Pending");
 
@@ -323,9 +329,9 @@ async fn a_person_decides_each_held_call_with_kubectl() {
     let waiting = story.call(40, json!({"path": "across a restart"}));
     let across = pending_request(&admin.kubeconfig).await;
     operator.terminate();
-    let mut operator = start_operator(
+    let mut operator = start_chart_operator(
         &op_kubeconfig,
-        &tls,
+        &chart_args,
         ports,
         &["--approval-retention", RETENTION],
     );
@@ -363,8 +369,8 @@ async fn a_person_decides_each_held_call_with_kubectl() {
     operator.terminate();
     drop(sidecar);
     let _ = answer(orphan).await;
-    let sidecar = start_sidecar(&tls.cert, ports.grpc, &sidecar_token);
-    let operator = start_operator(&op_kubeconfig, &tls, ports, &[]);
+    let sidecar = start_sidecar(&operator_ca, ports.grpc, &sidecar_token);
+    let operator = start_chart_operator(&op_kubeconfig, &chart_args, ports, &[]);
     operator.line("cluster state loaded").await;
     admin.wait(
         &format!("approvalrequest/{orphaned}"),
@@ -443,4 +449,23 @@ fn events(kubectl: &Kubectl) -> String {
         ],
         None,
     )
+}
+
+/// A merge PATCH of `name`'s status decision as the user of `kubeconfig`,
+/// without reading it first; the server's refusal, or "" when accepted.
+async fn patch_status_as(kubeconfig: &std::path::Path, name: &str, decision: &str) -> String {
+    let file = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(file, &Default::default())
+        .await
+        .unwrap();
+    let api: kube::Api<aip_operator::api::ApprovalRequest> =
+        kube::Api::namespaced(kube::Client::try_from(config).unwrap(), "agents");
+    let patch = json!({"status": {"decision": decision}});
+    match api
+        .patch_status(name, &Default::default(), &kube::api::Patch::Merge(patch))
+        .await
+    {
+        Ok(_) => String::new(),
+        Err(e) => e.to_string(),
+    }
 }

@@ -98,6 +98,7 @@ async fn kubectl_to_sidecar_enforcement() {
         "{said}"
     );
     least_privilege(&cluster).await;
+    injection_through_the_chart(&kubectl);
 
     // The agent pod, and the token the kubelet would project for its sidecar.
     cluster.service_account("agents", "agent").await;
@@ -432,4 +433,73 @@ async fn least_privilege(cluster: &Cluster) {
             "the chart lets the operator {verb} {group}/{resource} {ns:?} {name:?}"
         );
     }
+}
+
+/// The chart's injection webhook, served by the operator under the chart's
+/// RBAC: an opted-in namespace's pod comes back with its gateway (once), a
+/// hostNetwork pod is refused with the reason.
+fn injection_through_the_chart(kubectl: &Kubectl) {
+    kubectl.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: team, labels: {aip.io/inject: enabled}}\n");
+    let pod = |name: &str, spec: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: team}}\nspec:\n{spec}  containers: [{{name: agent, image: agent}}]\n"
+        )
+    };
+    kubectl.apply(&pod("worker", ""));
+    let got: serde_json::Value = serde_json::from_str(
+        &kubectl.ok(&["get", "pod", "worker", "-n", "team", "-o", "json"], None),
+    )
+    .unwrap();
+    let spec = &got["spec"];
+    let sidecar = &spec["initContainers"][0];
+    assert_eq!(sidecar["name"], "aip-sidecar", "{got}");
+    assert_eq!(sidecar["restartPolicy"], "Always");
+    assert!(sidecar["image"].as_str().unwrap().contains("aip-sidecar"));
+    assert_eq!(sidecar["volumeMounts"][0]["name"], "aip-token");
+    assert!(
+        spec["containers"][0]["volumeMounts"].is_null(),
+        "the token is the sidecar's only"
+    );
+    assert_eq!(
+        spec["containers"][0]["env"][0]["value"],
+        "http://127.0.0.1:15001/mcp"
+    );
+    // The gateway is pointed at the operator's Service and trusts its CA.
+    let args = sidecar["args"].to_string();
+    assert!(
+        args.contains("https://aip-operator.aip-system.svc:8443"),
+        "{args}"
+    );
+    assert!(
+        sidecar["env"][0]["value"]
+            .as_str()
+            .unwrap()
+            .contains("BEGIN CERTIFICATE")
+    );
+    // Admitted again as it came back: still one gateway.
+    let mut again = got.clone();
+    again["metadata"] = json!({"name": "worker-2", "namespace": "team", "annotations": got["metadata"]["annotations"]});
+    kubectl.apply(&again.to_string());
+    let twice = kubectl.ok(
+        &[
+            "get",
+            "pod",
+            "worker-2",
+            "-n",
+            "team",
+            "-o",
+            "jsonpath={.spec.initContainers[*].name}",
+        ],
+        None,
+    );
+    assert_eq!(twice, "aip-sidecar");
+    let (ok, _, err) = kubectl.run(
+        &["apply", "-f", "-"],
+        Some(&pod("host", "  hostNetwork: true\n")),
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("denied the request: pod host sets hostNetwork"),
+        "{err}"
+    );
 }

@@ -349,17 +349,24 @@ pub fn install_chart(admin: &Kubectl, webhook_port: u16) -> Vec<String> {
 }
 
 /// The operator binary as the chart runs it (`args` from the chart's
-/// Deployment), as the user of `kubeconfig`, listening on `ports` of
-/// loopback; its certificate also names localhost.
+/// Deployment, each flag in `extra` replacing the chart's), as the user of
+/// `kubeconfig`, listening on `ports` of loopback; its certificate also
+/// names localhost.
 pub fn start_chart_operator(
     kubeconfig: &Path,
     args: &[String],
     ports: Ports,
     extra: &[&str],
 ) -> Proc {
+    let overridden = |arg: &&String| {
+        extra
+            .iter()
+            .filter(|e| e.starts_with("--"))
+            .any(|flag| arg.split('=').next() == Some(*flag))
+    };
     let mut c = Command::new(binary("aip-operator"));
     c.env("KUBECONFIG", kubeconfig)
-        .args(args)
+        .args(args.iter().filter(|a| !overridden(a)))
         .args(["--grpc-listen", &format!("127.0.0.1:{}", ports.grpc)])
         .args(["--webhook-listen", &format!("127.0.0.1:{}", ports.webhook)])
         .args(["--admin-listen", "127.0.0.1:0"])
