@@ -6,7 +6,7 @@ AIP    := target/debug/aip
 PYENV  := target/pyenv
 NPMENV := target/npm
 
-.PHONY: all build test lint fmt clippy chart-lint unit conformance pyenv npmenv interop-deps kubectl helm bench demo demo-policy clean
+.PHONY: all build test lint fmt clippy chart-lint unit conformance pyenv npmenv interop-deps kubectl helm bench demo demo-cluster demo-policy clean
 
 all: build
 
@@ -79,6 +79,13 @@ bench: kubectl
 ## MCP SDK: allowed, blocked, redacted, approved, and a failure that stays put.
 demo: build pyenv
 	@scripts/demo.sh
+
+## demo-cluster: the whole system with no real cluster: the fake API
+## server, the chart's manifests applied with kubectl, the operator under the
+## chart's RBAC, an injected agent pod whose sidecar this plays the kubelet
+## for, a blocked call and an ask approved with kubectl.
+demo-cluster: build pyenv kubectl helm
+	@$(PYENV)/bin/python scripts/demo_cluster.py
 
 ## demo-policy: the aip CLI walking through the example policies.
 demo-policy: build

@@ -118,7 +118,7 @@ pub async fn run(
                 if changed.is_err() { return; }
                 // A new leader checks everything at once.
                 let now = Instant::now();
-                for t in tracked.values_mut() { t.due = now; }
+                for t in tracked.values_mut().filter(|t| !t.resolved.credentials_pending()) { t.due = now; }
             }
             () = shutdown.cancelled() => return,
         }
@@ -144,12 +144,19 @@ fn refresh(ctx: &Context, tracked: &mut HashMap<ObjectKey, Tracked>, key: Object
         return;
     }
     let upstream = client_for(&resolved);
+    // Credentials waiting for their Secret's first read are probed once it
+    // is read (that changes the connection again), not reported missing.
+    let due = if resolved.credentials_pending() {
+        Instant::now() + Duration::from_secs(24 * 3600)
+    } else {
+        Instant::now()
+    };
     tracked.insert(
         key,
         Tracked {
             resolved,
             upstream,
-            due: Instant::now(),
+            due,
             probing: false,
             successes: 0,
             network_failures: 0,

@@ -145,7 +145,12 @@ async fn connections(
         |c: &ToolConnection| {
             let ns = c.namespace().unwrap_or_default();
             let name = c.name_any();
-            touched.policies(lock(&index).apply_connection(&ns, &name, &c.spec));
+            let mut index = lock(&index);
+            for (_, r) in c.spec.secret_refs() {
+                index.expect_secret(&ns, &r.name);
+            }
+            touched.policies(index.apply_connection(&ns, &name, &c.spec));
+            drop(index);
             let _ = touched.connections.send(ObjectKey::new(&ns, &name));
             // The Secret feed watches what connections reference.
             let _ = refs_changed.send(());

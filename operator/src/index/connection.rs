@@ -40,6 +40,17 @@ pub struct ResolvedConnection {
     pub capabilities: ClientCapabilities,
 }
 
+/// How a Secret no one has read yet is described (its watch has not
+/// reported): its connections wait instead of calling it missing.
+pub const NOT_READ_YET: &str = "has not been read yet";
+
+impl ResolvedConnection {
+    /// Whether its credentials wait for a Secret not read yet.
+    pub fn credentials_pending(&self) -> bool {
+        matches!(&self.credentials, Err(e) if e.ends_with(NOT_READ_YET))
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct Credentials {
     pub headers: Vec<(String, SecretString)>,

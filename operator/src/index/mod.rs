@@ -332,6 +332,21 @@ impl Index {
         self.reresolve_readers(namespace, name)
     }
 
+    /// A Secret a connection is about to reference that no one has read:
+    /// its readers wait for its watch instead of calling it missing.
+    pub fn expect_secret(&mut self, namespace: &str, name: &str) {
+        let ns = self
+            .namespaces
+            .entry(namespace.to_owned())
+            .or_insert_with(|| Namespace::named(namespace));
+        if !ns.secrets.data.contains_key(name) && !ns.secrets.unreadable.contains_key(name) {
+            ns.secrets.unreadable.insert(
+                name.to_owned(),
+                format!("Secret {name} {}", connection::NOT_READ_YET),
+            );
+        }
+    }
+
     /// Every Secret some connection reads.
     pub fn referenced_secrets(&self) -> BTreeSet<ObjectKey> {
         self.namespaces
