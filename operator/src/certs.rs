@@ -170,31 +170,45 @@ pub async fn patch_ca_bundles(
     let bundle = ByteString(ca_pem.as_bytes().to_vec());
     for name in mutating {
         let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-        let current = api
-            .get(name)
-            .await
-            .with_context(|| format!("reading MutatingWebhookConfiguration {name}"))?;
-        let bundles = current
-            .webhooks
-            .unwrap_or_default()
-            .into_iter()
-            .map(|w| w.client_config.ca_bundle);
-        patch_bundles(&api, name, bundles.collect(), &bundle).await?;
+        keep_bundle(&api, name, &bundle, |c| {
+            let hooks = c.webhooks.unwrap_or_default();
+            hooks
+                .into_iter()
+                .map(|w| w.client_config.ca_bundle)
+                .collect()
+        })
+        .await?;
     }
     for name in validating {
         let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-        let current = api
-            .get(name)
-            .await
-            .with_context(|| format!("reading ValidatingWebhookConfiguration {name}"))?;
-        let bundles = current
-            .webhooks
-            .unwrap_or_default()
-            .into_iter()
-            .map(|w| w.client_config.ca_bundle);
-        patch_bundles(&api, name, bundles.collect(), &bundle).await?;
+        keep_bundle(&api, name, &bundle, |c| {
+            let hooks = c.webhooks.unwrap_or_default();
+            hooks
+                .into_iter()
+                .map(|w| w.client_config.ca_bundle)
+                .collect()
+        })
+        .await?;
     }
     Ok(())
+}
+
+/// Reads configuration `name` and writes `bundle` into each of its
+/// webhooks' caBundle (`bundles` lists them) that differs.
+async fn keep_bundle<K>(
+    api: &Api<K>,
+    name: &str,
+    bundle: &ByteString,
+    bundles: impl FnOnce(K) -> Vec<Option<ByteString>>,
+) -> anyhow::Result<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let current = api
+        .get(name)
+        .await
+        .with_context(|| format!("reading webhook configuration {name}"))?;
+    patch_bundles(api, name, bundles(current), bundle).await
 }
 
 async fn patch_bundles<K>(

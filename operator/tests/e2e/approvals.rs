@@ -17,7 +17,6 @@ use tokio_util::sync::CancellationToken;
 use crate::common::Cluster;
 use crate::common::agent::Agent;
 use crate::common::kubectl::{Kubectl, tempdir};
-use crate::common::local::free_port;
 use crate::support::*;
 
 /// alice the approver, victor who may only look, carol with no rights at
@@ -105,22 +104,12 @@ async fn a_person_decides_each_held_call_with_kubectl() {
     let (fault_url, attempts) = start_fault_server(&dir, &shutdown).await;
 
     // The chart, and the operator as the chart runs it.
-    let ports = Ports {
-        grpc: free_port(),
-        webhook: free_port(),
-    };
-    let chart_args = install_chart(&admin, ports.webhook);
-    let op_kubeconfig = cluster.kubeconfig(
-        &dir,
-        &cluster.account_token("aip-system", "aip-operator").await,
-    );
+    let (installed, mut operator) = Installed::start(&cluster, &admin, &dir).await;
+    let (ports, op_kubeconfig) = (installed.ports, installed.kubeconfig.clone());
     let operator_identity = Kubectl {
         kubeconfig: op_kubeconfig.clone(),
     };
-    let mut operator = start_chart_operator(&op_kubeconfig, &chart_args, ports, &[]);
-    operator.line("caBundle written").await;
-    operator.line("cluster state loaded").await;
-    let operator_ca = operator_ca(&admin, &dir);
+    let operator_ca = installed.ca.clone();
 
     admin.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: agents}\n");
     admin.apply(&secret("tok-A"));
@@ -329,12 +318,7 @@ async fn a_person_decides_each_held_call_with_kubectl() {
     let waiting = story.call(40, json!({"path": "across a restart"}));
     let across = pending_request(&admin.kubeconfig).await;
     operator.terminate();
-    let mut operator = start_chart_operator(
-        &op_kubeconfig,
-        &chart_args,
-        ports,
-        &["--approval-retention", RETENTION],
-    );
+    let mut operator = installed.restart(&["--approval-retention", RETENTION]);
     operator.line("cluster state loaded").await;
     assert_eq!(
         story.decision(&across),
@@ -370,7 +354,7 @@ async fn a_person_decides_each_held_call_with_kubectl() {
     drop(sidecar);
     let _ = answer(orphan).await;
     let sidecar = start_sidecar(&operator_ca, ports.grpc, &sidecar_token);
-    let operator = start_chart_operator(&op_kubeconfig, &chart_args, ports, &[]);
+    let operator = installed.restart(&[]);
     operator.line("cluster state loaded").await;
     admin.wait(
         &format!("approvalrequest/{orphaned}"),

@@ -24,7 +24,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::common::Cluster;
 use crate::common::kubectl::{Kubectl, tempdir};
-use crate::common::local::free_port;
 use crate::support::*;
 
 // kubectl blocks a worker while the API server runs on the others.
@@ -52,20 +51,9 @@ async fn kubectl_to_sidecar_enforcement() {
     // The chart, installed with kubectl; the operator as its service
     // account, with the chart's arguments (a fixed port and certificate, so
     // that it can come back where the sidecar expects it).
-    let ports = Ports {
-        grpc: free_port(),
-        webhook: free_port(),
-    };
-    let grpc = ports.grpc;
-    let chart_args = install_chart(&kubectl, ports.webhook);
-    let operator_kubeconfig = cluster.kubeconfig(
-        &dir,
-        &cluster.account_token("aip-system", "aip-operator").await,
-    );
-    let mut operator = start_chart_operator(&operator_kubeconfig, &chart_args, ports, &[]);
-    operator.line("caBundle written").await;
-    operator.line("cluster state loaded").await;
-    let operator_ca = operator_ca(&kubectl, &dir);
+    let (installed, mut operator) = Installed::start(&cluster, &kubectl, &dir).await;
+    let grpc = installed.ports.grpc;
+    let operator_ca = installed.ca.clone();
 
     // The platform engineer's objects. The operator may not read the
     // connection's Secret until it is granted, and says how.
@@ -290,7 +278,7 @@ async fn kubectl_to_sidecar_enforcement() {
 
     // Back, then a rotated Secret: the next call carries the new credential,
     // the upstream refuses it, and the connection's tools disappear.
-    let operator = start_chart_operator(&operator_kubeconfig, &chart_args, ports, &[]);
+    let operator = installed.restart(&[]);
     operator.line("cluster state loaded").await;
     kubectl.apply(&secret("tok-B"));
     // The old credential still works upstream, so a 401 proves the new one

@@ -398,3 +398,51 @@ pub fn operator_ca(admin: &Kubectl, dir: &Path) -> PathBuf {
     std::fs::write(&path, pem).unwrap();
     path
 }
+
+/// The chart installed with kubectl, and how its operator runs: as the
+/// chart's service account, on fixed ports (so it can come back where
+/// sidecars expect it).
+pub struct Installed {
+    /// The operator's identity: its service account's token.
+    pub kubeconfig: PathBuf,
+    /// The operator's arguments, from the chart's Deployment.
+    pub args: Vec<String>,
+    /// The CA the operator made, for sidecars to trust.
+    pub ca: PathBuf,
+    pub ports: Ports,
+}
+
+impl Installed {
+    /// Installs the chart and starts its operator; the installation and
+    /// the operator's process.
+    pub async fn start(
+        cluster: &crate::common::Cluster,
+        admin: &Kubectl,
+        dir: &Path,
+    ) -> (Installed, Proc) {
+        let ports = Ports {
+            grpc: crate::common::local::free_port(),
+            webhook: crate::common::local::free_port(),
+        };
+        let args = install_chart(admin, ports.webhook);
+        let token = cluster.account_token("aip-system", "aip-operator").await;
+        let kubeconfig = cluster.kubeconfig(dir, &token);
+        let operator = start_chart_operator(&kubeconfig, &args, ports, &[]);
+        operator.line("caBundle written").await;
+        operator.line("cluster state loaded").await;
+        let ca = operator_ca(admin, dir);
+        let installed = Installed {
+            kubeconfig,
+            args,
+            ca,
+            ports,
+        };
+        (installed, operator)
+    }
+
+    /// Another operator process as the chart runs it (`extra` replacing
+    /// the chart's flags), once the previous one is gone.
+    pub fn restart(&self, extra: &[&str]) -> Proc {
+        start_chart_operator(&self.kubeconfig, &self.args, self.ports, extra)
+    }
+}
