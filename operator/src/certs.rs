@@ -14,7 +14,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use crate::grpc::tls::ServerTls;
@@ -167,113 +167,45 @@ pub async fn patch_ca_bundles(
     mutating: &[String],
     validating: &[String],
 ) -> anyhow::Result<()> {
-    let bundle = ByteString(ca_pem.as_bytes().to_vec());
-    for name in mutating {
-        let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-        keep_bundle(&api, name, &bundle, |c| {
-            let hooks = c.webhooks.unwrap_or_default();
-            hooks
-                .into_iter()
-                .map(|w| w.client_config.ca_bundle)
-                .collect()
-        })
-        .await?;
-    }
-    for name in validating {
-        let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-        keep_bundle(&api, name, &bundle, |c| {
-            let hooks = c.webhooks.unwrap_or_default();
-            hooks
-                .into_iter()
-                .map(|w| w.client_config.ca_bundle)
-                .collect()
-        })
-        .await?;
-    }
-    Ok(())
-}
-
-/// Reads configuration `name` and writes `bundle` into each of its
-/// webhooks' caBundle (`bundles` lists them) that differs.
-async fn keep_bundle<K>(
-    api: &Api<K>,
-    name: &str,
-    bundle: &ByteString,
-    bundles: impl FnOnce(K) -> Vec<Option<ByteString>>,
-) -> anyhow::Result<()>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let current = api
-        .get(name)
-        .await
-        .with_context(|| format!("reading webhook configuration {name}"))?;
-    patch_bundles(api, name, bundles(current), bundle).await
-}
-
-async fn patch_bundles<K>(
-    api: &Api<K>,
-    name: &str,
-    current: Vec<Option<ByteString>>,
-    bundle: &ByteString,
-) -> anyhow::Result<()>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let encoded = serde_json::to_value(bundle)?;
-    let ops: Vec<serde_json::Value> = current
-        .iter()
-        .enumerate()
-        .filter(|(_, b)| b.as_ref() != Some(bundle))
-        .map(|(i, _)| json!({"op": "add", "path": format!("/webhooks/{i}/clientConfig/caBundle"), "value": encoded}))
-        .collect();
-    if ops.is_empty() {
-        return Ok(());
-    }
-    let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))?;
-    api.patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
-        .await
-        .with_context(|| format!("writing the caBundle of {name}"))?;
-    tracing::info!(configuration = name, "caBundle written");
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-
-    use super::*;
-
-    #[test]
-    fn the_serving_certificate_verifies_against_the_ca_for_its_names() {
-        let made = generate(&["aip-operator.aip-system.svc".to_owned()]).unwrap();
-        use rustls::client::danger::ServerCertVerifier;
-        use rustls_pki_types::pem::PemObject;
-        let mut roots = rustls::RootCertStore::empty();
-        for ca in rustls_pki_types::CertificateDer::pem_slice_iter(made.ca_pem.as_bytes()) {
-            roots.add(ca.unwrap()).unwrap();
-        }
-        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
-            std::sync::Arc::new(roots),
-            provider,
-        )
-        .build()
-        .unwrap();
-        let chain: Vec<_> =
-            rustls_pki_types::CertificateDer::pem_slice_iter(made.tls.cert_pem.as_bytes())
-                .map(Result::unwrap)
+    // Both kinds hold `webhooks[].clientConfig.caBundle`: one code path, as
+    // untyped objects.
+    let kinds = [
+        (
+            ApiResource::erase::<MutatingWebhookConfiguration>(&()),
+            mutating,
+        ),
+        (
+            ApiResource::erase::<ValidatingWebhookConfiguration>(&()),
+            validating,
+        ),
+    ];
+    let encoded = serde_json::to_value(ByteString(ca_pem.as_bytes().to_vec()))?;
+    for (kind, names) in kinds {
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &kind);
+        for name in names {
+            let current = api
+                .get(name)
+                .await
+                .with_context(|| format!("reading {} {name}", kind.kind))?;
+            let hooks = current.data["webhooks"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let ops: Vec<serde_json::Value> = hooks
+                .iter()
+                .enumerate()
+                .filter(|(_, h)| h["clientConfig"]["caBundle"] != encoded)
+                .map(|(i, _)| json!({"op": "add", "path": format!("/webhooks/{i}/clientConfig/caBundle"), "value": encoded}))
                 .collect();
-        let name = rustls_pki_types::ServerName::try_from("aip-operator.aip-system.svc").unwrap();
-        let now = rustls_pki_types::UnixTime::now();
-        verifier
-            .verify_server_cert(&chain[0], &[], &name, &[], now)
-            .unwrap();
-        let other = rustls_pki_types::ServerName::try_from("evil.example").unwrap();
-        assert!(
-            verifier
-                .verify_server_cert(&chain[0], &[], &other, &[], now)
-                .is_err()
-        );
+            if ops.is_empty() {
+                continue;
+            }
+            let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))?;
+            api.patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
+                .await
+                .with_context(|| format!("writing the caBundle of {} {name}", kind.kind))?;
+            tracing::info!(configuration = %name, kind = %kind.kind, "caBundle written");
+        }
     }
+    Ok(())
 }
