@@ -13,7 +13,7 @@ trap 'rm -rf "$out"' EXIT
 $helm lint --strict "$chart"
 variants=(
   "default|"
-  "cert-manager|--set tls.certManager.enabled=true --set serviceMonitor.enabled=true"
+  "cert-manager|--set tls.certManager.enabled=true --set serviceMonitor.enabled=true --set rbac.approverAggregatesToAdmin=true"
   "minimal|--set injection.enabled=false --set networkPolicy.enabled=false --set replicaCount=1 --set rbac.userRoles=false"
 )
 for v in "${variants[@]}"; do
