@@ -86,7 +86,7 @@ async fn kubectl_to_sidecar_enforcement() {
         "{said}"
     );
     least_privilege(&cluster).await;
-    injection_through_the_chart(&kubectl);
+    injection_through_the_chart(&kubectl).await;
 
     // The agent pod, and the token the kubelet would project for its sidecar.
     cluster.service_account("agents", "agent").await;
@@ -426,7 +426,7 @@ async fn least_privilege(cluster: &Cluster) {
 /// The chart's injection webhook, served by the operator under the chart's
 /// RBAC: an opted-in namespace's pod comes back with its gateway (once), a
 /// hostNetwork pod is refused with the reason.
-fn injection_through_the_chart(kubectl: &Kubectl) {
+async fn injection_through_the_chart(kubectl: &Kubectl) {
     kubectl.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: team, labels: {aip.io/inject: enabled}}\n");
     let pod = |name: &str, spec: &str| {
         format!(
@@ -481,6 +481,46 @@ fn injection_through_the_chart(kubectl: &Kubectl) {
         None,
     );
     assert_eq!(twice, "aip-sidecar");
+    // A pod a policy governs that opted out runs ungoverned: the policy
+    // names it and the pod gets an Event.
+    kubectl.apply("apiVersion: v1\nkind: Pod\nmetadata: {name: stray, namespace: team, labels: {app: worker, aip.io/inject: disabled}}\nspec:\n  containers: [{name: agent, image: agent}]\n---\napiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {name: workers, namespace: team}\nspec:\n  podSelector: {matchLabels: {app: worker}}\n  allowed_tools: []\n");
+    kubectl.ok(
+        &[
+            "wait",
+            "-n",
+            "team",
+            "agentpolicy/workers",
+            "--for=jsonpath={.status.podsWithoutSidecar[0]}=stray",
+            "--timeout=30s",
+        ],
+        None,
+    );
+    let reason = kubectl.ok(
+        &[
+            "get",
+            "agentpolicy/workers",
+            "-n",
+            "team",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Ready\")].reason}",
+        ],
+        None,
+    );
+    assert_eq!(reason, "PodsWithoutSidecar");
+    eventually("the stray pod gets a NoSidecar Event", || {
+        let kubectl = Kubectl {
+            kubeconfig: kubectl.kubeconfig.clone(),
+        };
+        async move {
+            let events = kubectl.ok(
+                &["get", "events.events.k8s.io", "-n", "team", "-o",
+                  "jsonpath={range .items[*]}{.reason} {.regarding.kind}/{.regarding.name}{\"\\n\"}{end}"],
+                None,
+            );
+            events.contains("NoSidecar Pod/stray").then_some(())
+        }
+    })
+    .await;
     let (ok, _, err) = kubectl.run(
         &["apply", "-f", "-"],
         Some(&pod("host", "  hostNetwork: true\n")),
