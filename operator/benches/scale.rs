@@ -131,7 +131,9 @@ impl Cluster {
         .unwrap();
     }
 
-    /// Creates `names` pods in `ns` (50 at a time); their uids.
+    /// Creates `names` pods in `ns` (50 at a time), as the injector leaves
+    /// them (annotated: they run the gateway, so no NoSidecar report); their
+    /// uids.
     async fn pods(&self, ns: &str, names: Vec<(String, Value)>) -> Vec<(String, String)> {
         let api: Api<Pod> = Api::namespaced(self.admin.clone(), ns);
         futures::stream::iter(names)
@@ -139,7 +141,8 @@ impl Cluster {
                 let api = api.clone();
                 async move {
                     let pod: Pod = serde_json::from_value(json!({
-                        "metadata": {"name": name, "labels": labels},
+                        "metadata": {"name": name, "labels": labels,
+                                     "annotations": {"aip.io/sidecar": "injected"}},
                         "spec": {"serviceAccountName": "agent", "containers": [{"name": "agent", "image": "agent"}]}}))
                     .unwrap();
                     let created = api.create(&PostParams::default(), &pod).await.unwrap();
