@@ -209,3 +209,43 @@ pub async fn patch_ca_bundles(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn the_serving_certificate_verifies_against_the_ca_for_its_names() {
+        let made = generate(&["aip-operator.aip-system.svc".to_owned()]).unwrap();
+        use rustls::client::danger::ServerCertVerifier;
+        use rustls_pki_types::pem::PemObject;
+        let mut roots = rustls::RootCertStore::empty();
+        for ca in rustls_pki_types::CertificateDer::pem_slice_iter(made.ca_pem.as_bytes()) {
+            roots.add(ca.unwrap()).unwrap();
+        }
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            std::sync::Arc::new(roots),
+            provider,
+        )
+        .build()
+        .unwrap();
+        let chain: Vec<_> =
+            rustls_pki_types::CertificateDer::pem_slice_iter(made.tls.cert_pem.as_bytes())
+                .map(Result::unwrap)
+                .collect();
+        let name = rustls_pki_types::ServerName::try_from("aip-operator.aip-system.svc").unwrap();
+        let now = rustls_pki_types::UnixTime::now();
+        verifier
+            .verify_server_cert(&chain[0], &[], &name, &[], now)
+            .unwrap();
+        let other = rustls_pki_types::ServerName::try_from("evil.example").unwrap();
+        assert!(
+            verifier
+                .verify_server_cert(&chain[0], &[], &other, &[], now)
+                .is_err()
+        );
+    }
+}
