@@ -18,6 +18,7 @@ use crate::grpc::{self, ConfigService, Signals, TokenReviewer, tls::ServerTls};
 use crate::index::Index;
 use crate::lease::{self, LeaseConfig};
 use crate::metrics::Metrics;
+use crate::webhooks::inject;
 
 /// The aip operator: validates AgentPolicies and ToolConnections, compiles
 /// one configuration per agent pod and streams it to that pod's sidecar.
@@ -104,7 +105,7 @@ pub struct InjectionArgs {
     /// with a message saying injection is not configured.
     #[arg(long, env = "AIP_SIDECAR_IMAGE")]
     pub sidecar_image: Option<String>,
-    #[arg(long, env = "AIP_SIDECAR_PULL_POLICY", default_value = "IfNotPresent")]
+    #[arg(long, env = "AIP_SIDECAR_PULL_POLICY", default_value = inject::DEFAULT_PULL_POLICY)]
     pub sidecar_pull_policy: String,
     /// The operator's gRPC URL as pods reach it (default
     /// https://SERVICE.NAMESPACE.svc:8443 from --service-name and --namespace).
@@ -114,17 +115,17 @@ pub struct InjectionArgs {
     /// --tls-secret certificate).
     #[arg(long, env = "AIP_SERVICE_NAME", default_value = "aip-operator")]
     pub service_name: String,
-    #[arg(long, default_value_t = 15001)]
+    #[arg(long, default_value_t = inject::DEFAULT_PORT)]
     pub sidecar_port: u16,
-    #[arg(long, default_value_t = 15021)]
+    #[arg(long, default_value_t = inject::DEFAULT_ADMIN_PORT)]
     pub sidecar_admin_port: u16,
-    #[arg(long, default_value_t = 65532)]
+    #[arg(long, default_value_t = inject::DEFAULT_USER)]
     pub sidecar_user: i64,
-    #[arg(long, default_value = "50m")]
+    #[arg(long, default_value = inject::DEFAULT_CPU_REQUEST)]
     pub sidecar_cpu_request: String,
-    #[arg(long, default_value = "32Mi")]
+    #[arg(long, default_value = inject::DEFAULT_MEMORY_REQUEST)]
     pub sidecar_memory_request: String,
-    #[arg(long, default_value = "128Mi")]
+    #[arg(long, default_value = inject::DEFAULT_MEMORY_LIMIT)]
     pub sidecar_memory_limit: String,
 }
 

@@ -458,20 +458,11 @@ async fn start_webhooks(
         client: cluster.admin.clone(),
         metrics: Arc::new(Metrics::new()),
         operator: "admin".to_owned(),
-        injection: Some(Injection {
-            image: "aip-sidecar:test".into(),
-            pull_policy: "IfNotPresent".into(),
-            operator_url: "https://aip-operator.aip-system.svc:8443".into(),
-            server_name: None,
-            ca_pem: cert.pem(),
-            port: 15001,
-            admin_port: 15021,
-            user_id: 65532,
-            audience: "aip.io/sidecar".into(),
-            cpu_request: "50m".into(),
-            memory_request: "32Mi".into(),
-            memory_limit: "128Mi".into(),
-        }),
+        injection: Some(Injection::new(
+            "aip-sidecar:test",
+            "https://aip-operator.aip-system.svc:8443",
+            &cert.pem(),
+        )),
     });
     tokio::spawn(webhooks::serve(hooks, listener, tls, shutdown.clone()));
     (addr, cert.pem(), shutdown.drop_guard())

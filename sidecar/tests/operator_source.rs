@@ -344,6 +344,16 @@ mod approvals {
     use aip_proto::v1::approval_update::Decision;
     use aip_sidecar::approvals::{Ask, Remote};
 
+    /// An fs_write ask through the harness's approvals, waiting.
+    fn asking(h: &Harness) -> tokio::task::JoinHandle<aip_policy::Approval> {
+        let approvals = h.approvals.clone();
+        tokio::spawn(async move {
+            approvals
+                .ask(held("fs_write"), Duration::from_secs(60))
+                .await
+        })
+    }
+
     fn held(tool: &str) -> Ask {
         Ask {
             tool: tool.to_owned(),
@@ -365,12 +375,7 @@ mod approvals {
     #[tokio::test]
     async fn an_ask_waits_for_the_operators_decision() {
         let mut h = harness(None).await;
-        let approvals = h.approvals.clone();
-        let waiting = tokio::spawn(async move {
-            approvals
-                .ask(held("fs_write"), Duration::from_secs(60))
-                .await
-        });
+        let waiting = asking(&h);
         let (ask, tx) = within(h.asks.recv()).await.unwrap();
         assert_eq!(
             (ask.tool.as_str(), ask.connection.as_str()),
@@ -391,12 +396,7 @@ mod approvals {
     #[tokio::test]
     async fn a_broken_stream_is_resumed_by_name() {
         let mut h = harness(None).await;
-        let approvals = h.approvals.clone();
-        let waiting = tokio::spawn(async move {
-            approvals
-                .ask(held("fs_write"), Duration::from_secs(60))
-                .await
-        });
+        let waiting = asking(&h);
         let (_, tx) = within(h.asks.recv()).await.unwrap();
         tx.send(update("fs-write-2", Decision::Pending))
             .await
@@ -416,12 +416,7 @@ mod approvals {
     #[tokio::test]
     async fn expiry_and_refusal_never_release_the_call() {
         let mut h = harness(None).await;
-        let approvals = h.approvals.clone();
-        let waiting = tokio::spawn(async move {
-            approvals
-                .ask(held("fs_write"), Duration::from_secs(60))
-                .await
-        });
+        let waiting = asking(&h);
         let (_, tx) = within(h.asks.recv()).await.unwrap();
         tx.send(update("fs-write-3", Decision::Expired))
             .await

@@ -53,6 +53,15 @@ struct Tracked {
     evidence_needs_credentials: Option<String>,
 }
 
+impl Tracked {
+    /// Whether a probe may start: none running, and the credentials are not
+    /// waiting for their Secret's first read (once read, the connection
+    /// changes and is probed at once; it is not reported missing).
+    fn probe_wanted(&self) -> bool {
+        !self.probing && !self.resolved.credentials_pending()
+    }
+}
+
 type ProbeResult = (
     ObjectKey,
     Arc<ResolvedConnection>,
@@ -72,7 +81,7 @@ pub async fn run(
         let leading = *leader.borrow();
         let next = tracked
             .values()
-            .filter(|t| !t.probing)
+            .filter(|t| t.probe_wanted())
             .map(|t| t.due)
             .min()
             .filter(|_| leading);
@@ -109,7 +118,7 @@ pub async fn run(
             }
             () = sleep_until(next) => {
                 let now = Instant::now();
-                for (key, t) in tracked.iter_mut().filter(|(_, t)| !t.probing && t.due <= now) {
+                for (key, t) in tracked.iter_mut().filter(|(_, t)| t.probe_wanted() && t.due <= now) {
                     t.probing = true;
                     spawn_probe(key.clone(), t, done_tx.clone());
                 }
@@ -118,7 +127,7 @@ pub async fn run(
                 if changed.is_err() { return; }
                 // A new leader checks everything at once.
                 let now = Instant::now();
-                for t in tracked.values_mut().filter(|t| !t.resolved.credentials_pending()) { t.due = now; }
+                for t in tracked.values_mut() { t.due = now; }
             }
             () = shutdown.cancelled() => return,
         }
@@ -144,19 +153,12 @@ fn refresh(ctx: &Context, tracked: &mut HashMap<ObjectKey, Tracked>, key: Object
         return;
     }
     let upstream = client_for(&resolved);
-    // Credentials waiting for their Secret's first read are probed once it
-    // is read (that changes the connection again), not reported missing.
-    let due = if resolved.credentials_pending() {
-        Instant::now() + Duration::from_secs(24 * 3600)
-    } else {
-        Instant::now()
-    };
     tracked.insert(
         key,
         Tracked {
             resolved,
             upstream,
-            due,
+            due: Instant::now(),
             probing: false,
             successes: 0,
             network_failures: 0,

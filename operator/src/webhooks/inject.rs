@@ -48,6 +48,36 @@ pub struct Injection {
     pub memory_limit: String,
 }
 
+/// Defaults of the injected container (the operator's flags use them too).
+pub const DEFAULT_PORT: u16 = 15001;
+pub const DEFAULT_ADMIN_PORT: u16 = 15021;
+pub const DEFAULT_USER: i64 = 65532;
+pub const DEFAULT_PULL_POLICY: &str = "IfNotPresent";
+pub const DEFAULT_CPU_REQUEST: &str = "50m";
+pub const DEFAULT_MEMORY_REQUEST: &str = "32Mi";
+pub const DEFAULT_MEMORY_LIMIT: &str = "128Mi";
+
+impl Injection {
+    /// `image`, pointed at `operator_url` and trusting `ca_pem`, with every
+    /// other setting at its default.
+    pub fn new(image: &str, operator_url: &str, ca_pem: &str) -> Injection {
+        Injection {
+            image: image.to_owned(),
+            pull_policy: DEFAULT_PULL_POLICY.to_owned(),
+            operator_url: operator_url.to_owned(),
+            server_name: None,
+            ca_pem: ca_pem.to_owned(),
+            port: DEFAULT_PORT,
+            admin_port: DEFAULT_ADMIN_PORT,
+            user_id: DEFAULT_USER,
+            audience: aip_proto::TOKEN_AUDIENCE.to_owned(),
+            cpu_request: DEFAULT_CPU_REQUEST.to_owned(),
+            memory_request: DEFAULT_MEMORY_REQUEST.to_owned(),
+            memory_limit: DEFAULT_MEMORY_LIMIT.to_owned(),
+        }
+    }
+}
+
 /// The verdict on one pod.
 pub fn review(
     injection: &Injection,
@@ -223,20 +253,11 @@ mod tests {
     use super::*;
 
     fn injection() -> Injection {
-        Injection {
-            image: "ghcr.io/aip-k8s/aip-sidecar:0.1.0".into(),
-            pull_policy: "IfNotPresent".into(),
-            operator_url: "https://aip-operator.aip-system.svc:8443".into(),
-            server_name: None,
-            ca_pem: "-----BEGIN CERTIFICATE-----\nMII\n-----END CERTIFICATE-----\n".into(),
-            port: 15001,
-            admin_port: 15021,
-            user_id: 65532,
-            audience: "aip.io/sidecar".into(),
-            cpu_request: "50m".into(),
-            memory_request: "32Mi".into(),
-            memory_limit: "128Mi".into(),
-        }
+        Injection::new(
+            "ghcr.io/aip-k8s/aip-sidecar:0.1.0",
+            "https://aip-operator.aip-system.svc:8443",
+            "-----BEGIN CERTIFICATE-----\nMII\n-----END CERTIFICATE-----\n",
+        )
     }
 
     fn pod(spec: Value) -> Pod {

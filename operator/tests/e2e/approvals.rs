@@ -126,17 +126,7 @@ async fn a_person_decides_each_held_call_with_kubectl() {
     let helper_uid = cluster
         .pod("agents", "helper-1", "helper", json!({"app": "helper"}))
         .await;
-    let sidecar_token = dir.join("token");
-    let minted = cluster
-        .token(
-            "agents",
-            "agent",
-            "agent-1",
-            &uid,
-            &[aip_proto::TOKEN_AUDIENCE],
-        )
-        .await;
-    std::fs::write(&sidecar_token, minted).unwrap();
+    let sidecar_token = sidecar_token(&cluster, &dir, "agent", "agent-1", &uid).await;
 
     // The people, and the tokens a compromised pod could use.
     let as_user = |token: &str| Kubectl {

@@ -93,17 +93,7 @@ async fn kubectl_to_sidecar_enforcement() {
     let uid = cluster
         .pod("agents", "agent-1", "agent", json!({"app": "agent"}))
         .await;
-    let token = cluster
-        .token(
-            "agents",
-            "agent",
-            "agent-1",
-            &uid,
-            &[aip_proto::TOKEN_AUDIENCE],
-        )
-        .await;
-    let token_file = dir.join("token");
-    std::fs::write(&token_file, &token).unwrap();
+    let token_file = sidecar_token(&cluster, &dir, "agent", "agent-1", &uid).await;
 
     // bob may not aim a Secret he cannot read at a host of his choosing.
     kubectl.apply("apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {name: aip-editor, namespace: agents}\nrules:\n- {apiGroups: [aip.io], resources: [agentpolicies, toolconnections], verbs: [get, list, create, update, patch]}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {name: bob-edits-aip, namespace: agents}\nsubjects: [{kind: User, name: bob, apiGroup: rbac.authorization.k8s.io}]\nroleRef: {kind: Role, name: aip-editor, apiGroup: rbac.authorization.k8s.io}\n");

@@ -446,3 +446,20 @@ impl Installed {
         start_chart_operator(&self.kubeconfig, &self.args, self.ports, extra)
     }
 }
+
+/// The token the kubelet would project for pod `pod` (uid)'s sidecar,
+/// running as `account` in namespace agents, written to `dir`/token.
+pub async fn sidecar_token(
+    cluster: &crate::common::Cluster,
+    dir: &Path,
+    account: &str,
+    pod: &str,
+    uid: &str,
+) -> PathBuf {
+    let token = cluster
+        .token("agents", account, pod, uid, &[aip_proto::TOKEN_AUDIENCE])
+        .await;
+    let path = dir.join("token");
+    std::fs::write(&path, token).unwrap();
+    path
+}
