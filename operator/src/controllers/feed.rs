@@ -147,7 +147,7 @@ async fn connections(
             let name = c.name_any();
             let mut index = lock(&index);
             for (_, r) in c.spec.secret_refs() {
-                index.expect_secret(&ns, &r.name);
+                touched.policies(index.expect_secret(&ns, &r.name));
             }
             touched.policies(index.apply_connection(&ns, &name, &c.spec));
             drop(index);

@@ -38,17 +38,9 @@ pub struct ResolvedConnection {
     pub health_deadline: Duration,
     pub tool_prefix: String,
     pub capabilities: ClientCapabilities,
-}
-
-/// How a Secret no one has read yet is described (its watch has not
-/// reported): its connections wait instead of calling it missing.
-pub const NOT_READ_YET: &str = "has not been read yet";
-
-impl ResolvedConnection {
-    /// Whether its credentials wait for a Secret not read yet.
-    pub fn credentials_pending(&self) -> bool {
-        matches!(&self.credentials, Err(e) if e.ends_with(NOT_READ_YET))
-    }
+    /// The credentials wait for a Secret whose watch has not reported yet:
+    /// not missing, just not read (the prober waits rather than reporting).
+    pub credentials_pending: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -81,16 +73,25 @@ impl PartialEq for ResolvedConnection {
             && self.health_deadline == other.health_deadline
             && self.tool_prefix == other.tool_prefix
             && self.capabilities == other.capabilities
+            && self.credentials_pending == other.credentials_pending
     }
 }
 
 /// The Secrets of a namespace that connections read, and why the operator
-/// could not read others.
+/// has not got others.
 #[derive(Default)]
 pub struct Secrets {
     pub data: HashMap<String, Arc<SecretData>>,
-    /// Secret name -> why it cannot be read (no RBAC grant yet).
-    pub unreadable: HashMap<String, String>,
+    /// Secret name -> why it cannot be used yet.
+    pub unreadable: HashMap<String, Unreadable>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unreadable {
+    /// Referenced, and its watch has not reported yet.
+    NotReadYet,
+    /// The operator may not read it; the text says how to grant it.
+    Forbidden(String),
 }
 
 /// Resolves `spec` against the Secrets of its namespace. A spec that fails
@@ -114,6 +115,11 @@ pub fn resolve(
         )),
         Ok(()) => credentials(spec, secrets),
     };
+    let credentials_pending = credentials.is_err()
+        && spec.secret_refs().iter().any(|(_, r)| {
+            !secrets.data.contains_key(&r.name)
+                && secrets.unreadable.get(&r.name) == Some(&Unreadable::NotReadYet)
+        });
     ResolvedConnection {
         name: name.to_owned(),
         url: spec.url.clone(),
@@ -127,6 +133,7 @@ pub fn resolve(
         health_deadline: seconds(health.timeout_seconds, DEFAULT_HEALTH_TIMEOUT_SECONDS),
         tool_prefix: spec.tool_prefix.clone().unwrap_or_default(),
         capabilities: spec.client_capabilities.unwrap_or_default(),
+        credentials_pending,
     }
 }
 
@@ -165,13 +172,14 @@ fn credentials(spec: &ToolConnectionSpec, secrets: &Secrets) -> Result<Credentia
 
 /// One Secret key's value. Errors name the Secret and key, never the value.
 fn lookup(secrets: &Secrets, r: &SecretKeyRef) -> Result<SecretString, String> {
-    let data = secrets.data.get(&r.name).ok_or_else(|| {
-        secrets
-            .unreadable
-            .get(&r.name)
-            .cloned()
-            .unwrap_or_else(|| format!("Secret {} not found", r.name))
-    })?;
+    let data = secrets
+        .data
+        .get(&r.name)
+        .ok_or_else(|| match secrets.unreadable.get(&r.name) {
+            Some(Unreadable::NotReadYet) => format!("Secret {} has not been read yet", r.name),
+            Some(Unreadable::Forbidden(why)) => why.clone(),
+            None => format!("Secret {} not found", r.name),
+        })?;
     let bytes = data
         .0
         .get(&r.key)

@@ -325,6 +325,7 @@ impl Index {
             .entry(namespace.to_owned())
             .or_insert_with(|| Namespace::named(namespace));
         let had_data = ns.secrets.data.remove(name).is_some();
+        let reason = connection::Unreadable::Forbidden(reason);
         if !had_data && ns.secrets.unreadable.get(name) == Some(&reason) {
             return BTreeSet::new();
         }
@@ -334,17 +335,18 @@ impl Index {
 
     /// A Secret a connection is about to reference that no one has read:
     /// its readers wait for its watch instead of calling it missing.
-    pub fn expect_secret(&mut self, namespace: &str, name: &str) {
+    pub fn expect_secret(&mut self, namespace: &str, name: &str) -> BTreeSet<ObjectKey> {
         let ns = self
             .namespaces
             .entry(namespace.to_owned())
             .or_insert_with(|| Namespace::named(namespace));
-        if !ns.secrets.data.contains_key(name) && !ns.secrets.unreadable.contains_key(name) {
-            ns.secrets.unreadable.insert(
-                name.to_owned(),
-                format!("Secret {name} {}", connection::NOT_READ_YET),
-            );
+        if ns.secrets.data.contains_key(name) || ns.secrets.unreadable.contains_key(name) {
+            return BTreeSet::new();
         }
+        ns.secrets
+            .unreadable
+            .insert(name.to_owned(), connection::Unreadable::NotReadYet);
+        self.reresolve_readers(namespace, name)
     }
 
     /// Every Secret some connection reads.

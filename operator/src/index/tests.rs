@@ -232,12 +232,27 @@ fn granted_connections_carry_resolved_credentials_and_follow_rotation() {
         BTreeSet::from([ObjectKey::new("agents", "gh-token")])
     );
 
+    // Referenced but not read yet: waiting, not missing.
+    index.expect_secret("agents", "gh-token");
+    let waiting = index.connection("agents", "gh").unwrap();
+    assert!(waiting.credentials_pending);
+    assert_eq!(
+        waiting.credentials.as_ref().err().map(String::as_str),
+        Some("spec.bearerToken: Secret gh-token has not been read yet")
+    );
+
     // Unreadable (no RBAC grant): the connection says how to grant it.
     index.secret_unreadable("agents", "gh-token", "grant it with X".to_owned());
     let unreadable = current(&index, "agents", "a-1", "u1");
     assert_eq!(
         bearer(&unreadable, "gh"),
         Err("spec.bearerToken: grant it with X".to_owned())
+    );
+    assert!(
+        !index
+            .connection("agents", "gh")
+            .unwrap()
+            .credentials_pending
     );
 
     index.apply_secret("agents", "gh-token", secret(&[("token", "one\n")]));
