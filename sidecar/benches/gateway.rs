@@ -432,7 +432,7 @@ fn line_relay() {
 
 /// Per-call round trip and pipelined throughput over stdio, directly to the
 /// null server, through a do-nothing line relay, and through
-/// `aip-sidecar stdio`.
+/// `aip-sidecar stdio` (as shipped, and with busy polling off).
 fn stdio_figures() -> Value {
     let dir = std::env::temp_dir().join(format!("aip-bench-stdio-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -450,13 +450,25 @@ fn stdio_figures() -> Value {
         .arg("--null-stdio-server");
     let mut relay = Command::new(&me);
     relay.arg("--relay");
+    // The wrap as shipped polls briefly after each line it writes; the same
+    // wrap sleeping at once shows what that buys.
+    let mut sleeping = Command::new(sidecar_binary());
+    sleeping
+        .args(["stdio", "--busy-poll-us", "0", "--policy"])
+        .arg(&policy)
+        .args(["--audit", "/dev/null", "--"])
+        .arg(&me)
+        .arg("--null-stdio-server");
+    let mut sleeping_runs = Vec::new();
     // This machine is noisy: alternate the three, three rounds, keep medians.
     let mut runs = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..3 {
         runs.0.push(stdio_run(&mut direct));
         runs.1.push(stdio_run(&mut wrapped));
         runs.2.push(stdio_run(&mut relay));
+        sleeping_runs.push(stdio_run(&mut sleeping));
     }
+    let (s50, _, stput) = median_run(sleeping_runs);
     let (d50, d99, dtput) = median_run(runs.0);
     let (w50, w99, wtput) = median_run(runs.1);
     let (r50, _, rtput) = median_run(runs.2);
@@ -467,6 +479,7 @@ fn stdio_figures() -> Value {
         "added_p50_us": tenth(w50 - d50),
         "direct_calls_per_s": dtput, "wrapped_calls_per_s": wtput,
         "relay_added_p50_us": tenth(r50 - d50), "relay_calls_per_s": rtput,
+        "no_busy_poll_added_p50_us": tenth(s50 - d50), "no_busy_poll_calls_per_s": stput,
     })
 }
 

@@ -13,6 +13,7 @@ pub mod admin;
 pub mod agent;
 pub mod approvals;
 pub mod audit;
+pub mod busy_poll;
 pub mod config;
 pub mod gate;
 pub mod jsonrpc;

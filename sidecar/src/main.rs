@@ -66,6 +66,15 @@ struct StdioArgs {
     /// Offer this client capability to the server (sampling, elicitation, roots).
     #[arg(long = "allow-capability")]
     allow_capabilities: Vec<String>,
+    /// Keep polling this many microseconds after each line written before
+    /// sleeping (trades a little CPU for fewer wake-ups; 0 turns it off).
+    #[arg(
+        long = "busy-poll-us",
+        default_value = "50",
+        value_name = "MICROS",
+        value_parser = clap::value_parser!(u64).range(0..=10_000)
+    )]
+    busy_poll_us: u64,
     /// The server to run, after `--`: passed as an argv, never split on spaces.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -379,6 +388,7 @@ async fn stdio(args: StdioArgs) -> anyhow::Result<i32> {
         approval_timeout: Duration::from_secs(args.approval_timeout_seconds),
         ask_progress_interval: aip_sidecar::gate::DEFAULT_ASK_PROGRESS_INTERVAL,
         allow_capabilities: args.allow_capabilities,
+        busy_poll: Duration::from_micros(args.busy_poll_us),
     };
     let (input, output) = aip_sidecar::wrap::agent_stdio();
     let code = wrap.run(&args.command, input, output).await?;

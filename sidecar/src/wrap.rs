@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::approvals::{Ask, LocalApprovals};
 use crate::audit::{Audit, refusal_line};
+use crate::busy_poll::BusyPoll;
 use crate::config::Config;
 use crate::jsonrpc::{self, Kind, Limits};
 use crate::lines::{self, Line};
@@ -36,6 +37,9 @@ pub struct Wrap {
     pub ask_progress_interval: Duration,
     /// Client capabilities the server may be offered.
     pub allow_capabilities: Vec<String>,
+    /// How long the event loop keeps polling after each line it writes
+    /// (zero: it sleeps at once). See `busy_poll`.
+    pub busy_poll: Duration,
 }
 
 /// What the gateway remembers about a request it forwarded.
@@ -67,8 +71,9 @@ impl Wrap {
     {
         let (mut child, child_in, child_out) =
             crate::upstream::stdio::spawn(command).map_err(anyhow::Error::msg)?;
-        let (to_agent, agent_writer) = writer(agent_out);
-        let (to_server, server_writer) = writer(child_in);
+        let busy = BusyPoll::start(self.busy_poll);
+        let (to_agent, agent_writer) = writer(agent_out, busy.clone());
+        let (to_server, server_writer) = writer(child_in, busy);
         let pending: Pending = Arc::default();
         let this = Arc::new(self);
         let upstream = tokio::spawn(this.clone().server_to_agent(
@@ -452,6 +457,7 @@ fn filter_tools(response: &mut Value, evaluator: &Evaluator) {
 /// sender is gone and every line is written.
 fn writer<W: AsyncWrite + Unpin + Send + 'static>(
     mut out: W,
+    busy: Option<Arc<BusyPoll>>,
 ) -> (mpsc::UnboundedSender<String>, tokio::task::JoinHandle<()>) {
     const BATCH: usize = 256 * 1024;
     let (tx, mut rx) = mpsc::unbounded_channel::<String>();
@@ -467,6 +473,9 @@ fn writer<W: AsyncWrite + Unpin + Send + 'static>(
             }
             if out.write_all(&buf).await.and(out.flush().await).is_err() {
                 return;
+            }
+            if let Some(busy) = &busy {
+                busy.touch(); // an answer or the next line usually follows
             }
             buf.clear();
         }

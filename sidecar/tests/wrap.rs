@@ -57,6 +57,7 @@ impl Harness {
             approval_timeout: Duration::from_secs(30),
             ask_progress_interval: Duration::from_millis(50),
             allow_capabilities: Vec::new(),
+            busy_poll: Duration::from_micros(50),
         };
         let (agent, wrapped) = tokio::io::duplex(64 * 1024);
         let (wrap_in, wrap_out) = tokio::io::split(wrapped);

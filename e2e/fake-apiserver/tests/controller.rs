@@ -2,7 +2,8 @@
 //! fake API server: it reconciles a custom resource, writes status with
 //! server-side apply, survives every watch being expired (410) and resumes,
 //! and sees a delete wait on its finalizer. Runs for `AIP_SOAK_SECONDS`
-//! (default 5) of steady churn at the end, and fails on any reconcile error.
+//! (default 5) of steady churn at the end, and fails on any reconcile error
+//! or on more watch errors than it forced expiries.
 
 #![allow(clippy::unwrap_used)]
 
@@ -127,9 +128,20 @@ async fn a_controller_reconciles_survives_expiry_and_finalizes() {
         cleaned,
     });
     let all: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    // Every item the controller yields is counted: reconcile errors, and
+    // watch errors (a forced expiry surfaces as one 410 per watch, then a
+    // re-list). An error loop would show as many more than the expiries.
+    let stream_errors = Arc::new(AtomicUsize::new(0));
+    let counted = stream_errors.clone();
     let controller = Controller::new_with(all, watcher::Config::default(), resource.clone())
         .run(reconcile, error_policy, ctx.clone())
-        .for_each(|_| async {});
+        .for_each(move |item| {
+            if let Err(e) = item {
+                eprintln!("controller stream error: {e}");
+                counted.fetch_add(1, Ordering::Relaxed);
+            }
+            async {}
+        });
     let controller = tokio::spawn(controller);
 
     let widgets: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &resource);
@@ -178,6 +190,8 @@ async fn a_controller_reconciles_survives_expiry_and_finalizes() {
         .unwrap_or(5u64);
     let until = tokio::time::Instant::now() + Duration::from_secs(soak);
     let mut round = 0i64;
+    let mut expiries = 0usize;
+    let errors_before = stream_errors.load(Ordering::Relaxed);
     while tokio::time::Instant::now() < until {
         round += 1;
         let name = format!("soak-{}", round % 3);
@@ -199,8 +213,15 @@ async fn a_controller_reconciles_survives_expiry_and_finalizes() {
         observed(&widgets, &name, round).await;
         if round % 5 == 0 {
             running.server.expire_watches();
+            expiries += 1;
         }
     }
     assert_eq!(ctx.errors.load(Ordering::Relaxed), 0, "no reconcile errors");
+    let soak_errors = stream_errors.load(Ordering::Relaxed) - errors_before;
+    eprintln!("soak: {round} rounds, {expiries} forced expiries, {soak_errors} watch errors");
+    assert!(
+        soak_errors <= expiries,
+        "{soak_errors} watch errors for {expiries} forced expiries: an error loop"
+    );
     controller.abort();
 }
