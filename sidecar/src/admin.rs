@@ -108,6 +108,7 @@ fn connections(gateway: &Gateway) -> Value {
                 "tools": tools,
                 "gated_tools": c.gates(),
                 "colliding_tools": hidden,
+                "standalone_stream": c.stream_state().map(|s| *s.borrow()),
             })
         })
         .collect();

@@ -1,7 +1,9 @@
 //! Interoperability with code nobody here wrote: the Python MCP SDK (PyPI)
 //! as the agent, and `@modelcontextprotocol/server-everything` (npm) as the
 //! server — through the gateway over Streamable HTTP, and through the stdio
-//! wrap mode over stdio. `make interop-deps` installs both (pinned).
+//! wrap mode over stdio. `make interop-deps` installs both (pinned). And a
+//! Python SDK server whose tool list grows, announced as the SDK announces
+//! it (over HTTP on the standalone GET stream, over stdio on stdout).
 
 #![allow(clippy::unwrap_used)]
 
@@ -10,7 +12,10 @@ mod common;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
+use aip_sidecar::upstream::health::HealthState;
+use aip_sidecar::upstream::listen::StreamState;
 use common::{Setup, Stack};
 use serde_json::{Value, json};
 
@@ -63,20 +68,25 @@ fn client_with(calls: &Value, transport: &[&str], env: &[(&str, &str)]) -> Value
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-/// server-everything over Streamable HTTP on a free port.
-struct Everything(Child, String);
+/// A server over Streamable HTTP on a free port, killed when dropped.
+struct HttpServer(Child, String);
 
-impl Everything {
-    fn start() -> Everything {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut child = Command::new("node")
-            .arg(everything())
-            .arg("streamableHttp")
-            .env("PORT", port.to_string())
+/// server-everything over Streamable HTTP.
+type Everything = HttpServer;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl HttpServer {
+    /// Starts `command` (which serves `port`) and returns once its stderr
+    /// says `ready`.
+    fn spawn(mut command: Command, port: u16, ready: &str) -> HttpServer {
+        let mut child = command
             .stderr(Stdio::piped())
             .stdout(Stdio::null())
             .spawn()
@@ -84,17 +94,27 @@ impl Everything {
         let mut stderr = BufReader::new(child.stderr.take().unwrap());
         let mut line = String::new();
         while stderr.read_line(&mut line).unwrap() > 0 {
-            if line.contains("listening on port") {
+            if line.contains(ready) {
                 break;
             }
             line.clear();
         }
         std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-        Everything(child, format!("http://127.0.0.1:{port}/mcp"))
+        HttpServer(child, format!("http://127.0.0.1:{port}/mcp"))
+    }
+
+    fn start() -> Everything {
+        let port = free_port();
+        let mut command = Command::new("node");
+        command
+            .arg(everything())
+            .arg("streamableHttp")
+            .env("PORT", port.to_string());
+        HttpServer::spawn(command, port, "listening on port")
     }
 }
 
-impl Everything {
+impl HttpServer {
     /// The gateway's connection to this server, over Streamable HTTP.
     fn setup(&self) -> Setup<'static> {
         Setup {
@@ -114,7 +134,7 @@ fn stdio_everything() -> Setup<'static> {
     }
 }
 
-impl Drop for Everything {
+impl Drop for HttpServer {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
@@ -511,4 +531,130 @@ async fn two_agents_with_the_same_progress_token_each_get_their_own_progress() {
         let updates = report["results"][0]["progress_updates"].as_array().unwrap();
         assert_eq!(updates.len(), 4, "{report}");
     }
+}
+
+// ------------------------------------------------ tool list changes --
+
+/// The Python SDK server whose tool list grows on each `grow` call.
+fn growing() -> PathBuf {
+    repo().join("sidecar/tests/servers/growing.py")
+}
+
+/// A health interval far longer than the test: only the server's own
+/// notice can make the gateway look at its tools again in time.
+const SLOW_CHECKS: &str = "  healthCheck: {intervalSeconds: 3600}\n";
+
+const GROWING_POLICY: &str = "  allowed_tools: [up_grow, up_extra_1, up_extra_2, up_extra_3, up_extra_4, up_extra_5, up_extra_6, up_extra_7, up_extra_8, up_extra_9, up_extra_10]\n";
+
+/// The agent calls `grow`; the server announces a new tool outside the
+/// call; the agent's GET stream hears of it and the tool is listed, long
+/// before the next scheduled health check.
+async fn a_new_upstream_tool_reaches_the_agent(s: &Stack) {
+    let session = s.session().await;
+    let h = [("mcp-session-id", session.as_str())];
+    let mut stream = common::Sse::open(s.addr, "GET", &h, "").await;
+    assert_eq!(stream.status, 200);
+    let before = tool_names(s, &session).await;
+    assert_eq!(before, vec!["up_grow"]);
+    // The SDK drops a notice while no standalone stream is registered, and
+    // says nothing when it is: a server that announced into the void is
+    // asked to grow again.
+    let deadline = tokio::time::Instant::now() + common::PATIENCE;
+    let mut grown = 0;
+    let note = loop {
+        grown += 1;
+        let reply = s.call(&session, json!(grown), "up_grow", json!({})).await;
+        assert_eq!(
+            reply["result"]["content"][0]["text"],
+            format!("extra_{grown}"),
+            "{reply}"
+        );
+        match tokio::time::timeout(Duration::from_secs(1), stream.next()).await {
+            Ok(note) => break note.unwrap(),
+            Err(_) => assert!(
+                tokio::time::Instant::now() < deadline,
+                "the agent never heard of a change"
+            ),
+        }
+    };
+    assert_eq!(note["method"], "notifications/tools/list_changed");
+    let tool = format!("up_extra_{grown}");
+    assert!(tool_names(s, &session).await.contains(&tool));
+    let extra = s.call(&session, json!("x"), &tool, json!({})).await;
+    assert_eq!(
+        extra["result"]["content"][0]["text"],
+        format!("extra_{grown}"),
+        "{extra}"
+    );
+}
+
+async fn tool_names(s: &Stack, session: &str) -> Vec<String> {
+    let list = s.request(session, json!("list"), "tools/list").await;
+    let mut names: Vec<String> = list["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_server_announcing_new_tools_on_its_standalone_stream() {
+    let port = free_port();
+    let mut command = Command::new(python());
+    command.arg(growing()).args(["http", &port.to_string()]);
+    let server = HttpServer::spawn(command, port, "Uvicorn running on");
+    let s = Stack::start(Setup {
+        url: Some(server.1.clone()),
+        connection: SLOW_CHECKS,
+        policy: GROWING_POLICY,
+        ..Setup::default()
+    })
+    .await;
+    a_new_upstream_tool_reaches_the_agent(&s).await;
+    // The server's headers came with its first event.
+    let connection = s.gateway.connections()[0].clone();
+    assert_eq!(
+        *connection.stream_state().unwrap().borrow(),
+        StreamState::Open
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stdio_server_announcing_new_tools() {
+    let command = vec![
+        python().display().to_string(),
+        growing().display().to_string(),
+        "stdio".to_owned(),
+    ];
+    let s = Stack::start(Setup {
+        command: Some(command),
+        connection: SLOW_CHECKS,
+        policy: GROWING_POLICY,
+        ..Setup::default()
+    })
+    .await;
+    a_new_upstream_tool_reaches_the_agent(&s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_a_standalone_stream_is_left_alone() {
+    // The fault server answers GET without Last-Event-ID with 405.
+    let s = Stack::start(Setup {
+        faults: "  tools: [{name: read, responses: [{sequence: [{return: 1}]}]}]\n",
+        ..Setup::default()
+    })
+    .await;
+    let connection = s.gateway.connections()[0].clone();
+    let mut stream = connection.stream_state().unwrap();
+    tokio::time::timeout(
+        common::PATIENCE,
+        stream.wait_for(|state| *state == StreamState::Unsupported),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(connection.health().state, HealthState::Healthy);
 }

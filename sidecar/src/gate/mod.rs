@@ -316,6 +316,7 @@ impl Gateway {
                     let state = Arc::new(state);
                     let stop = self.shutdown.child_token();
                     tokio::spawn(state.clone().run_checks(stop.clone()));
+                    tokio::spawn(state.clone().listen(stop.clone()));
                     checks.push((state, stop));
                 }
                 Err(e) => {

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Upstream;
 use super::failure::{ConnectionEffect, Failure};
+use super::listen::StreamState;
 use crate::config::Connection;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -74,6 +75,9 @@ pub struct ConnectionState {
     /// removed is closed only once nothing uses it.
     busy: watch::Sender<usize>,
 }
+
+/// The least time between two checks prompted by list-changed notices.
+const MIN_REFRESH_GAP: Duration = Duration::from_secs(1);
 
 /// Counts one request in flight on a connection while it lives.
 pub struct Busy<'a>(&'a watch::Sender<usize>);
@@ -220,10 +224,14 @@ impl ConnectionState {
     /// interval while healthy; after a failed check, sooner (1 s, doubling up
     /// to the interval), so that an upstream that was still starting is
     /// listed within moments rather than after a whole interval.
+    ///
+    /// A server saying its tool list changed gets a check at once (at most
+    /// one per `MIN_REFRESH_GAP`), so agents see new tools in moments.
     pub async fn run_checks(self: Arc<Self>, shutdown: CancellationToken) {
         let interval = self.connection().health_interval;
         let mut retry = Duration::from_secs(1);
         loop {
+            let started = tokio::time::Instant::now();
             self.check().await;
             let wait = if self.health().state.listable() {
                 retry = Duration::from_secs(1);
@@ -235,8 +243,30 @@ impl ConnectionState {
             };
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
+                () = self.upstream.list_changed().notified() => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(started + MIN_REFRESH_GAP) => {}
+                        () = shutdown.cancelled() => return,
+                    }
+                }
                 () = shutdown.cancelled() => return,
             }
+        }
+    }
+
+    /// The HTTP server's standalone stream; `None` for a stdio server.
+    pub fn stream_state(&self) -> Option<watch::Receiver<StreamState>> {
+        match &self.upstream {
+            Upstream::Http(http) => Some(http.stream_state()),
+            Upstream::Stdio(_) => None,
+        }
+    }
+
+    /// Follows what an HTTP server says outside any call (its standalone
+    /// stream), until `stop`; a stdio server's lines are read anyway.
+    pub async fn listen(self: Arc<Self>, stop: CancellationToken) {
+        if let Upstream::Http(http) = &self.upstream {
+            http.listen(stop).await;
         }
     }
 

@@ -20,9 +20,10 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Value, json};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, Notify, watch};
 
 use super::failure::{Failure, insufficient_scope};
+use super::listen::StreamState;
 use super::{Related, sse};
 use crate::config::{Connection, Endpoint};
 use crate::jsonrpc::{self, Limits};
@@ -44,6 +45,12 @@ pub struct Session {
     generation: u64,
 }
 
+impl Session {
+    pub(super) fn generation(&self) -> u64 {
+        self.generation
+    }
+}
+
 /// What came back for a request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Exchange {
@@ -59,6 +66,11 @@ pub struct HttpUpstream {
     session: Mutex<Option<Session>>,
     generation: AtomicU64,
     next_id: AtomicU64,
+    /// The generation of each session initialized, for the listener.
+    pub(super) sessions: watch::Sender<u64>,
+    /// Signalled when the server says its tool list changed.
+    list_changed: Notify,
+    pub(super) stream_state: watch::Sender<StreamState>,
 }
 
 impl HttpUpstream {
@@ -80,11 +92,23 @@ impl HttpUpstream {
             session: Mutex::new(None),
             generation: AtomicU64::new(0),
             next_id: AtomicU64::new(1),
+            sessions: watch::Sender::new(0),
+            list_changed: Notify::new(),
+            stream_state: watch::Sender::new(StreamState::Closed),
         })
     }
 
     pub fn connection(&self) -> &Connection {
         &self.connection
+    }
+
+    pub fn list_changed(&self) -> &Notify {
+        &self.list_changed
+    }
+
+    /// The session's standalone stream (see `listen`), as it changes.
+    pub fn stream_state(&self) -> watch::Receiver<StreamState> {
+        self.stream_state.subscribe()
     }
 
     /// Sends one request (it must carry an id) and returns its response.
@@ -149,6 +173,7 @@ impl HttpUpstream {
         tokio::time::timeout(self.connection.health_deadline, async {
             let session = self.initialize().await?;
             *self.session.lock().await = Some(session.clone());
+            self.sessions.send_replace(session.generation);
             // Follow nextCursor: a paginated catalog is listed whole.
             super::list_all_tools(|mut list| {
                 list["id"] = json!(self.fresh_id("list"));
@@ -170,7 +195,13 @@ impl HttpUpstream {
         }
         let fresh = self.initialize().await?;
         *slot = Some(fresh.clone());
+        self.sessions.send_replace(fresh.generation);
         Ok(fresh)
+    }
+
+    /// The cached session, if there is one; never initializes.
+    pub(super) async fn cached_session(&self) -> Option<Session> {
+        self.session.lock().await.clone()
     }
 
     /// Ends the cached session with DELETE, as a client that no longer
@@ -292,8 +323,15 @@ impl HttpUpstream {
         let content_type = header(response.headers(), "content-type").unwrap_or_default();
         let mut budget = self.connection.max_response_bytes;
         let response = if content_type.starts_with("text/event-stream") {
-            self.read_sse(response, &id, session_id.as_deref(), &mut budget, related)
-                .await?
+            self.read_sse(
+                response,
+                &id,
+                session_id.as_deref(),
+                &session.protocol_version,
+                &mut budget,
+                related,
+            )
+            .await?
         } else {
             let body =
                 read_limited(response, &mut budget, self.connection.max_response_bytes).await?;
@@ -310,6 +348,7 @@ impl HttpUpstream {
         mut response: Response<Incoming>,
         id: &Value,
         session_id: Option<&str>,
+        protocol_version: &str,
         budget: &mut usize,
         related: Option<&Related>,
     ) -> Result<Value, Failure> {
@@ -347,6 +386,12 @@ impl HttpUpstream {
                     if message.get("id") == Some(id) && message.get("method").is_none() {
                         return check_response(message);
                     }
+                    if message.get("method").and_then(Value::as_str)
+                        == Some(super::TOOLS_LIST_CHANGED)
+                    {
+                        self.list_changed.notify_one();
+                        continue;
+                    }
                     if let Some(related) = related {
                         let _ = related.send(message);
                     }
@@ -360,7 +405,7 @@ impl HttpUpstream {
                 ));
             };
             tokio::time::sleep(retry).await;
-            response = self.resume(session_id, &last).await?;
+            response = self.resume(session_id, protocol_version, &last).await?;
         }
         Err(Failure::Network(format!(
             "the stream was resumed {MAX_RESUMES} times without a response"
@@ -370,24 +415,12 @@ impl HttpUpstream {
     async fn resume(
         &self,
         session_id: Option<&str>,
+        protocol_version: &str,
         last_event_id: &str,
     ) -> Result<Response<Incoming>, Failure> {
-        let mut request = Request::builder().method(Method::GET).uri(self.uri.clone());
-        request = request
-            .header("accept", "text/event-stream")
-            .header("last-event-id", last_event_id);
-        if let Some(s) = session_id {
-            request = request.header("mcp-session-id", s);
-        }
-        let request = self.with_credentials(request)?;
-        let request = request
-            .body(Full::new(Bytes::new()))
-            .map_err(|e| Failure::Network(e.to_string()))?;
         let response = self
-            .client
-            .request(request)
-            .await
-            .map_err(|e| Failure::Network(network_text(&e)))?;
+            .get_stream(session_id, protocol_version, Some(last_event_id))
+            .await?;
         if !response.status().is_success() {
             // A resume that fails counts as the network failing.
             return Err(match response.status() {
@@ -398,7 +431,36 @@ impl HttpUpstream {
         Ok(response)
     }
 
-    async fn post(
+    /// A GET for an event stream: a resumed response stream (with
+    /// `Last-Event-ID`) or the session's standalone stream.
+    pub(super) async fn get_stream(
+        &self,
+        session_id: Option<&str>,
+        protocol_version: &str,
+        last_event_id: Option<&str>,
+    ) -> Result<Response<Incoming>, Failure> {
+        let mut request = Request::builder()
+            .method(Method::GET)
+            .uri(self.uri.clone())
+            .header("accept", "text/event-stream")
+            .header("mcp-protocol-version", protocol_version);
+        if let Some(last) = last_event_id {
+            request = request.header("last-event-id", last);
+        }
+        if let Some(s) = session_id {
+            request = request.header("mcp-session-id", s);
+        }
+        let request = self.with_credentials(request)?;
+        let request = request
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| Failure::Network(e.to_string()))?;
+        self.client
+            .request(request)
+            .await
+            .map_err(|e| Failure::Network(network_text(&e)))
+    }
+
+    pub(super) async fn post(
         &self,
         session: Option<&Session>,
         message: &Value,

@@ -3,6 +3,7 @@
 pub mod failure;
 pub mod health;
 pub mod http;
+pub mod listen;
 pub mod sse;
 pub mod stdio;
 
@@ -77,6 +78,14 @@ impl Upstream {
         }
     }
 
+    /// Signalled when the server says its tool list changed.
+    pub fn list_changed(&self) -> &tokio::sync::Notify {
+        match self {
+            Upstream::Http(u) => u.list_changed(),
+            Upstream::Stdio(u) => u.list_changed(),
+        }
+    }
+
     /// Lists the server's tools (all pages) within the health deadline.
     pub async fn health_check(&self) -> Result<Vec<Value>, Failure> {
         match self {
@@ -85,6 +94,10 @@ impl Upstream {
         }
     }
 }
+
+/// What a server sends when its tool list changed: the catalog is
+/// refreshed at once rather than at the next interval.
+pub const TOOLS_LIST_CHANGED: &str = "notifications/tools/list_changed";
 
 /// Where the server messages related to one request go.
 pub type Related = mpsc::UnboundedSender<Value>;

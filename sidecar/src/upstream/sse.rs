@@ -71,6 +71,12 @@ impl Parser {
         None
     }
 
+    /// Bytes held for the event not yet complete: a peer that never ends
+    /// an event must not grow this without bound.
+    pub fn pending_bytes(&self) -> usize {
+        self.buffer.len() + self.data.iter().map(String::len).sum::<usize>()
+    }
+
     /// The last event id seen (it persists across events, as the spec says).
     pub fn last_id(&self) -> Option<&str> {
         self.id.as_deref()

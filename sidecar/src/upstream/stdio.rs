@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio::io::{AsyncWriteExt, BufReader};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::Related;
@@ -26,6 +26,8 @@ pub struct StdioUpstream {
     connection: Arc<Connection>,
     process: tokio::sync::Mutex<Option<Arc<Process>>>,
     next_id: AtomicU64,
+    /// Signalled when the server says its tool list changed.
+    list_changed: Arc<Notify>,
 }
 
 struct Process {
@@ -38,6 +40,7 @@ struct Process {
     stop: CancellationToken,
     /// Cancelled once the child has exited (or been killed) and reaped.
     exited: CancellationToken,
+    list_changed: Arc<Notify>,
 }
 
 /// A caller waiting for its response, and where the server messages
@@ -68,11 +71,16 @@ impl StdioUpstream {
             connection,
             process: tokio::sync::Mutex::new(None),
             next_id: AtomicU64::new(1),
+            list_changed: Arc::new(Notify::new()),
         })
     }
 
     pub fn connection(&self) -> &Connection {
         &self.connection
+    }
+
+    pub fn list_changed(&self) -> &Notify {
+        &self.list_changed
     }
 
     /// Stops the server, if one runs, and waits until it has exited: stdin
@@ -184,6 +192,7 @@ impl StdioUpstream {
             ended: CancellationToken::new(),
             stop: CancellationToken::new(),
             exited: CancellationToken::new(),
+            list_changed: self.list_changed.clone(),
         });
         tokio::spawn(supervise(
             child,
@@ -342,6 +351,10 @@ impl Process {
     /// stdio carries no other sign of which request a notification is
     /// about, so other notifications are not relayed.
     fn attribute(&self, note: Value) {
+        if note.get("method").and_then(Value::as_str) == Some(super::TOOLS_LIST_CHANGED) {
+            self.list_changed.notify_one();
+            return;
+        }
         if note.get("method").and_then(Value::as_str) != Some("notifications/progress") {
             return;
         }
