@@ -70,15 +70,9 @@ async fn spans_reach_an_otlp_collector() {
         Script::from_yaml(yaml, Transport::Http).unwrap(),
         AttemptLog::new(Box::new(std::io::sink()), true),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream = format!("http://{}/mcp", listener.local_addr().unwrap());
-    tokio::spawn(fault.clone().run(shutdown.clone()));
-    tokio::spawn(aip_fault_server::http::serve(
-        fault,
-        listener,
-        Default::default(),
-        shutdown.clone(),
-    ));
+    let upstream = aip_fault_server::http::start_on_loopback(fault, shutdown.clone())
+        .await
+        .unwrap();
     // The sidecar, as shipped.
     let dir = std::env::temp_dir().join(format!("aip-otlp-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

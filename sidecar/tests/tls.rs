@@ -61,15 +61,15 @@ async fn tls_fault_server(
         Script::from_yaml(yaml, Transport::Http).unwrap(),
         AttemptLog::new(Box::new(std::io::sink()), false),
     );
-    let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let backend = plain.local_addr().unwrap();
-    tokio::spawn(core.clone().run(shutdown.clone()));
-    tokio::spawn(aip_fault_server::http::serve(
-        core.clone(),
-        plain,
-        Default::default(),
-        shutdown.clone(),
-    ));
+    let plain = aip_fault_server::http::start_on_loopback(core.clone(), shutdown.clone())
+        .await
+        .unwrap();
+    let backend: std::net::SocketAddr = plain
+        .strip_prefix("http://")
+        .and_then(|a| a.strip_suffix("/mcp"))
+        .unwrap()
+        .parse()
+        .unwrap();
     let config = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))

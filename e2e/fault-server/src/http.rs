@@ -62,6 +62,19 @@ struct State {
     shutdown: CancellationToken,
 }
 
+/// Runs `core` and serves it over HTTP on an ephemeral loopback port until
+/// `shutdown`, as tests and benchmarks embed it; the MCP endpoint's URL.
+pub async fn start_on_loopback(
+    core: Arc<Core>,
+    shutdown: CancellationToken,
+) -> std::io::Result<String> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/mcp", listener.local_addr()?);
+    tokio::spawn(core.clone().run(shutdown.clone()));
+    tokio::spawn(serve(core, listener, HttpOptions::default(), shutdown));
+    Ok(url)
+}
+
 /// Serves HTTP on `listener` until `shutdown`.
 pub async fn serve(
     core: Arc<Core>,

@@ -227,15 +227,9 @@ pub async fn start_fault_server(dir: &Path, shutdown: &CancellationToken) -> (St
         Script::from_yaml(&script, Transport::Http).unwrap(),
         AttemptLog::new(Box::new(std::fs::File::create(&attempts).unwrap()), false),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
-    tokio::spawn(fault.clone().run(shutdown.clone()));
-    tokio::spawn(aip_fault_server::http::serve(
-        fault,
-        listener,
-        Default::default(),
-        shutdown.clone(),
-    ));
+    let url = aip_fault_server::http::start_on_loopback(fault, shutdown.clone())
+        .await
+        .unwrap();
     (url, attempts)
 }
 

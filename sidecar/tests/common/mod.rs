@@ -98,15 +98,9 @@ impl Stack {
             Script::from_yaml(&yaml, Transport::Http).unwrap(),
             AttemptLog::new(Box::new(std::io::sink()), true),
         );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let fault_url = format!("http://{}/mcp", listener.local_addr().unwrap());
-        tokio::spawn(fault.clone().run(shutdown.clone()));
-        tokio::spawn(aip_fault_server::http::serve(
-            fault.clone(),
-            listener,
-            Default::default(),
-            shutdown.clone(),
-        ));
+        let fault_url = aip_fault_server::http::start_on_loopback(fault.clone(), shutdown.clone())
+            .await
+            .unwrap();
 
         let policy = if setup.policy.is_empty() {
             "  {}"
