@@ -441,34 +441,33 @@ fn stdio_figures() -> Value {
     let me = std::env::current_exe().unwrap();
     let mut direct = Command::new(&me);
     direct.arg("--null-stdio-server");
-    let mut wrapped = Command::new(sidecar_binary());
-    wrapped
-        .args(["stdio", "--policy"])
-        .arg(&policy)
-        .args(["--audit", "/dev/null", "--"])
-        .arg(&me)
-        .arg("--null-stdio-server");
-    let mut relay = Command::new(&me);
-    relay.arg("--relay");
+    let wrap = |extra: &[&str]| {
+        let mut command = Command::new(sidecar_binary());
+        command
+            .arg("stdio")
+            .args(extra)
+            .arg("--policy")
+            .arg(&policy)
+            .args(["--audit", "/dev/null", "--"])
+            .arg(&me)
+            .arg("--null-stdio-server");
+        command
+    };
+    let mut wrapped = wrap(&[]);
     // The wrap as shipped polls briefly after each line it writes; the same
     // wrap sleeping at once shows what that buys.
-    let mut sleeping = Command::new(sidecar_binary());
-    sleeping
-        .args(["stdio", "--busy-poll-us", "0", "--policy"])
-        .arg(&policy)
-        .args(["--audit", "/dev/null", "--"])
-        .arg(&me)
-        .arg("--null-stdio-server");
-    let mut sleeping_runs = Vec::new();
-    // This machine is noisy: alternate the three, three rounds, keep medians.
-    let mut runs = (Vec::new(), Vec::new(), Vec::new());
+    let mut sleeping = wrap(&["--busy-poll-us", "0"]);
+    let mut relay = Command::new(&me);
+    relay.arg("--relay");
+    // This machine is noisy: alternate the four, three rounds, keep medians.
+    let mut runs = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..3 {
         runs.0.push(stdio_run(&mut direct));
         runs.1.push(stdio_run(&mut wrapped));
         runs.2.push(stdio_run(&mut relay));
-        sleeping_runs.push(stdio_run(&mut sleeping));
+        runs.3.push(stdio_run(&mut sleeping));
     }
-    let (s50, _, stput) = median_run(sleeping_runs);
+    let (s50, _, stput) = median_run(runs.3);
     let (d50, d99, dtput) = median_run(runs.0);
     let (w50, w99, wtput) = median_run(runs.1);
     let (r50, _, rtput) = median_run(runs.2);

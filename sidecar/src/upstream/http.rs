@@ -172,8 +172,7 @@ impl HttpUpstream {
     pub async fn health_check(&self) -> Result<Vec<Value>, Failure> {
         tokio::time::timeout(self.connection.health_deadline, async {
             let session = self.initialize().await?;
-            *self.session.lock().await = Some(session.clone());
-            self.sessions.send_replace(session.generation);
+            self.cache(&mut *self.session.lock().await, &session);
             // Follow nextCursor: a paginated catalog is listed whole.
             super::list_all_tools(|mut list| {
                 list["id"] = json!(self.fresh_id("list"));
@@ -194,9 +193,14 @@ impl HttpUpstream {
             return Ok(s.clone());
         }
         let fresh = self.initialize().await?;
-        *slot = Some(fresh.clone());
-        self.sessions.send_replace(fresh.generation);
+        self.cache(&mut slot, &fresh);
         Ok(fresh)
+    }
+
+    /// Makes `session` the cached one and tells the listener.
+    fn cache(&self, slot: &mut Option<Session>, session: &Session) {
+        *slot = Some(session.clone());
+        self.sessions.send_replace(session.generation);
     }
 
     /// The cached session, if there is one; never initializes.

@@ -37,6 +37,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 enum Listened {
     /// Told to stop.
     Stopped,
+    /// A new session replaced the one listened to.
+    Replaced,
     /// The server refused the stream (405 and the like): not again for this
     /// session.
     Refused,
@@ -71,7 +73,7 @@ impl HttpUpstream {
             let listened = tokio::select! {
                 l = self.listen_once(&session, &mut last_event, &stop) => l,
                 // A new session: this stream belongs to the old one.
-                _ = sessions.wait_for(|g| *g != session.generation()) => continue,
+                _ = sessions.wait_for(|g| *g != session.generation()) => Listened::Replaced,
             };
             self.stream_state.send_replace(match listened {
                 Listened::Refused => StreamState::Unsupported,
@@ -79,6 +81,7 @@ impl HttpUpstream {
             });
             let wait = match listened {
                 Listened::Stopped => return,
+                Listened::Replaced => continue,
                 Listened::Refused => {
                     refused = session.generation();
                     continue;
