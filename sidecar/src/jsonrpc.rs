@@ -6,11 +6,15 @@
 //!
 //! - bodies over the size limit, invalid UTF-8 (the byte is named), trailing
 //!   bytes, anything that is not JSON (NaN, Infinity, comments, ...);
-//! - duplicate object keys, compared after unescaping and under Unicode simple
-//!   case folding, so `method`, `Method`, `\u006dethod` and `METHOD` collide,
-//!   and so do `arguments` and `argumentſ` (ſ folds to s): some servers
-//!   look keys up case-insensitively, and every parser picks a different
-//!   duplicate;
+//! - duplicate object keys, compared after unescaping and under every
+//!   decoder's case folding at once (see [`key_skeleton`]), so `method`,
+//!   `Method`, `\u006dethod` and `METHOD` collide, and so do `arguments` and
+//!   `argumentſ` (ſ folds to s): some servers look keys up
+//!   case-insensitively, and every parser picks a different duplicate;
+//! - a key the gateway reads (`method`, `params`, `arguments`, `name`, ...)
+//!   spelled any other way that some decoder reads as it: Go's
+//!   `encoding/json` hands a lone `Arguments` to a server as `arguments`,
+//!   while an exact-match reader (the policy's) sees no arguments at all;
 //! - whole numbers beyond ±(2^53 − 1), where parsers disagree (Python keeps
 //!   them exact, JavaScript rounds them);
 //! - nesting deeper than the limit; batches; anything that is not a JSON-RPC
@@ -57,6 +61,14 @@ pub enum Refusal {
         "duplicate key {key:?} at {path} (keys are compared after unescaping and case folding)"
     )]
     DuplicateKey { path: String, key: String },
+    #[error(
+        "key {key:?} at {path} reads as {reads_as:?} to case-insensitive decoders; spell it exactly {reads_as:?}"
+    )]
+    ConfusableKey {
+        path: String,
+        key: String,
+        reads_as: String,
+    },
     #[error("number at {path} is beyond ±(2^53 − 1), where JSON parsers disagree")]
     UnsafeNumber { path: String },
     #[error("nesting deeper than {limit} at {path}")]
@@ -78,7 +90,8 @@ impl Refusal {
             | Refusal::DuplicateKey { .. }
             | Refusal::UnsafeNumber { .. }
             | Refusal::TooDeep { .. } => -32700,
-            Refusal::Batch | Refusal::Invalid(_) => -32600,
+            Refusal::ConfusableKey { path, .. } if path != "$" => -32602,
+            Refusal::Batch | Refusal::Invalid(_) | Refusal::ConfusableKey { .. } => -32600,
         }
     }
 }
@@ -205,6 +218,10 @@ fn classify(value: &Value) -> Result<Kind, Refusal> {
         Value::Array(_) => return Err(Refusal::Batch),
         _ => return Err(Refusal::Invalid("a message must be a JSON object")),
     };
+    refuse_confusable(obj, ENVELOPE_KEYS, "$")?;
+    if let Some(Value::Object(params)) = obj.get("params") {
+        refuse_confusable(params, PARAMS_KEYS, "$.params")?;
+    }
     if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
         return Err(Refusal::Invalid("\"jsonrpc\" must be \"2.0\""));
     }
@@ -227,15 +244,21 @@ fn classify(value: &Value) -> Result<Kind, Refusal> {
         {
             return Err(Refusal::Invalid("\"params\" must be an object or an array"));
         }
-        return Ok(match id {
-            Some(id) => Kind::Request {
+        return match id {
+            Some(id) => Ok(Kind::Request {
                 id,
                 method: method.to_owned(),
-            },
-            None => Kind::Notification {
+            }),
+            // MCP's notifications are all `notifications/...`; anything else
+            // without an id is a request that lost it (to one server a call
+            // to run, to another an invalid request), never forwarded.
+            None if method.starts_with("notifications/") => Ok(Kind::Notification {
                 method: method.to_owned(),
-            },
-        });
+            }),
+            None => Err(Refusal::Invalid(
+                "a request needs an \"id\" (only notifications/... methods are notifications)",
+            )),
+        };
     }
     let id = id.ok_or(Refusal::Invalid(
         "a message needs \"method\", or \"id\" with \"result\" or \"error\"",
@@ -262,7 +285,7 @@ fn is_valid_id(id: &Value) -> bool {
 fn recover_id(bytes: &[u8], refusal: &Refusal) -> Option<Value> {
     if let Refusal::DuplicateKey { path, key } = refusal
         && path == "$"
-        && fold(key) == "id"
+        && key_skeleton(key) == "id"
     {
         return None;
     }
@@ -276,15 +299,92 @@ fn recover_id(bytes: &[u8], refusal: &Refusal) -> Option<Value> {
     value.get("id").filter(|id| is_valid_id(id)).cloned()
 }
 
-/// Unicode simple case folding, char by char.
-pub fn fold(key: &str) -> String {
-    key.chars()
-        .map(|c| {
-            unicode_case_mapping::case_folded(c)
-                .and_then(|cp| char::from_u32(cp.get()))
-                .unwrap_or(c)
-        })
-        .collect()
+/// The keys the gateway and the policy read in a message's envelope.
+const ENVELOPE_KEYS: &[&str] = &["jsonrpc", "id", "method", "params", "result", "error"];
+
+/// The keys they read in `params` (of any method: the set is small, and no
+/// MCP method has a legitimate key that folds to one of these).
+const PARAMS_KEYS: &[&str] = &[
+    "name",
+    "arguments",
+    "uri",
+    "cursor",
+    "requestId",
+    "protocolVersion",
+    "capabilities",
+    "_meta",
+    "task",
+];
+
+/// The longest skeleton of any key in the two lists, in bytes.
+const LONGEST_READ_KEY: usize = 15;
+
+/// Refuses a key of `obj` that is not one of `read` but has the skeleton of
+/// one: to a decoder that matches keys case-insensitively it is that key,
+/// while the policy, reading exactly, never saw it.
+fn refuse_confusable(obj: &Map<String, Value>, read: &[&str], path: &str) -> Result<(), Refusal> {
+    for key in obj.keys() {
+        if read.contains(&key.as_str()) || key.len() > 4 * LONGEST_READ_KEY {
+            continue;
+        }
+        let skeleton = key_skeleton(key);
+        if let Some(reads_as) = read.iter().find(|k| k.eq_ignore_ascii_case(&skeleton)) {
+            return Err(Refusal::ConfusableKey {
+                path: path.to_owned(),
+                key: key.clone(),
+                reads_as: (*reads_as).to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Non-ASCII characters some decoder folds to ASCII letters when it matches
+/// keys: Go's `encoding/json` (per rune, upper of lower: `İ` -> `I`, `ı` ->
+/// `I`, `ſ` -> `S`, the Kelvin sign -> `K`), Unicode simple case folding
+/// (`ſ`, Kelvin), full case folding (`ß` -> `ss`, the Latin ligatures), and
+/// Java's and .NET's upper- and lower-casing. The table is complete for
+/// Unicode's own mappings (a unit test walks every code point) and for Go's
+/// (the decoder differential asks Go).
+const ASCII_FOLDS: &[(char, &str)] = &[
+    ('\u{0130}', "i"),   // İ LATIN CAPITAL LETTER I WITH DOT ABOVE
+    ('\u{0131}', "i"),   // ı LATIN SMALL LETTER DOTLESS I
+    ('\u{017F}', "s"),   // ſ LATIN SMALL LETTER LONG S
+    ('\u{212A}', "k"),   // K KELVIN SIGN
+    ('\u{00DF}', "ss"),  // ß
+    ('\u{1E9E}', "ss"),  // ẞ
+    ('\u{FB00}', "ff"),  // ﬀ
+    ('\u{FB01}', "fi"),  // ﬁ
+    ('\u{FB02}', "fl"),  // ﬂ
+    ('\u{FB03}', "ffi"), // ﬃ
+    ('\u{FB04}', "ffl"), // ﬄ
+    ('\u{FB05}', "st"),  // ﬅ
+    ('\u{FB06}', "st"),  // ﬆ
+];
+
+/// A key as every case-insensitive decoder at once would compare it: ASCII
+/// lowercased, the characters of [`ASCII_FOLDS`] replaced by the ASCII they
+/// fold to, everything else by its Unicode simple case folding. Two keys with
+/// one skeleton may be one key to some server.
+pub fn key_skeleton(key: &str) -> std::borrow::Cow<'_, str> {
+    if key.bytes().all(|b| b.is_ascii() && !b.is_ascii_uppercase()) {
+        return std::borrow::Cow::Borrowed(key);
+    }
+    let mut out = String::with_capacity(key.len());
+    for c in key.chars() {
+        if c.is_ascii() {
+            out.push(c.to_ascii_lowercase());
+        } else if let Some((_, ascii)) = ASCII_FOLDS.iter().find(|(f, _)| *f == c) {
+            out.push_str(ascii);
+        } else {
+            out.push(
+                unicode_case_mapping::case_folded(c)
+                    .and_then(|cp| char::from_u32(cp.get()))
+                    .unwrap_or(c),
+            );
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// Where in the document a value sits, for error messages (`$.params.arguments`).
@@ -412,7 +512,7 @@ impl<'de> Visitor<'de> for StrictSeed<'_, '_> {
         let mut out = Map::new();
         let mut seen = HashSet::new();
         while let Some(key) = map.next_key::<String>()? {
-            if !seen.insert(fold(&key)) {
+            if !seen.insert(key_skeleton(&key).into_owned()) {
                 let path = self.path.to_string();
                 return self.refuse(Refusal::DuplicateKey { path, key });
             }
@@ -427,5 +527,42 @@ impl<'de> Visitor<'de> for StrictSeed<'_, '_> {
             out.insert(key, value);
         }
         Ok(Value::Object(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every code point whose Unicode case mappings (lower, upper, either of
+    /// the other, simple folding) are pure ASCII is in the table, with that
+    /// ASCII: the table cannot fall behind Unicode's data.
+    #[test]
+    fn ascii_folds_cover_every_unicode_mapping_to_ascii() {
+        let simple = |c: char| {
+            unicode_case_mapping::case_folded(c)
+                .and_then(|cp| char::from_u32(cp.get()))
+                .map(String::from)
+        };
+        for c in (0x80..=0x10FFFFu32).filter_map(char::from_u32) {
+            let lower: String = c.to_lowercase().collect();
+            let upper: String = c.to_uppercase().collect();
+            let candidates = [
+                upper.to_lowercase(),
+                lower.to_uppercase(),
+                lower,
+                upper,
+                simple(c).unwrap_or_default(),
+            ];
+            for candidate in candidates.iter().filter(|s| !s.is_empty() && s.is_ascii()) {
+                let folded = key_skeleton(candidate).into_owned();
+                assert_eq!(
+                    key_skeleton(&c.to_string()),
+                    folded,
+                    "U+{:04X} maps to {candidate:?}: add it to ASCII_FOLDS",
+                    c as u32
+                );
+            }
+        }
     }
 }

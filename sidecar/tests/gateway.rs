@@ -577,3 +577,46 @@ async fn a_held_call_the_new_policy_blocks_is_withdrawn_and_answered_blocked() {
         "never forwarded"
     );
 }
+
+/// Go's `encoding/json` reads `Arguments` as `arguments`: a call whose
+/// protected path hides behind a case variant would reach such a server
+/// with its arguments while the policy saw none. Refused, never forwarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn case_variant_keys_are_refused_before_the_policy() {
+    let s = stack().await;
+    let session = s.session().await;
+    for (body, key) in [
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"up_read","Arguments":{"path":"/etc/shadow"}}}"#,
+            "Arguments",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"up_read","ARGUMENTS":{"path":"/etc/shadow"}}}"#,
+            "ARGUMENTS",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"up_read","argumentſ":{"path":"/etc/shadow"}}}"#,
+            "argumentſ",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"Name":"up_read","arguments":{"path":"/etc/shadow"}}}"#,
+            "Name",
+        ),
+    ] {
+        let r = s.post(&[("mcp-session-id", &session)], body).await.json();
+        assert_eq!(r["error"]["code"], -32602, "{body}: {r}");
+        let message = r["error"]["message"].as_str().unwrap();
+        assert!(message.contains(&format!("{key:?}")), "{message}");
+    }
+    assert_eq!(
+        s.attempts(),
+        Vec::<Value>::new(),
+        "nothing reached the server"
+    );
+    let refusals = s
+        .audit_lines()
+        .into_iter()
+        .filter(|l| l.to_string().contains("reads as"))
+        .count();
+    assert_eq!(refusals, 4, "each refusal is audited");
+}

@@ -274,3 +274,133 @@ fn floats_are_parsed_correctly_rounded() {
             .contains("-2.8559254e-33")
     );
 }
+
+/// Go's `encoding/json` (and any decoder that matches keys without regard to
+/// case) reads a lone `Arguments` as `arguments`: a key that folds to one the
+/// gateway reads, under any decoder's folding, must be spelled exactly.
+#[test]
+fn keys_that_fold_to_a_key_the_gateway_reads_are_refused() {
+    for (text, code, path, key, reads_as) in [
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","Arguments":{"path":"/etc/shadow"}}}"#,
+            -32602,
+            "$.params",
+            "Arguments",
+            "arguments",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","ARGUMENTS":{}}}"#,
+            -32602,
+            "$.params",
+            "ARGUMENTS",
+            "arguments",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","argumentſ":{}}}"#,
+            -32602,
+            "$.params",
+            "argumentſ",
+            "arguments",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"\u004eame":"t"}}"#,
+            -32602,
+            "$.params",
+            "Name",
+            "name",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"URİ":"file:///etc/shadow"}}"#,
+            -32602,
+            "$.params",
+            "URİ",
+            "uri",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"Method":"tools/call"}"#,
+            -32600,
+            "$",
+            "Method",
+            "method",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","PARAMS":{"name":"t"}}"#,
+            -32600,
+            "$",
+            "PARAMS",
+            "params",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":"a","Result":{}}"#,
+            -32600,
+            "$",
+            "Result",
+            "result",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{},"_META":{}}}"#,
+            -32602,
+            "$.params",
+            "_META",
+            "_meta",
+        ),
+    ] {
+        let (got, _, refusal) = refuse(text);
+        assert_eq!(
+            refusal,
+            Refusal::ConfusableKey {
+                path: path.into(),
+                key: key.into(),
+                reads_as: reads_as.into()
+            },
+            "{text}"
+        );
+        assert_eq!(got, code, "{text}");
+    }
+    // Keys nobody reads keep any spelling; arguments keep theirs (the policy
+    // reads them exactly, and a lone variant is a missing argument to it).
+    for text in [
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{"Path":"a"},"Extra":1}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"Names":1},"Extras":2}"#,
+    ] {
+        assert!(parse(text.as_bytes(), Limits::default()).is_ok(), "{text}");
+    }
+}
+
+/// Decoders fold differently: Go maps `İ` to `i` and `ı` to `I`, Unicode
+/// simple folding maps the Kelvin sign to `k`, full folding maps `ß` to `ss`.
+/// Two keys any of them reads as one are duplicates.
+#[test]
+fn duplicates_are_found_under_every_decoders_folding() {
+    for (text, key) in [
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"x":{"id":1,"İd":2}}}"#,
+            "İd",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"x":{"id":1,"ıd":2}}}"#,
+            "ıd",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"x":{"kind":1,"Kind":2}}}"#,
+            "Kind",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"x":{"pass":1,"paß":2}}}"#,
+            "paß",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"x":{"file":1,"ﬁle":2}}}"#,
+            "ﬁle",
+        ),
+    ] {
+        assert_eq!(
+            refuse(text).2,
+            Refusal::DuplicateKey {
+                path: "$.params.x".into(),
+                key: key.into()
+            },
+            "{text}"
+        );
+    }
+}
