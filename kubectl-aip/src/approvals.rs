@@ -4,8 +4,8 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use aip_operator::api::ApprovalRequest;
-use aip_operator::api::approval_request::Decision;
+use aip_api::ApprovalRequest;
+use aip_api::approval_request::Decision;
 use anyhow::Context as _;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams};

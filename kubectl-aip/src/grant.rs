@@ -7,7 +7,7 @@
 
 use std::collections::BTreeSet;
 
-use aip_operator::api::ToolConnection;
+use aip_api::ToolConnection;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 

@@ -432,12 +432,12 @@ async fn memory(objects: usize) -> Value {
         let ns = format!("team-{n}");
         cluster.namespace(&ns).await;
         cluster.service_account(&ns, "agent").await;
-        let api: Api<aip_operator::api::AgentPolicy> = Api::namespaced(cluster.admin.clone(), &ns);
+        let api: Api<aip_api::AgentPolicy> = Api::namespaced(cluster.admin.clone(), &ns);
         futures::stream::iter(0..per)
             .map(|i| {
                 let api = api.clone();
                 async move {
-                    let p: aip_operator::api::AgentPolicy = serde_json::from_value(json!({
+                    let p: aip_api::AgentPolicy = serde_json::from_value(json!({
                         "apiVersion": "aip.io/v1alpha1", "kind": "AgentPolicy",
                         "metadata": {"name": format!("agent-{i}")},
                         "spec": {"allowed_tools": ["read_file", "list_dir"],
@@ -464,7 +464,7 @@ async fn memory(objects: usize) -> Value {
     let loaded_after = started.elapsed();
     // Every policy's status written: the operator has done its work.
     let deadline = Instant::now() + Duration::from_secs(600);
-    let all: Api<aip_operator::api::AgentPolicy> = Api::all(cluster.admin.clone());
+    let all: Api<aip_api::AgentPolicy> = Api::all(cluster.admin.clone());
     loop {
         let listed = all.list(&Default::default()).await.unwrap();
         let written = listed

@@ -7,6 +7,8 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use aip_api::ApprovalRequest;
+use aip_api::approval_request::{ApprovalRequestSpec, Decision};
 use aip_proto::v1::{ApprovalRequest as Ask, ApprovalUpdate, approval_update::Decision as Wire};
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -20,8 +22,6 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
-use crate::api::ApprovalRequest;
-use crate::api::approval_request::{ApprovalRequestSpec, Decision};
 use crate::controllers::{pod_reference, publish};
 use crate::grpc::PodIdentity;
 use crate::metrics::Metrics;

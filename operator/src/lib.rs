@@ -6,7 +6,6 @@
 //! not in a status, an Event, a log line or an error message.
 
 pub mod admin;
-pub mod api;
 pub mod approvals;
 pub mod certs;
 pub mod controllers;

@@ -5,11 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use aip_api::agent_policy::AgentPolicySpec;
+use aip_api::tool_connection::ToolConnectionSpec;
 use aip_policy::{CompileOptions, Evaluator, FieldError};
 use serde_json::{Value, json};
 
-use crate::api::agent_policy::AgentPolicySpec;
-use crate::api::tool_connection::ToolConnectionSpec;
 use crate::selector::Selector;
 
 pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(300);
@@ -147,7 +147,7 @@ pub fn tool_connection(namespace: &str, spec: &ToolConnectionSpec) -> Result<(),
         errors.push(field("spec.tls", "applies to https:// URLs only"));
     }
     if let Some(t) = spec.timeout_seconds
-        && !(1..=crate::api::tool_connection::MAX_TIMEOUT_SECONDS).contains(&t)
+        && !(1..=aip_api::tool_connection::MAX_TIMEOUT_SECONDS).contains(&t)
     {
         errors.push(field("spec.timeoutSeconds", "must be 1..60"));
     }

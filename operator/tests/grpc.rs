@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use aip_operator::api::AgentPolicySpec;
+use aip_api::AgentPolicySpec;
 use aip_operator::grpc::{
     AuthError, Authenticate, ConfigService, PodIdentity, Signals, TokenReviewer, tls::ServerTls,
 };
@@ -394,7 +394,7 @@ async fn the_stream_ends_when_the_token_expires() {
 
 mod approvals {
     use super::*;
-    use aip_operator::api::{ApprovalRequest as ApprovalObject, approval_request::Decision};
+    use aip_api::{ApprovalRequest as ApprovalObject, approval_request::Decision};
     use aip_proto::v1::approval_update::Decision as Wire;
     use aip_proto::v1::{ApprovalRequest, ApprovalUpdate};
     use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -404,14 +404,14 @@ mod approvals {
         let h = harness().await;
         let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
             Api::all(h.cluster.admin.clone());
-        for crd in aip_operator::api::crds() {
+        for crd in aip_api::crds() {
             crds.create(&PostParams::default(), &crd).await.unwrap();
         }
         h.cluster.namespace("agents").await;
         h.cluster.service_account("agents", "runner").await;
         let uid = h.pod("agent-1", "a").await;
         let mut spec = policy(&["write_file"]);
-        spec.approval = Some(aip_operator::api::agent_policy::ApprovalSettings {
+        spec.approval = Some(aip_api::agent_policy::ApprovalSettings {
             timeout_seconds: Some(timeout_seconds),
             allowed_service_accounts: Vec::new(),
         });

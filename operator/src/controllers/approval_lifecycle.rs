@@ -10,6 +10,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use aip_api::ApprovalRequest;
+use aip_api::approval_request::{ApprovalRequestStatus, Decision};
 use futures::StreamExt;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
@@ -23,8 +25,6 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::{Context, pod_reference, publish};
-use crate::api::ApprovalRequest;
-use crate::api::approval_request::{ApprovalRequestStatus, Decision};
 use crate::approvals::set_decision_if_pending;
 use crate::index::ObjectKey;
 

@@ -11,6 +11,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use aip_api::ToolConnection;
+use aip_api::tool_connection::{DiscoveredTool, Health, HealthState, ToolConnectionStatus};
 use aip_sidecar::upstream::Upstream;
 use aip_sidecar::upstream::failure::{ConnectionEffect, Failure};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -23,8 +25,6 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::ToolConnection;
-use crate::api::tool_connection::{DiscoveredTool, Health, HealthState, ToolConnectionStatus};
 use crate::grpc::Evidence;
 use crate::index::{ObjectKey, ResolvedConnection};
 

@@ -7,6 +7,7 @@ use std::collections::HashSet;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
+use aip_api::{AgentPolicy, ToolConnection};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::Api;
@@ -16,7 +17,6 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Client, Resource, ResourceExt};
 use tokio::sync::{mpsc, watch};
 
-use crate::api::{AgentPolicy, ToolConnection};
 use crate::index::{Index, ObjectKey, PodMeta, SecretData};
 
 /// What the feeds tell the rest of the operator.

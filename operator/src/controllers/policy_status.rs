@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use aip_api::{AgentPolicy, AgentPolicyStatus};
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
@@ -19,7 +20,6 @@ use tokio::sync::mpsc;
 
 use super::conditions::Conditions;
 use super::{Context, publish};
-use crate::api::{AgentPolicy, AgentPolicyStatus};
 use crate::index::{ObjectKey, PolicyView};
 
 pub const FIELD_MANAGER: &str = "aip-operator";
@@ -64,7 +64,7 @@ pub async fn run(ctx: Arc<Context>, touched: mpsc::UnboundedReceiver<ObjectKey>)
         .modify(|p: &mut AgentPolicy| {
             p.managed_fields_mut().clear();
             p.annotations_mut().clear();
-            p.spec = crate::api::AgentPolicySpec::default();
+            p.spec = aip_api::AgentPolicySpec::default();
         })
         .reflect(writer)
         .touched_objects();

@@ -6,12 +6,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use secrecy::{ExposeSecret, SecretString};
-
-use crate::api::tool_connection::{
+use aip_api::tool_connection::{
     ClientCapabilities, DEFAULT_HEALTH_INTERVAL_SECONDS, DEFAULT_HEALTH_TIMEOUT_SECONDS,
     DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT_SECONDS, SecretKeyRef, ToolConnectionSpec,
 };
+use secrecy::{ExposeSecret, SecretString};
 
 /// A Secret's data. Debug never shows the values.
 #[derive(Clone, Default, PartialEq, Eq)]

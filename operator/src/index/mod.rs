@@ -16,13 +16,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use aip_api::agent_policy::AgentPolicySpec;
+use aip_api::tool_connection::ToolConnectionSpec;
 use aip_policy::FieldError;
 use tokio::sync::watch;
 
 pub use connection::{Credentials, ResolvedConnection, SecretData};
 
-use crate::api::agent_policy::AgentPolicySpec;
-use crate::api::tool_connection::ToolConnectionSpec;
 use crate::validate::{self, AcceptedPolicy, Binding};
 
 /// What one pod's sidecar enforces.

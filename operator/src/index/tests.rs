@@ -1,11 +1,11 @@
 use std::collections::BTreeMap;
 
+use aip_api::agent_policy::{Action, ToolRule};
+use aip_api::tool_connection::{HeaderSpec, SecretKeyRef, ValueSource, ValueSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use secrecy::ExposeSecret;
 
 use super::*;
-use crate::api::agent_policy::{Action, ToolRule};
-use crate::api::tool_connection::{HeaderSpec, SecretKeyRef, ValueSource, ValueSpec};
 
 fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs

@@ -7,13 +7,12 @@
 //! allows it, may decide. Mutating (`/mutate`): a decision is stamped with
 //! `decidedBy` (the authenticated user) and `decidedAt`.
 
+use aip_api::approval_request::Decision;
+use aip_api::{AgentPolicy, ApprovalRequest};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, Operation};
-
-use crate::api::approval_request::Decision;
-use crate::api::{AgentPolicy, ApprovalRequest};
 
 const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
 

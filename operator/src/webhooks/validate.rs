@@ -1,5 +1,6 @@
 //! What the validating webhook decides, kind by kind.
 
+use aip_api::{AgentPolicySpec, ToolConnectionSpec};
 use aip_policy::FieldError;
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
@@ -10,7 +11,6 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use serde::de::DeserializeOwned;
 
 use super::Webhooks;
-use crate::api::{AgentPolicySpec, ToolConnectionSpec};
 
 /// The verdict on one request. Anything not understood is refused: the
 /// webhook is registered for exactly the kinds it knows.

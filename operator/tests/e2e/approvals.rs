@@ -432,7 +432,7 @@ async fn patch_status_as(kubeconfig: &std::path::Path, name: &str, decision: &st
     let config = kube::Config::from_custom_kubeconfig(file, &Default::default())
         .await
         .unwrap();
-    let api: kube::Api<aip_operator::api::ApprovalRequest> =
+    let api: kube::Api<aip_api::ApprovalRequest> =
         kube::Api::namespaced(kube::Client::try_from(config).unwrap(), "agents");
     let patch = json!({"status": {"decision": decision}});
     match api

@@ -7,15 +7,15 @@ fn checked_in_crds_match_the_rust_types() {
         let path = format!("{}/../{copy}", env!("CARGO_MANIFEST_DIR"));
         let on_disk = std::fs::read_to_string(&path).expect("the CRDs are checked in");
         assert!(
-            on_disk == aip_operator::api::crds_yaml(),
-            "{copy} is stale: run `cargo run -p aip-operator --bin crdgen > {copy}`"
+            on_disk == aip_api::crds_yaml(),
+            "{copy} is stale: run `cargo run -p aip-api --bin crdgen > {copy}`"
         );
     }
 }
 
 #[test]
 fn every_kind_is_in_the_aip_category_with_its_own_short_name() {
-    let crds = aip_operator::api::crds();
+    let crds = aip_api::crds();
     let shorts: Vec<String> = crds
         .iter()
         .flat_map(|c| c.spec.names.short_names.clone().unwrap_or_default())
