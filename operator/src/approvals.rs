@@ -22,13 +22,12 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
-use crate::controllers::{pod_reference, publish};
-use crate::grpc::PodIdentity;
+use crate::events::{pod_reference, publish};
+use crate::identity::PodIdentity;
 use crate::metrics::Metrics;
 
 /// Arguments kept in a request, at most (the hash covers the whole).
 pub const MAX_ARGUMENTS_BYTES: usize = 16 * 1024;
-pub const FIELD_MANAGER: &str = "aip-operator";
 pub const POD_LABEL: &str = "aip.io/pod";
 pub const POLICY_LABEL: &str = "aip.io/policy";
 pub const TOOL_LABEL: &str = "aip.io/tool";

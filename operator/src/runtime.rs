@@ -2,13 +2,13 @@
 //! and its feeds, the lease, the status writers, the gRPC and admin servers,
 //! and a graceful stop on SIGTERM.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use kube::runtime::events::{Recorder, Reporter};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -211,13 +211,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         metrics.clone(),
         shutdown.clone(),
     );
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: "aip-operator".to_owned(),
-            instance: Some(identity.clone()),
-        },
-    );
+    let recorder = crate::events::recorder(client.clone(), &identity);
     let service = service.with_approvals(client.clone(), recorder.clone());
     let health_ctx = Arc::new(crate::controllers::Context {
         client: client.clone(),
@@ -262,9 +256,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     ));
     tokio::select! {
         r = grpc::serve(grpc_listener, tls, service) => r.context("the gRPC server")?,
-        () = feed::until(feed::run(client.clone(), index.clone(), touched, ready_tx), shutdown.clone()) => {}
-        () = feed::until(approval_lifecycle::run(status_ctx.clone(), args.approval_retention, pods_gone_rx), shutdown.clone()) => {}
-        () = feed::until(policy_status::run(status_ctx, policies_rx), shutdown.clone()) => {}
+        () = until(feed::run(client.clone(), index.clone(), touched, ready_tx), shutdown.clone()) => {}
+        () = until(approval_lifecycle::run(status_ctx.clone(), args.approval_retention, pods_gone_rx), shutdown.clone()) => {}
+        () = until(policy_status::run(status_ctx, policies_rx), shutdown.clone()) => {}
         () = admin::serve(admin, admin_listener, shutdown.clone()) => {}
         () = crate::webhooks::serve(webhooks, webhook_listener, webhook_tls, shutdown.clone()) => {}
         () = connection_health::run(health_ctx, connections_rx, evidence_rx, shutdown.clone()) => {}
@@ -273,6 +267,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let _ = tokio::time::timeout(Duration::from_secs(5), lease_task).await;
     tracing::info!("aip-operator stopped");
     Ok(())
+}
+
+/// Runs `f` until `shutdown`.
+async fn until<F: Future<Output = ()>>(f: F, shutdown: CancellationToken) {
+    tokio::select! {
+        () = f => {}
+        () = shutdown.cancelled() => {}
+    }
 }
 
 /// The serving certificate, and the CA bundle sidecars are to trust.

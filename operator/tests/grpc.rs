@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use aip_api::AgentPolicySpec;
 use aip_operator::grpc::{
-    AuthError, Authenticate, ConfigService, PodIdentity, Signals, TokenReviewer, tls::ServerTls,
+    AuthError, Authenticate, ConfigService, Signals, TokenReviewer, tls::ServerTls,
 };
+use aip_operator::identity::PodIdentity;
 use aip_operator::index::{Index, ObjectKey, PodMeta};
 use aip_operator::metrics::Metrics;
 use aip_proto::v1::config_client::ConfigClient;

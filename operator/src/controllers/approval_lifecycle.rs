@@ -24,8 +24,9 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
-use super::{Context, pod_reference, publish};
+use super::Context;
 use crate::approvals::set_decision_if_pending;
+use crate::events::{pod_reference, publish};
 use crate::index::ObjectKey;
 
 /// The annotation naming the decision already recorded as an Event.

@@ -1,4 +1,4 @@
-//! ToolConnection health and status, by the rules of connection-health.md:
+//! ToolConnection health and status, as docs/operator.md describes them:
 //! the lease holder probes each connection (initialize, initialized,
 //! tools/list, with the connection's deadline, no redirects) on its interval,
 //! right after its spec or Secrets change, and soon after sidecars report
@@ -25,12 +25,12 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::events::publish;
 use crate::grpc::Evidence;
 use crate::index::{ObjectKey, ResolvedConnection};
 
-use super::Context;
 use super::conditions::Conditions;
-use super::policy_status::FIELD_MANAGER;
+use super::{Context, FIELD_MANAGER};
 
 /// Network failures reported since the last probe that bring the next one
 /// forward.
@@ -356,7 +356,7 @@ async fn write(ctx: &Context, key: &ObjectKey, resolved: &ResolvedConnection, ou
         }
     }
     if changed_state && !listable && state != HealthState::Unchecked {
-        super::publish(
+        publish(
             &ctx.recorder,
             EventType::Warning,
             &format!("{state:?}"),

@@ -19,16 +19,12 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::conditions::Conditions;
-use super::{Context, publish};
+use super::{Context, FIELD_MANAGER, LIST_PAGE};
+use crate::events::{pod_reference, publish};
 use crate::index::{ObjectKey, PolicyView};
-
-pub const FIELD_MANAGER: &str = "aip-operator";
 
 /// Status writes in flight at once.
 const STATUS_WRITERS: u16 = 16;
-
-/// Objects per page of an initial list: a smaller peak than one big page.
-pub const LIST_PAGE: u32 = 200;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -330,7 +326,7 @@ async fn announce(
                 "AgentPolicy {} selects this pod, but it runs without the aip-sidecar gateway: its tool calls are not governed (label its namespace aip.io/inject=enabled and recreate it)",
                 policy.name_any()
             )),
-            &super::pod_reference(&ns, pod, None),
+            &pod_reference(&ns, pod, None),
         )
         .await;
     }
@@ -341,7 +337,7 @@ async fn announce(
                 policy.name_any(),
                 others.join(", ")
             );
-            let pod_ref = super::pod_reference(&ns, pod, None);
+            let pod_ref = pod_reference(&ns, pod, None);
             publish(
                 &ctx.recorder,
                 EventType::Warning,

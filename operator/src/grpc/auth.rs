@@ -10,19 +10,10 @@ use base64::Engine;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use kube::api::PostParams;
 
+use crate::identity::PodIdentity;
+
 const POD_NAME: &str = "authentication.kubernetes.io/pod-name";
 const POD_UID: &str = "authentication.kubernetes.io/pod-uid";
-
-/// The pod a token was issued for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodIdentity {
-    pub namespace: String,
-    pub pod: String,
-    pub uid: String,
-    pub service_account: String,
-    /// When the token stops being valid (its `exp`), if it says.
-    pub expires: Option<SystemTime>,
-}
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum AuthError {

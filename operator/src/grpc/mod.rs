@@ -1,7 +1,8 @@
 //! The `aip.config.v1.Config` service: each sidecar's one long-lived Watch
-//! stream of its pod's configuration, its Reports, and (with the approvals
-//! work) RequestApproval. This module only translates between the index and
-//! the protocol; who a caller is comes from `auth`.
+//! stream of its pod's configuration, its Reports, and RequestApproval (held
+//! calls, which `approvals` turns into ApprovalRequests). This module only
+//! translates between the index and the protocol; who a caller is comes from
+//! `auth`.
 
 pub mod auth;
 pub mod snapshot;
@@ -13,7 +14,6 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::approvals::Approvals;
 use aip_proto::v1::config_server::{Config, ConfigServer};
 use aip_proto::v1::{
     ApprovalRequest, ApprovalUpdate, ReportRequest, ReportResponse, Snapshot, WatchRequest,
@@ -26,9 +26,11 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
+use crate::approvals::Approvals;
+use crate::identity::PodIdentity;
 use crate::index::{Index, ObjectKey};
 use crate::metrics::Metrics;
-pub use auth::{AuthError, Authenticate, PodIdentity, TokenReviewer};
+pub use auth::{AuthError, Authenticate, TokenReviewer};
 
 /// How long a reviewed token is trusted without asking the API server
 /// again (never past its own expiry).

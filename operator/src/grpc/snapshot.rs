@@ -11,7 +11,8 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
-use super::{PodIdentity, SentLog, lock};
+use super::{SentLog, lock};
+use crate::identity::PodIdentity;
 use crate::index::{PodConfig, ResolvedConnection};
 use crate::metrics::Metrics;
 

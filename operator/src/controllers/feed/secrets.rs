@@ -7,7 +7,6 @@
 //! grant it; the watch keeps retrying, so a grant takes effect by itself.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
@@ -18,21 +17,14 @@ use kube::{Client, ResourceExt};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use super::feed::{Touched, data};
-use crate::index::{Index, ObjectKey};
-
-type Shared = Arc<Mutex<Index>>;
-
-fn lock(index: &Shared) -> std::sync::MutexGuard<'_, Index> {
-    index
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+use super::follow::{Shared, lock};
+use super::touched::Touched;
+use crate::index::{Index, ObjectKey, SecretData};
 
 /// Keeps one watch per referenced Secret; `changed` says the references
 /// may have changed. `listed` is called once every Secret referenced when
 /// the connections were first listed has been read (or found unreadable).
-pub async fn run(
+pub(super) async fn run(
     client: Client,
     index: Shared,
     touched: Touched,
@@ -142,6 +134,17 @@ async fn follow(
             }
         }
     }
+}
+
+/// What the index keeps of a Secret: its data, nothing else.
+fn data(s: &Secret) -> SecretData {
+    SecretData(
+        s.data
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), v.0.clone()))
+            .collect(),
+    )
 }
 
 /// What a connection reading an unreadable Secret says: how to grant it.
