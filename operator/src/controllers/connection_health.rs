@@ -180,7 +180,7 @@ fn spawn_probe(key: ObjectKey, t: &Tracked, done: mpsc::UnboundedSender<ProbeRes
     let upstream = t.upstream.clone();
     tokio::spawn(async move {
         let result = match (&resolved.credentials, upstream) {
-            (Err(e), _) => Err(Failure::CredentialsMissing(e.clone())),
+            (Err(e), _) => Err(Failure::CredentialsMissing(e.to_string())),
             (Ok(_), None) => Err(Failure::InitFailed(Box::new(Failure::Malformed(
                 "the connection cannot be built".to_owned(),
             )))),
@@ -317,7 +317,7 @@ async fn write(ctx: &Context, key: &ObjectKey, resolved: &ResolvedConnection, ou
             "Resolved",
             "every referenced Secret key was found".to_owned(),
         ),
-        Err(why) => condition("CredentialsResolved", false, "Unresolved", why.clone()),
+        Err(why) => condition("CredentialsResolved", false, "Unresolved", why.to_string()),
     };
     let listable = matches!(state, HealthState::Healthy | HealthState::Degraded);
     let healthy = condition(

@@ -106,7 +106,7 @@ pub fn connection(c: &ResolvedConnection) -> v1::Connection {
             cred.ca_pem.clone().unwrap_or_default(),
             String::new(),
         ),
-        Err(e) => (Vec::new(), String::new(), e.clone()),
+        Err(e) => (Vec::new(), String::new(), e.to_string()),
     };
     v1::Connection {
         name: c.name.clone(),

@@ -1,0 +1,283 @@
+//! ToolConnections, each with its Secrets looked up: what a sidecar needs
+//! to reach the server. Resolution is pure: the Secrets are given, not
+//! fetched.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aip_api::tool_connection::{
+    ClientCapabilities, DEFAULT_HEALTH_INTERVAL_SECONDS, DEFAULT_HEALTH_TIMEOUT_SECONDS,
+    DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT_SECONDS, ToolConnectionSpec,
+};
+use aip_policy::FieldError;
+use secrecy::{ExposeSecret, SecretString};
+
+use super::config::publish;
+use super::secrets::{SecretKeyError, Secrets, Unreadable};
+use super::{Index, Namespace, ObjectKey};
+use crate::validate::Binding;
+
+/// The connection as a sidecar receives it.
+#[derive(Debug, Clone)]
+pub struct ResolvedConnection {
+    pub name: String,
+    pub url: String,
+    /// Header values and CA, or why they could not be resolved (then the
+    /// sidecar sends nothing upstream and hides the connection's tools).
+    pub credentials: Result<Credentials, CredentialsError>,
+    pub server_name: Option<String>,
+    pub timeout: Duration,
+    pub max_response_bytes: u64,
+    pub health_interval: Duration,
+    pub health_deadline: Duration,
+    pub tool_prefix: String,
+    pub capabilities: ClientCapabilities,
+    /// The credentials wait for a Secret whose watch has not reported yet:
+    /// not missing, just not read (the prober waits rather than reporting).
+    pub credentials_pending: bool,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Credentials {
+    pub headers: Vec<(String, SecretString)>,
+    pub ca_pem: Option<String>,
+}
+
+/// Why a connection has no credentials. The message is what the sidecar,
+/// the connection's status and its Events say: it names the field and the
+/// Secret key, never a value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CredentialsError {
+    /// The spec fails validation: its tools must not be offered.
+    #[error("the ToolConnection is invalid: {}", joined(.0))]
+    Invalid(Vec<FieldError>),
+    /// The Secret key the field at `path` names cannot be used.
+    #[error("{path}: {source}")]
+    Secret {
+        /// `spec.headers[i]`, `spec.bearerToken` or `spec.tls.caSecretRef`.
+        path: String,
+        source: SecretKeyError,
+    },
+}
+
+fn joined(errors: &[FieldError]) -> String {
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+impl PartialEq for Credentials {
+    fn eq(&self, other: &Credentials) -> bool {
+        self.ca_pem == other.ca_pem
+            && self.headers.len() == other.headers.len()
+            && self
+                .headers
+                .iter()
+                .zip(&other.headers)
+                .all(|((n1, v1), (n2, v2))| n1 == n2 && v1.expose_secret() == v2.expose_secret())
+    }
+}
+
+impl PartialEq for ResolvedConnection {
+    fn eq(&self, other: &ResolvedConnection) -> bool {
+        self.name == other.name
+            && self.url == other.url
+            && self.credentials == other.credentials
+            && self.server_name == other.server_name
+            && self.timeout == other.timeout
+            && self.max_response_bytes == other.max_response_bytes
+            && self.health_interval == other.health_interval
+            && self.health_deadline == other.health_deadline
+            && self.tool_prefix == other.tool_prefix
+            && self.capabilities == other.capabilities
+            && self.credentials_pending == other.credentials_pending
+    }
+}
+
+pub(super) struct ConnectionEntry {
+    pub(super) spec: ToolConnectionSpec,
+    resolved: Arc<ResolvedConnection>,
+}
+
+impl ConnectionEntry {
+    /// Whether this connection reads Secret `secret`.
+    pub(super) fn reads(&self, secret: &str) -> bool {
+        self.spec
+            .secret_refs()
+            .iter()
+            .any(|(_, r)| r.name == secret)
+    }
+}
+
+impl Index {
+    pub fn apply_connection(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        spec: &ToolConnectionSpec,
+    ) -> BTreeSet<ObjectKey> {
+        let ns = self.namespace(namespace);
+        let resolved = Arc::new(resolve(namespace, name, spec, &ns.secrets));
+        ns.connections.insert(
+            name.to_owned(),
+            ConnectionEntry {
+                spec: spec.clone(),
+                resolved,
+            },
+        );
+        self.refresh_granting(namespace, &[name.to_owned()])
+    }
+
+    pub fn delete_connection(&mut self, namespace: &str, name: &str) -> BTreeSet<ObjectKey> {
+        let Some(ns) = self.namespaces.get_mut(namespace) else {
+            return BTreeSet::new();
+        };
+        if ns.connections.remove(name).is_none() {
+            return BTreeSet::new();
+        }
+        self.refresh_granting(namespace, &[name.to_owned()])
+    }
+
+    /// The connection as resolved now (for the prober).
+    pub fn connection(&self, namespace: &str, name: &str) -> Option<Arc<ResolvedConnection>> {
+        let ns = self.namespaces.get(namespace)?;
+        Some(ns.connections.get(name)?.resolved.clone())
+    }
+
+    /// Re-resolves the connections that read Secret `secret`.
+    pub(super) fn reresolve_readers(
+        &mut self,
+        namespace: &str,
+        secret: &str,
+    ) -> BTreeSet<ObjectKey> {
+        let Some(ns) = self.namespaces.get_mut(namespace) else {
+            return BTreeSet::new();
+        };
+        let mut changed = Vec::new();
+        for (name, c) in &mut ns.connections {
+            if c.reads(secret) {
+                let resolved = resolve(namespace, name, &c.spec, &ns.secrets);
+                if *c.resolved != resolved {
+                    c.resolved = Arc::new(resolved);
+                    changed.push(name.clone());
+                }
+            }
+        }
+        if changed.is_empty() {
+            return BTreeSet::new();
+        }
+        self.refresh_granting(namespace, &changed)
+    }
+
+    /// Republishes the pods whose policy grants one of `connections`.
+    fn refresh_granting(&mut self, namespace: &str, connections: &[String]) -> BTreeSet<ObjectKey> {
+        let Some(ns) = self.namespaces.get_mut(namespace) else {
+            return BTreeSet::new();
+        };
+        let granting: BTreeSet<String> = ns
+            .policies
+            .iter()
+            .filter(|(_, p)| {
+                p.binding()
+                    .is_some_and(|b| b.connections.iter().any(|c| connections.contains(c)))
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        let pods: Vec<String> = ns
+            .pods
+            .iter()
+            .filter(|(_, p)| p.matched.iter().any(|m| granting.contains(m)))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for pod in pods {
+            publish(ns, &pod, &mut self.version);
+        }
+        granting
+            .iter()
+            .map(|p| ObjectKey::new(namespace, p))
+            .collect()
+    }
+}
+
+impl Namespace {
+    /// The existing connections a binding grants, each once.
+    pub(super) fn granted(&self, binding: &Binding) -> Vec<Arc<ResolvedConnection>> {
+        let mut seen = BTreeSet::new();
+        binding
+            .connections
+            .iter()
+            .filter(|c| seen.insert(*c))
+            .filter_map(|c| self.connections.get(c))
+            .map(|c| c.resolved.clone())
+            .collect()
+    }
+}
+
+/// Resolves `spec` against the Secrets of its namespace. A spec that fails
+/// validation resolves to an error too: its tools must not be offered.
+fn resolve(
+    namespace: &str,
+    name: &str,
+    spec: &ToolConnectionSpec,
+    secrets: &Secrets,
+) -> ResolvedConnection {
+    let health = spec.health_check.clone().unwrap_or_default();
+    let seconds = |s: Option<u32>, default: u32| Duration::from_secs(s.unwrap_or(default).into());
+    let credentials = match crate::validate::tool_connection(namespace, spec) {
+        Err(errors) => Err(CredentialsError::Invalid(errors)),
+        Ok(()) => credentials(spec, secrets),
+    };
+    let credentials_pending = credentials.is_err()
+        && spec.secret_refs().iter().any(|(_, r)| {
+            !secrets.data.contains_key(&r.name)
+                && secrets.unreadable.get(&r.name) == Some(&Unreadable::NotReadYet)
+        });
+    ResolvedConnection {
+        name: name.to_owned(),
+        url: spec.url.clone(),
+        credentials,
+        server_name: spec.tls.as_ref().and_then(|t| t.server_name.clone()),
+        timeout: seconds(spec.timeout_seconds, DEFAULT_TIMEOUT_SECONDS),
+        max_response_bytes: spec
+            .max_response_bytes
+            .unwrap_or(DEFAULT_MAX_RESPONSE_BYTES),
+        health_interval: seconds(health.interval_seconds, DEFAULT_HEALTH_INTERVAL_SECONDS),
+        health_deadline: seconds(health.timeout_seconds, DEFAULT_HEALTH_TIMEOUT_SECONDS),
+        tool_prefix: spec.tool_prefix.clone().unwrap_or_default(),
+        capabilities: spec.client_capabilities.unwrap_or_default(),
+        credentials_pending,
+    }
+}
+
+fn credentials(
+    spec: &ToolConnectionSpec,
+    secrets: &Secrets,
+) -> Result<Credentials, CredentialsError> {
+    let at = |path: String| move |source: SecretKeyError| CredentialsError::Secret { path, source };
+    let mut headers = Vec::new();
+    for (i, h) in spec.headers.iter().enumerate() {
+        let value = secrets
+            .header_value(&h.value_from.secret_key_ref)
+            .map_err(at(format!("spec.headers[{i}]")))?;
+        headers.push((h.name.clone(), value));
+    }
+    if let Some(b) = &spec.bearer_token {
+        let token = secrets
+            .header_value(&b.value_from.secret_key_ref)
+            .map_err(at("spec.bearerToken".to_owned()))?;
+        let value = format!("Bearer {}", token.expose_secret());
+        headers.push(("authorization".to_owned(), SecretString::from(value)));
+    }
+    let ca_pem = match spec.tls.as_ref().and_then(|t| t.ca_secret_ref.as_ref()) {
+        None => None,
+        Some(r) => Some(
+            secrets
+                .certificates(r)
+                .map_err(at("spec.tls.caSecretRef".to_owned()))?,
+        ),
+    };
+    Ok(Credentials { headers, ca_pem })
+}

@@ -1,0 +1,60 @@
+//! Acks: what counts as synced, and pods that run without a gateway.
+
+use super::*;
+
+#[test]
+fn acks_of_the_current_version_count_as_synced() {
+    let mut index = Index::new();
+    index.apply_pod(pod("agents", "a-1", "u1", &[("app", "a")]));
+    index.apply_pod(pod("agents", "a-2", "u2", &[("app", "a")]));
+    index.apply_policy("agents", "p", Some(1), &policy("a", &["x"], &[]));
+    let view = index.policy_view("agents", "p").unwrap();
+    assert_eq!((view.governed_pods, view.synced_pods), (2, 0));
+
+    let v1 = current(&index, "agents", "a-1", "u1").version;
+    assert!(
+        index.ack("agents", "a-1", "u1", v1 - 1).is_empty(),
+        "stale ack"
+    );
+    assert!(index.ack("agents", "a-1", "wrong-uid", v1).is_empty());
+    let touched = index.ack("agents", "a-1", "u1", v1);
+    assert_eq!(touched, BTreeSet::from([ObjectKey::new("agents", "p")]));
+    assert_eq!(index.policy_view("agents", "p").unwrap().synced_pods, 1);
+
+    // A new policy hash unsyncs until acked again.
+    index.apply_policy("agents", "p", Some(2), &policy("a", &["x", "y"], &[]));
+    assert_eq!(index.policy_view("agents", "p").unwrap().synced_pods, 0);
+    let v2 = current(&index, "agents", "a-1", "u1").version;
+    index.ack("agents", "a-1", "u1", v2);
+    assert_eq!(index.policy_view("agents", "p").unwrap().synced_pods, 1);
+}
+
+#[test]
+fn a_governed_pod_without_a_gateway_is_named_until_its_sidecar_reports() {
+    let mut index = Index::new();
+    index.apply_pod(pod("agents", "injected", "u1", &[("app", "a")]));
+    let mut manual = pod("agents", "manual", "u2", &[("app", "a")]);
+    manual.injected = false;
+    index.apply_pod(manual);
+    let mut stray = pod("agents", "stray", "u3", &[("app", "other")]);
+    stray.injected = false;
+    index.apply_pod(stray);
+    index.apply_policy("agents", "p", Some(1), &policy("a", &["x"], &[]));
+    let view = index.policy_view("agents", "p").unwrap();
+    assert_eq!(
+        view.without_sidecar,
+        ["manual"],
+        "ungoverned pods are not its business"
+    );
+
+    // A sidecar started by hand counts once it has reported.
+    let v = current(&index, "agents", "manual", "u2").version;
+    index.ack("agents", "manual", "u2", v);
+    assert!(
+        index
+            .policy_view("agents", "p")
+            .unwrap()
+            .without_sidecar
+            .is_empty()
+    );
+}
