@@ -18,9 +18,25 @@ enum Requirement {
     DoesNotExist(String),
 }
 
+/// A selector Kubernetes would not accept, at its path within the selector
+/// (`matchExpressions[i]...`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SelectorError {
+    #[error(
+        "matchExpressions[{index}].operator: {operator:?} is not one of In, NotIn, Exists, DoesNotExist"
+    )]
+    UnknownOperator { index: usize, operator: String },
+    #[error("matchExpressions[{index}]: operator {operator} needs values")]
+    MissingValues { index: usize, operator: String },
+    #[error("matchExpressions[{index}]: operator {operator} takes no values")]
+    UnexpectedValues { index: usize, operator: String },
+}
+
 impl Selector {
     /// Absent or empty selects everything, as a NetworkPolicy's `{}` does.
-    pub fn from_label_selector(selector: Option<&LabelSelector>) -> Result<Selector, String> {
+    pub fn from_label_selector(
+        selector: Option<&LabelSelector>,
+    ) -> Result<Selector, SelectorError> {
         let Some(selector) = selector else {
             return Ok(Selector::default());
         };
@@ -38,17 +54,19 @@ impl Selector {
                 "Exists" => (Requirement::Exists(e.key.clone()), false),
                 "DoesNotExist" => (Requirement::DoesNotExist(e.key.clone()), false),
                 other => {
-                    return Err(format!(
-                        "matchExpressions[{i}].operator: {other:?} is not one of In, NotIn, Exists, DoesNotExist"
-                    ));
+                    return Err(SelectorError::UnknownOperator {
+                        index: i,
+                        operator: other.to_owned(),
+                    });
                 }
             };
             if needs_values == values.is_empty() {
-                return Err(format!(
-                    "matchExpressions[{i}]: operator {} {} values",
-                    e.operator,
-                    if needs_values { "needs" } else { "takes no" }
-                ));
+                let (index, operator) = (i, e.operator.clone());
+                return Err(if needs_values {
+                    SelectorError::MissingValues { index, operator }
+                } else {
+                    SelectorError::UnexpectedValues { index, operator }
+                });
             }
             requirements.push(requirement);
         }
@@ -141,13 +159,19 @@ mod tests {
         let e =
             Selector::from_label_selector(Some(&bad(expression("a", "Like", &["x"])))).unwrap_err();
         assert_eq!(
-            e,
+            e.to_string(),
             "matchExpressions[0].operator: \"Like\" is not one of In, NotIn, Exists, DoesNotExist"
         );
         let e = Selector::from_label_selector(Some(&bad(expression("a", "In", &[])))).unwrap_err();
-        assert_eq!(e, "matchExpressions[0]: operator In needs values");
+        assert_eq!(
+            e.to_string(),
+            "matchExpressions[0]: operator In needs values"
+        );
         let e = Selector::from_label_selector(Some(&bad(expression("a", "Exists", &["x"]))))
             .unwrap_err();
-        assert_eq!(e, "matchExpressions[0]: operator Exists takes no values");
+        assert_eq!(
+            e.to_string(),
+            "matchExpressions[0]: operator Exists takes no values"
+        );
     }
 }

@@ -85,7 +85,7 @@ pub fn agent_policy(
 pub fn binding(spec: &AgentPolicySpec) -> Result<Binding, Vec<FieldError>> {
     let mut errors = Vec::new();
     let selector = Selector::from_label_selector(spec.pod_selector.as_ref())
-        .map_err(|e| errors.push(field("spec.podSelector", e)))
+        .map_err(|e| errors.push(field("spec.podSelector", e.to_string())))
         .ok();
     for (i, c) in spec.tool_connections.iter().enumerate() {
         if let Some(problem) = aip_policy::kubernetes::name_problem(c) {

@@ -16,21 +16,65 @@ use kube::core::admission::{AdmissionRequest, Operation};
 
 const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
 
+/// Why a write to an ApprovalRequest is refused: what the writer was not
+/// allowed to do, and who they are.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error("the request carries no object")]
+    NoObject,
+    #[error("{0}")]
+    Unreadable(String),
+    #[error("not an ApprovalRequest: {0}")]
+    NotAnApprovalRequest(String),
+    #[error("ApprovalRequests are created by the operator only, not by {user}")]
+    CreatedByOther { user: String },
+    #[error("the spec of an ApprovalRequest cannot change")]
+    SpecChanged,
+    #[error(
+        "ApprovalRequest {name} was already decided ({decision:?}{}); a decision is final",
+        .decided_by.as_ref().map(|b| format!(" by {b}")).unwrap_or_default()
+    )]
+    AlreadyDecided {
+        name: String,
+        decision: Decision,
+        decided_by: Option<String>,
+    },
+    #[error("the operator ({user}) may only set Expired or Withdrawn, not {decision:?}")]
+    OperatorDecided { user: String, decision: Decision },
+    #[error("only the operator sets {decision:?}; approvers set Approved or Denied")]
+    OperatorOnly { decision: Decision },
+    #[error("ApprovalRequest {name} expired at {expires}; it can no longer be decided")]
+    Expired { name: String, expires: Timestamp },
+    #[error("{user} is bound to pod {pod}, which asked; a pod cannot approve its own calls")]
+    AskingPod { user: String, pod: String },
+    #[error("{user} is the asking pod's own service account; it cannot decide its calls")]
+    OwnServiceAccount { user: String },
+    #[error("cannot read AgentPolicy {policy}: {source}")]
+    PolicyUnreadable { policy: String, source: kube::Error },
+    #[error(
+        "{user} is a service account of namespace {namespace}, where the asking pod runs; it may decide only if AgentPolicy {policy} lists {account} in spec.approval.allowedServiceAccounts"
+    )]
+    NamespaceServiceAccount {
+        user: String,
+        namespace: String,
+        policy: String,
+        account: String,
+    },
+}
+
 /// The verdict on a write to an ApprovalRequest (or its status).
 pub async fn validate(
     client: &kube::Client,
     operator: &str,
     request: &AdmissionRequest<DynamicObject>,
-) -> Result<(), String> {
+) -> Result<(), Refusal> {
     let user = request.user_info.username.clone().unwrap_or_default();
     let new = parse(request.object.as_ref())?;
     if request.operation == Operation::Create {
         return if user == operator {
             Ok(())
         } else {
-            Err(format!(
-                "ApprovalRequests are created by the operator only, not by {user}"
-            ))
+            Err(Refusal::CreatedByOther { user })
         };
     }
     let old = parse(request.old_object.as_ref())?;
@@ -39,7 +83,7 @@ pub async fn validate(
         return if new.spec == old.spec {
             Ok(())
         } else {
-            Err("the spec of an ApprovalRequest cannot change".to_owned())
+            Err(Refusal::SpecChanged)
         };
     }
     let before = old.status.clone().unwrap_or_default();
@@ -48,15 +92,11 @@ pub async fn validate(
         return if after == before {
             Ok(())
         } else {
-            Err(format!(
-                "ApprovalRequest {} was already decided ({:?}{}); a decision is final",
-                request.name,
-                before.decision,
-                before
-                    .decided_by
-                    .map(|b| format!(" by {b}"))
-                    .unwrap_or_default()
-            ))
+            Err(Refusal::AlreadyDecided {
+                name: request.name.clone(),
+                decision: before.decision,
+                decided_by: before.decided_by,
+            })
         };
     }
     if after.decision == Decision::Pending {
@@ -66,54 +106,56 @@ pub async fn validate(
         return if matches!(after.decision, Decision::Expired | Decision::Withdrawn) {
             Ok(())
         } else {
-            Err(format!(
-                "the operator ({user}) may only set Expired or Withdrawn, not {:?}",
-                after.decision
-            ))
+            Err(Refusal::OperatorDecided {
+                user,
+                decision: after.decision,
+            })
         };
     }
     if matches!(after.decision, Decision::Expired | Decision::Withdrawn) {
-        return Err(format!(
-            "only the operator sets {:?}; approvers set Approved or Denied",
-            after.decision
-        ));
+        return Err(Refusal::OperatorOnly {
+            decision: after.decision,
+        });
     }
     let expires = old.spec.expires_at.0;
     if Timestamp::now() >= expires {
-        return Err(format!(
-            "ApprovalRequest {} expired at {expires}; it can no longer be decided",
-            request.name
-        ));
+        return Err(Refusal::Expired {
+            name: request.name.clone(),
+            expires,
+        });
     }
     let extra = request.user_info.extra.clone().unwrap_or_default();
     if extra
         .get(POD_NAME_EXTRA)
         .is_some_and(|pods| pods.contains(&old.spec.pod))
     {
-        return Err(format!(
-            "{user} is bound to pod {}, which asked; a pod cannot approve its own calls",
-            old.spec.pod
-        ));
+        return Err(Refusal::AskingPod {
+            user,
+            pod: old.spec.pod,
+        });
     }
     let namespace = request.namespace.clone().unwrap_or_default();
     if let Some(account) = user.strip_prefix(&format!("system:serviceaccount:{namespace}:")) {
         if account == old.spec.service_account {
-            return Err(format!(
-                "{user} is the asking pod's own service account; it cannot decide its calls"
-            ));
+            return Err(Refusal::OwnServiceAccount { user });
         }
         let policies: Api<AgentPolicy> = Api::namespaced(client.clone(), &namespace);
         let allowed = policies
             .get_opt(&old.spec.policy)
             .await
-            .map_err(|e| format!("cannot read AgentPolicy {}: {e}", old.spec.policy))?
+            .map_err(|source| Refusal::PolicyUnreadable {
+                policy: old.spec.policy.clone(),
+                source,
+            })?
             .and_then(|p| p.spec.approval)
             .is_some_and(|a| a.allowed_service_accounts.iter().any(|a| a == account));
         if !allowed {
-            return Err(format!(
-                "{user} is a service account of namespace {namespace}, where the asking pod runs; it may decide only if AgentPolicy {} lists {account} in spec.approval.allowedServiceAccounts",
-                old.spec.policy
-            ));
+            return Err(Refusal::NamespaceServiceAccount {
+                account: account.to_owned(),
+                user,
+                namespace,
+                policy: old.spec.policy,
+            });
         }
     }
     Ok(())
@@ -140,8 +182,8 @@ pub fn stamp(request: &AdmissionRequest<DynamicObject>) -> Option<json_patch::Pa
     serde_json::from_value(patch).ok()
 }
 
-fn parse(object: Option<&DynamicObject>) -> Result<ApprovalRequest, String> {
-    let object = object.ok_or("the request carries no object")?;
-    let value = serde_json::to_value(object).map_err(|e| e.to_string())?;
-    serde_json::from_value(value).map_err(|e| format!("not an ApprovalRequest: {e}"))
+fn parse(object: Option<&DynamicObject>) -> Result<ApprovalRequest, Refusal> {
+    let object = object.ok_or(Refusal::NoObject)?;
+    let value = serde_json::to_value(object).map_err(|e| Refusal::Unreadable(e.to_string()))?;
+    serde_json::from_value(value).map_err(|e| Refusal::NotAnApprovalRequest(e.to_string()))
 }

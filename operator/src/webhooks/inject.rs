@@ -48,6 +48,22 @@ pub struct Injection {
     pub memory_limit: String,
 }
 
+/// Why a pod is refused: where it runs, the gateway could be bypassed or
+/// read. Each names the pod and the field that makes it so.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error(
+        "pod {pod} sets hostNetwork: its containers would share the node's network, where the gateway's loopback port is open to every host-network pod and agents can reach tools without it; {label} cannot govern it (remove hostNetwork, or label the pod {label}=disabled)",
+        label = INJECT_LABEL
+    )]
+    HostNetwork { pod: String },
+    #[error(
+        "pod {pod} sets shareProcessNamespace: its agent containers could read the gateway's memory and credentials through /proc; {label} cannot govern it (remove shareProcessNamespace, or label the pod {label}=disabled)",
+        label = INJECT_LABEL
+    )]
+    SharedProcesses { pod: String },
+}
+
 /// Defaults of the injected container (the operator's flags use them too).
 pub const DEFAULT_PORT: u16 = 15001;
 pub const DEFAULT_ADMIN_PORT: u16 = 15021;
@@ -105,13 +121,13 @@ pub fn review(
                 .unwrap_or_else(|e| AdmissionResponse::invalid(e.to_string())),
             Err(e) => response.deny(format!("internal error building the patch: {e}")),
         },
-        Err(reason) => response.deny(reason),
+        Err(refusal) => response.deny(refusal.to_string()),
     }
 }
 
 /// The JSON patch operations that inject the sidecar into `pod`; None when
 /// there is nothing to do (opted out, or injected already).
-pub fn patch(injection: &Injection, pod: &Pod) -> Result<Option<Vec<Value>>, String> {
+pub fn patch(injection: &Injection, pod: &Pod) -> Result<Option<Vec<Value>>, Refusal> {
     let labels = pod.metadata.labels.clone().unwrap_or_default();
     if labels.get(INJECT_LABEL).map(String::as_str) == Some("disabled") {
         return Ok(None);
@@ -132,14 +148,10 @@ pub fn patch(injection: &Injection, pod: &Pod) -> Result<Option<Vec<Value>>, Str
         .or_else(|| pod.metadata.generate_name.clone().map(|g| format!("{g}*")))
         .unwrap_or_default();
     if spec.host_network == Some(true) {
-        return Err(format!(
-            "pod {name} sets hostNetwork: its containers would share the node's network, where the gateway's loopback port is open to every host-network pod and agents can reach tools without it; {INJECT_LABEL} cannot govern it (remove hostNetwork, or label the pod {INJECT_LABEL}=disabled)"
-        ));
+        return Err(Refusal::HostNetwork { pod: name });
     }
     if spec.share_process_namespace == Some(true) {
-        return Err(format!(
-            "pod {name} sets shareProcessNamespace: its agent containers could read the gateway's memory and credentials through /proc; {INJECT_LABEL} cannot govern it (remove shareProcessNamespace, or label the pod {INJECT_LABEL}=disabled)"
-        ));
+        return Err(Refusal::SharedProcesses { pod: name });
     }
     let mut ops = Vec::new();
     let sidecar = container(injection);
@@ -338,7 +350,8 @@ mod tests {
             &injection(),
             &pod(json!({"hostNetwork": true, "containers": [{"name": "a", "image": "a"}]})),
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(err.starts_with("pod agent-1 sets hostNetwork"), "{err}");
         let err = patch(
             &injection(),
@@ -346,7 +359,8 @@ mod tests {
                 json!({"shareProcessNamespace": true, "containers": [{"name": "a", "image": "a"}]}),
             ),
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("could read the gateway's memory"), "{err}");
     }
 

@@ -12,6 +12,44 @@ use serde::de::DeserializeOwned;
 
 use super::Webhooks;
 
+/// Why the validating webhook refuses a write. The message is what kubectl
+/// prints, and names the field at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    /// The spec does not have the kind's shape, at `path`.
+    #[error("spec.{path}: {message}")]
+    Malformed { path: String, message: String },
+    /// Every field error of an AgentPolicy or ToolConnection, on one line.
+    #[error("{kind} {name} is invalid: {}", joined(.errors))]
+    Invalid {
+        kind: &'static str,
+        name: String,
+        errors: Vec<FieldError>,
+    },
+    #[error("cannot check access to Secret {secret}: {source}")]
+    AccessCheck { secret: String, source: kube::Error },
+    /// The author may not read a Secret the ToolConnection names at `path`.
+    #[error(
+        "ToolConnection {name} is refused: {path} names Secret {secret}, which {who} may not get in namespace {namespace}; a ToolConnection may only use Secrets its author can read"
+    )]
+    SecretNotReadable {
+        name: String,
+        path: String,
+        secret: String,
+        who: String,
+        namespace: String,
+    },
+    #[error(transparent)]
+    Approval(#[from] super::approvals::Refusal),
+    #[error("this webhook does not validate {0}")]
+    UnknownKind(String),
+}
+
+fn joined(errors: &[FieldError]) -> String {
+    let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    lines.join("; ")
+}
+
 /// The verdict on one request. Anything not understood is refused: the
 /// webhook is registered for exactly the kinds it knows.
 pub async fn review(
@@ -37,7 +75,11 @@ pub async fn review(
         "AgentPolicy" => match spec::<AgentPolicySpec>(object) {
             Ok(spec) => crate::validate::agent_policy(&namespace, &name, &spec)
                 .map(|_| ())
-                .map_err(|e| refusal("AgentPolicy", &name, &e)),
+                .map_err(|errors| Refusal::Invalid {
+                    kind: "AgentPolicy",
+                    name: name.clone(),
+                    errors,
+                }),
             Err(e) => Err(e),
         },
         "ToolConnection" => match spec::<ToolConnectionSpec>(object) {
@@ -45,28 +87,28 @@ pub async fn review(
             Err(e) => Err(e),
         },
         "ApprovalRequest" => {
-            super::approvals::validate(&webhooks.client, &webhooks.operator, request).await
+            super::approvals::validate(&webhooks.client, &webhooks.operator, request)
+                .await
+                .map_err(Refusal::from)
         }
-        other => Err(format!("this webhook does not validate {other}")),
+        other => Err(Refusal::UnknownKind(other.to_owned())),
     };
     match verdict {
         Ok(()) => allowed,
-        Err(message) => {
+        Err(refusal) => {
+            let message = refusal.to_string();
             tracing::info!(kind, namespace = %namespace, name = %name, user = ?request.user_info.username, reason = %message, "admission refused");
             allowed.deny(message)
         }
     }
 }
 
-fn spec<T: DeserializeOwned>(object: &DynamicObject) -> Result<T, String> {
+fn spec<T: DeserializeOwned>(object: &DynamicObject) -> Result<T, Refusal> {
     let spec = object.data.get("spec").cloned().unwrap_or_default();
-    serde_path_to_error::deserialize(spec).map_err(|e| format!("spec.{}: {}", e.path(), e.inner()))
-}
-
-/// One line naming every problem with its path, as kubectl prints it.
-fn refusal(kind: &str, name: &str, errors: &[FieldError]) -> String {
-    let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
-    format!("{kind} {name} is invalid: {}", lines.join("; "))
+    serde_path_to_error::deserialize(spec).map_err(|e| Refusal::Malformed {
+        path: e.path().to_string(),
+        message: e.inner().to_string(),
+    })
 }
 
 async fn tool_connection(
@@ -75,9 +117,12 @@ async fn tool_connection(
     namespace: &str,
     name: &str,
     spec: &ToolConnectionSpec,
-) -> Result<(), String> {
-    crate::validate::tool_connection(namespace, spec)
-        .map_err(|e| refusal("ToolConnection", name, &e))?;
+) -> Result<(), Refusal> {
+    crate::validate::tool_connection(namespace, spec).map_err(|errors| Refusal::Invalid {
+        kind: "ToolConnection",
+        name: name.to_owned(),
+        errors,
+    })?;
     let user = &request.user_info;
     let who = user
         .username
@@ -109,13 +154,19 @@ async fn tool_connection(
         let answer = api
             .create(&PostParams::default(), &review)
             .await
-            .map_err(|e| format!("cannot check access to Secret {}: {e}", r.name))?;
+            .map_err(|source| Refusal::AccessCheck {
+                secret: r.name.clone(),
+                source,
+            })?;
         let allowed = answer.status.as_ref().is_some_and(|s| s.allowed);
         if !allowed {
-            return Err(format!(
-                "ToolConnection {name} is refused: {path} names Secret {secret}, which {who} may not get in namespace {namespace}; a ToolConnection may only use Secrets its author can read",
-                secret = r.name
-            ));
+            return Err(Refusal::SecretNotReadable {
+                name: name.to_owned(),
+                path,
+                secret: r.name.clone(),
+                who,
+                namespace: namespace.to_owned(),
+            });
         }
     }
     Ok(())
