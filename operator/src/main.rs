@@ -7,7 +7,7 @@ use clap::Parser;
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = aip_operator::runtime::Args::parse();
-    aip_runtime::init_tracing(args.log_format, "info");
+    aip_service::init_tracing(args.log_format, "info");
     match aip_operator::runtime::run(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -95,7 +95,7 @@ pub struct Args {
     pub injection: InjectionArgs,
     /// Diagnostics format on stderr.
     #[arg(long, value_enum, default_value = "json")]
-    pub log_format: aip_runtime::LogFormat,
+    pub log_format: aip_service::LogFormat,
 }
 
 /// Sidecar injection (`/inject`); off unless --sidecar-image is given.
@@ -159,7 +159,7 @@ impl InjectionArgs {
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
-    tokio::spawn(aip_runtime::cancel_on_signal(shutdown.clone()));
+    tokio::spawn(aip_service::cancel_on_signal(shutdown.clone()));
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API (KUBECONFIG or in-cluster)")?;

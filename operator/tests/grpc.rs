@@ -203,7 +203,7 @@ async fn a_sidecar_gets_its_pods_config_and_every_change() {
         refused_reason: String::new(),
         connections: vec![ConnectionEvidence {
             connection: "gh".to_owned(),
-            state: "NeedsCredentials".to_owned(),
+            health: aip_proto::v1::HealthState::NeedsCredentials as i32,
             http_status: 401,
             credential_failures: 1,
             ..ConnectionEvidence::default()

@@ -4,7 +4,7 @@ use serde::Serialize;
 use serde::ser::SerializeMap;
 use serde_json::Value;
 
-/// AIP error codes, and the standard JSON-RPC codes the engine also uses.
+/// AIP error codes, and the standard JSON-RPC codes gateways answer with.
 pub mod codes {
     pub const FORBIDDEN: i64 = -32001;
     pub const RATE_LIMITED: i64 = -32002;
@@ -13,8 +13,11 @@ pub mod codes {
     pub const METHOD_NOT_ALLOWED: i64 = -32006;
     pub const PROTECTED_PATH: i64 = -32007;
     pub const SCHEMA_MISMATCH: i64 = -32013;
+    pub const PARSE_ERROR: i64 = -32700;
     pub const INVALID_REQUEST: i64 = -32600;
+    pub const METHOD_NOT_FOUND: i64 = -32601;
     pub const INVALID_PARAMS: i64 = -32602;
+    pub const INTERNAL_ERROR: i64 = -32603;
 }
 
 /// The message that goes with each code.
@@ -29,6 +32,9 @@ pub fn message_for(code: i64) -> &'static str {
         codes::SCHEMA_MISMATCH => "Schema mismatch",
         codes::INVALID_REQUEST => "Invalid Request",
         codes::INVALID_PARAMS => "Invalid params",
+        codes::PARSE_ERROR => "Parse error",
+        codes::METHOD_NOT_FOUND => "Method not found",
+        codes::INTERNAL_ERROR => "Internal error",
         _ => "Error",
     }
 }

@@ -7,6 +7,7 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
+use aip_service::serve::{Limits, accept_loop, http1};
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
@@ -20,6 +21,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::gate::Gateway;
 
@@ -33,24 +35,20 @@ pub struct Admin {
     pub approval_token: Option<SecretString>,
 }
 
-pub async fn serve(
-    admin: Arc<Admin>,
-    listener: TcpListener,
-    shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    loop {
-        let (stream, _) = tokio::select! {
-            accepted = listener.accept() => accepted?,
-            () = shutdown.cancelled() => return Ok(()),
-        };
+/// Serves the admin routes until `shutdown`.
+pub async fn serve(admin: Arc<Admin>, listener: TcpListener, shutdown: CancellationToken) {
+    let limits = Limits::default();
+    let tracker = TaskTracker::new();
+    accept_loop(listener, limits, shutdown, tracker, move |stream| {
         let admin = admin.clone();
-        tokio::spawn(async move {
+        async move {
             let service = service_fn(move |req| route(admin.clone(), req));
-            let _ = hyper::server::conn::http1::Builder::new()
+            let _ = http1(&limits)
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
-        });
-    }
+        }
+    })
+    .await;
 }
 
 async fn route(admin: Arc<Admin>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {

@@ -7,6 +7,7 @@
 //! A wait that is dropped — the agent cancelled the call or its session
 //! ended — withdraws its ask: a later decision finds nothing to release.
 
+use aip_service::sync::lock;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
@@ -164,10 +165,6 @@ impl Drop for Withdraw {
             self.approvals.changed();
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ impl Audit {
             return;
         }
         text.push(b'\n');
-        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = aip_service::sync::lock(&self.out);
         // One write per line (never torn across writes); losing an audit
         // line must not take the data plane down.
         let _ = out.write_all(&text).and_then(|()| out.flush());

@@ -16,8 +16,8 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
+use aip_mcp::jsonrpc::{Limits, parse};
 use aip_policy::{Request, ToolCall};
-use aip_sidecar::jsonrpc::{Limits, parse};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
@@ -423,7 +423,7 @@ fn go_folds_nothing_the_gateway_does_not() {
     assert!(folds.len() >= 4, "{folds:?}");
     for (rune, ascii) in folds {
         assert_eq!(
-            aip_sidecar::jsonrpc::key_skeleton(&rune),
+            aip_mcp::jsonrpc::key_skeleton(&rune),
             ascii,
             "Go folds {rune:?} to {ascii:?}"
         );

@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use aip_sidecar::upstream::Upstream;
+use aip_mcp::Upstream;
 use aip_sidecar::upstream::health::HealthState;
 use common::{PATIENCE, Setup, Stack, raw};
 use serde_json::{Value, json};

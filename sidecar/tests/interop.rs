@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use aip_mcp::http::StreamState;
 use aip_sidecar::upstream::health::HealthState;
-use aip_sidecar::upstream::listen::StreamState;
 use common::{Setup, Stack};
 use serde_json::{Value, json};
 
@@ -578,8 +578,17 @@ async fn a_new_upstream_tool_reaches_the_agent(s: &Stack) {
         }
     };
     assert_eq!(note["method"], "notifications/tools/list_changed");
+    // A refresh that an earlier notice started may have listed the tools
+    // just before the last `grow`: its change is announced first, and the
+    // refresh that lists the newest tool is announced next.
     let tool = format!("up_extra_{grown}");
-    assert!(tool_names(s, &session).await.contains(&tool));
+    while !tool_names(s, &session).await.contains(&tool) {
+        let note = tokio::time::timeout_at(deadline, stream.next())
+            .await
+            .expect("the newest tool is announced")
+            .unwrap();
+        assert_eq!(note["method"], "notifications/tools/list_changed");
+    }
     let extra = s.call(&session, json!("x"), &tool, json!({})).await;
     assert_eq!(
         extra["result"]["content"][0]["text"],

@@ -16,7 +16,7 @@ use aip_proto::v1::{
     ApprovalRequest, ApprovalUpdate, Policy, ReportRequest, ReportResponse, Snapshot, WatchRequest,
 };
 use aip_sidecar::config::Config;
-use aip_sidecar::config::operator::{self, OperatorCa, OperatorSource};
+use aip_sidecar::control::{self as operator, OperatorCa, OperatorSource};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;

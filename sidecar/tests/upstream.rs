@@ -10,10 +10,10 @@ use aip_fault_server::core::Core;
 use aip_fault_server::http::{HttpOptions, serve};
 use aip_fault_server::log::AttemptLog;
 use aip_fault_server::script::{Script, Transport};
+use aip_mcp::http::HttpUpstream;
+use aip_mcp::{ConnectionEffect, Failure};
 use aip_policy::CompileOptions;
 use aip_sidecar::config::file;
-use aip_sidecar::upstream::http::HttpUpstream;
-use aip_sidecar::upstream::{ConnectionEffect, Failure};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 

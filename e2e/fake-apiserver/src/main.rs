@@ -27,13 +27,13 @@ struct Cli {
     #[arg(long)]
     plain_http: bool,
     #[arg(long, value_enum, default_value = "text")]
-    log_format: aip_runtime::LogFormat,
+    log_format: aip_service::LogFormat,
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    aip_runtime::init_tracing(cli.log_format, "info");
+    aip_service::init_tracing(cli.log_format, "info");
     let tokens = match &cli.token_file {
         None => aip_fake_apiserver::Tokens::default(),
         Some(path) => match std::fs::read_to_string(path)
@@ -77,7 +77,7 @@ async fn main() -> ExitCode {
     }
     eprintln!("aip-fake-apiserver: serving on {}", running.url());
     let shutdown = tokio_util::sync::CancellationToken::new();
-    aip_runtime::cancel_on_signal(shutdown.clone()).await;
+    aip_service::cancel_on_signal(shutdown.clone()).await;
     running.stop();
     ExitCode::SUCCESS
 }

@@ -41,12 +41,12 @@ struct Args {
     check: bool,
     /// Diagnostics format on stderr.
     #[arg(long, value_enum, default_value = "text")]
-    log_format: aip_runtime::LogFormat,
+    log_format: aip_service::LogFormat,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    aip_runtime::init_tracing(args.log_format, "warn");
+    aip_service::init_tracing(args.log_format, "warn");
     let transport = if args.stdio {
         Transport::Stdio
     } else {
@@ -107,7 +107,7 @@ async fn run(args: Args, script: Script) -> bool {
     };
     let core = Core::new(script, AttemptLog::new(sink, args.log_args));
     let shutdown = CancellationToken::new();
-    tokio::spawn(aip_runtime::cancel_on_signal(shutdown.clone()));
+    tokio::spawn(aip_service::cancel_on_signal(shutdown.clone()));
     tokio::spawn(core.clone().run(shutdown.clone()));
     let served = match &args.http {
         None => {

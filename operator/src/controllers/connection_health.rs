@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use aip_api::ToolConnection;
 use aip_api::tool_connection::{DiscoveredTool, Health, HealthState, ToolConnectionStatus};
-use aip_sidecar::upstream::Upstream;
-use aip_sidecar::upstream::failure::{ConnectionEffect, Failure};
+use aip_mcp::Upstream;
+use aip_mcp::failure::{ConnectionEffect, Failure};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
@@ -167,12 +167,37 @@ fn refresh(ctx: &Context, tracked: &mut HashMap<ObjectKey, Tracked>, key: Object
     );
 }
 
-/// The sidecar's own MCP client, so the probe speaks exactly as the
+/// The gateway's own MCP client, so the probe speaks exactly as the
 /// gateway does (no redirects, the same deadlines and failure classes).
 fn client_for(resolved: &ResolvedConnection) -> Option<Arc<Upstream>> {
-    let wire = crate::grpc::snapshot::connection(resolved);
-    let connection = aip_sidecar::config::operator::connection(&wire).ok()?;
-    Upstream::new(connection).ok().map(Arc::new)
+    let endpoint = aip_mcp::Endpoint::Http {
+        url: resolved.url.clone(),
+    };
+    let mut connection = aip_mcp::Connection::new(resolved.name.clone(), endpoint);
+    connection.credentials = match &resolved.credentials {
+        Ok(credentials) => Ok(credentials.headers.clone()),
+        Err(e) => Err(e.to_string()),
+    };
+    connection.tls = aip_mcp::Tls {
+        ca_pem: resolved
+            .credentials
+            .as_ref()
+            .ok()
+            .and_then(|c| c.ca_pem.clone()),
+        server_name: resolved.server_name.clone(),
+    };
+    connection.timeout = resolved.timeout;
+    connection.max_response_bytes =
+        usize::try_from(resolved.max_response_bytes).unwrap_or(usize::MAX);
+    connection.health_interval = resolved.health_interval;
+    connection.health_deadline = resolved.health_deadline;
+    connection.tool_prefix = resolved.tool_prefix.clone();
+    connection.capabilities = aip_mcp::ClientCapabilities {
+        sampling: resolved.capabilities.sampling,
+        elicitation: resolved.capabilities.elicitation,
+        roots: resolved.capabilities.roots,
+    };
+    Upstream::new(Arc::new(connection)).ok().map(Arc::new)
 }
 
 fn spawn_probe(key: ObjectKey, t: &Tracked, done: mpsc::UnboundedSender<ProbeResult>) {
@@ -201,7 +226,7 @@ fn spawn_probe(key: ObjectKey, t: &Tracked, done: mpsc::UnboundedSender<ProbeRes
 fn take_evidence(t: &mut Tracked, e: &Evidence) {
     t.successes += e.successful_calls;
     t.network_failures += e.network_failures;
-    if e.state == "NeedsCredentials" && e.credential_failures > 0 {
+    if e.health == aip_proto::v1::HealthState::NeedsCredentials && e.credential_failures > 0 {
         let reason = format!(
             "pod {} saw the upstream refuse the credential ({})",
             e.pod,

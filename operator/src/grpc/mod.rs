@@ -41,7 +41,7 @@ const REVIEW_CACHE: Duration = Duration::from_secs(60);
 pub struct Evidence {
     pub connection: ObjectKey,
     pub pod: String,
-    pub state: String,
+    pub health: aip_proto::v1::HealthState,
     pub reason: String,
     pub http_status: u32,
     pub required_scope: String,
@@ -219,7 +219,7 @@ impl<A: Authenticate> Config for ConfigService<A> {
             let _ = self.signals.evidence.send(Evidence {
                 connection: ObjectKey::new(&id.namespace, &c.connection),
                 pod: id.pod.clone(),
-                state: c.state,
+                health: c.health(),
                 reason: c.reason,
                 http_status: c.http_status,
                 required_scope: c.required_scope,

@@ -8,12 +8,14 @@
 //! 403 for an Origin that is not loopback. Failures of upstreams are never
 //! HTTP errors here: they are JSON-RPC errors in a 200.
 
+use aip_service::sync::lock;
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
+use aip_service::serve::{Limits, accept_loop, http1};
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited};
@@ -116,20 +118,18 @@ pub async fn serve(
         sessions: Mutex::new(Sessions::default()),
         shutdown: shutdown.clone(),
     });
-    loop {
-        let (stream, _) = tokio::select! {
-            accepted = listener.accept() => accepted?,
-            () = shutdown.cancelled() => return Ok(()),
-        };
-        let _ = stream.set_nodelay(true);
+    let limits = Limits::default();
+    accept_loop(listener, limits, shutdown, tracker, move |stream| {
         let state = state.clone();
-        tracker.spawn(async move {
+        async move {
             let service = service_fn(move |req| route(state.clone(), req));
-            let _ = hyper::server::conn::http1::Builder::new()
+            let _ = http1(&limits)
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
-        });
-    }
+        }
+    })
+    .await;
+    Ok(())
 }
 
 async fn route(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
@@ -246,7 +246,7 @@ fn delete(state: &State, req: &Request<Incoming>) -> Response<Body> {
 /// doing, if the agent hangs up).
 async fn answer_live(
     state: &Arc<State>,
-    message: crate::jsonrpc::Message,
+    message: aip_mcp::jsonrpc::Message,
     session: String,
     sse: bool,
 ) -> Response<Body> {
@@ -469,10 +469,6 @@ fn empty(status: StatusCode) -> Response<Body> {
     let mut r = Response::new(Full::new(Bytes::new()).boxed_unsync());
     *r.status_mut() = status;
     r
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

@@ -6,16 +6,15 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::SecretString;
 use serde::Deserialize;
 
-use super::ConfigError;
+use aip_mcp::connection::{
+    ClientCapabilities, Connection, DEFAULT_HEALTH_DEADLINE, DEFAULT_HEALTH_INTERVAL,
+    DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT, Endpoint, MAX_TIMEOUT, Tls,
+};
 
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
-pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
-pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1_000_000;
-pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(30);
-pub const DEFAULT_HEALTH_DEADLINE: Duration = Duration::from_secs(5);
+use super::ConfigError;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -76,14 +75,6 @@ pub struct TlsSpec {
     pub server_name: Option<String>,
 }
 
-/// Resolved TLS settings.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Tls {
-    /// PEM text of the trusted CAs; None: the built-in web roots.
-    pub ca_pem: Option<String>,
-    pub server_name: Option<String>,
-}
-
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct HeaderSpec {
@@ -126,247 +117,173 @@ pub struct HealthCheckSpec {
     pub timeout_seconds: Option<u64>,
 }
 
-/// Client capabilities offered to the upstream: none unless opted in.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ClientCapabilities {
-    #[serde(default)]
-    pub sampling: bool,
-    #[serde(default)]
-    pub elicitation: bool,
-    #[serde(default)]
-    pub roots: bool,
-}
-
-/// A validated connection.
-#[derive(Debug, Clone)]
-pub struct Connection {
-    pub name: String,
-    pub endpoint: Endpoint,
-    /// Resolved header values, or why they could not be resolved (then the
-    /// connection needs credentials and nothing is sent upstream).
-    pub credentials: Result<Vec<(String, SecretString)>, String>,
-    pub timeout: Duration,
-    pub max_response_bytes: usize,
-    pub health_interval: Duration,
-    pub health_deadline: Duration,
-    /// Agent-facing tool names are `{prefix}{name}` (the prefix includes any
-    /// separator the author wants, e.g. `github_`).
-    pub tool_prefix: String,
-    pub capabilities: ClientCapabilities,
-    pub tls: Tls,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Endpoint {
-    Http {
-        url: String,
-    },
-    /// A local MCP server spoken to over its stdin/stdout.
-    Stdio {
-        command: Vec<String>,
-    },
-}
-
-impl Connection {
-    /// Whether `other` would make exactly this connection, credentials
-    /// included: a reload keeps such a connection (its session, catalog
-    /// and stdio process) instead of starting it again.
-    pub fn same_as(&self, other: &Connection) -> bool {
-        let same_credentials = match (&self.credentials, &other.credentials) {
-            (Ok(a), Ok(b)) => {
-                a.len() == b.len()
-                    && a.iter().zip(b).all(|((n1, v1), (n2, v2))| {
-                        n1 == n2 && v1.expose_secret() == v2.expose_secret()
-                    })
-            }
-            (Err(a), Err(b)) => a == b,
-            _ => false,
-        };
-        self.name == other.name
-            && self.endpoint == other.endpoint
-            && self.timeout == other.timeout
-            && self.max_response_bytes == other.max_response_bytes
-            && self.health_interval == other.health_interval
-            && self.health_deadline == other.health_deadline
-            && self.tool_prefix == other.tool_prefix
-            && self.capabilities == other.capabilities
-            && self.tls == other.tls
-            && same_credentials
+/// A ToolConnection document, validated into the connection it describes.
+pub fn from_doc(doc: ToolConnectionDoc, at: &str) -> Result<Connection, ConfigError> {
+    let fail = |field: &str, message: String| Err(ConfigError::at(at, field, message));
+    if doc.api_version != aip_policy::document::API_VERSION {
+        return fail(
+            "apiVersion",
+            format!("must be {:?}", aip_policy::document::API_VERSION),
+        );
     }
-
-    pub fn from_doc(doc: ToolConnectionDoc, at: &str) -> Result<Connection, ConfigError> {
-        let fail = |field: &str, message: String| Err(ConfigError::at(at, field, message));
-        if doc.api_version != aip_policy::document::API_VERSION {
-            return fail(
-                "apiVersion",
-                format!("must be {:?}", aip_policy::document::API_VERSION),
-            );
-        }
-        if let Some(problem) = aip_policy::kubernetes::name_problem(&doc.metadata.name) {
-            return fail(
-                "metadata.name",
-                format!("is not a valid Kubernetes name: it {problem}"),
-            );
-        }
-        let spec = doc.spec;
-        let endpoint = match (spec.url, spec.command) {
-            (Some(url), None) => {
-                if !(url.starts_with("http://") || url.starts_with("https://")) {
-                    return fail(
-                        "spec.url",
-                        format!("must be an http:// or https:// URL, found {url:?}"),
-                    );
-                }
-                Endpoint::Http { url }
+    if let Some(problem) = aip_policy::kubernetes::name_problem(&doc.metadata.name) {
+        return fail(
+            "metadata.name",
+            format!("is not a valid Kubernetes name: it {problem}"),
+        );
+    }
+    let spec = doc.spec;
+    let endpoint = match (spec.url, spec.command) {
+        (Some(url), None) => {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return fail(
+                    "spec.url",
+                    format!("must be an http:// or https:// URL, found {url:?}"),
+                );
             }
-            (None, Some(command)) => {
-                if command.first().is_none_or(|program| program.is_empty()) {
-                    return fail(
-                        "spec.command",
-                        "must name a program to run: [PROGRAM, ARGS...]".to_owned(),
-                    );
-                }
-                // Headers travel on HTTP requests only; accepting them here
-                // would let an author believe a credential is being sent.
-                if !spec.headers.is_empty() || spec.bearer_token.is_some() {
-                    return fail(
+            Endpoint::Http { url }
+        }
+        (None, Some(command)) => {
+            if command.first().is_none_or(|program| program.is_empty()) {
+                return fail(
+                    "spec.command",
+                    "must name a program to run: [PROGRAM, ARGS...]".to_owned(),
+                );
+            }
+            // Headers travel on HTTP requests only; accepting them here
+            // would let an author believe a credential is being sent.
+            if !spec.headers.is_empty() || spec.bearer_token.is_some() {
+                return fail(
                         "spec.command",
                         "a stdio connection takes no headers or bearerToken; pass credentials in the server's environment".to_owned(),
                     );
-                }
-                Endpoint::Stdio { command }
             }
-            (Some(_), Some(_)) => {
-                return fail(
-                    "spec.command",
-                    "give either url or command, not both".to_owned(),
-                );
-            }
-            (None, None) => return fail("spec.url", "required field is missing".to_owned()),
-        };
-        let timeout =
-            Duration::from_secs(spec.timeout_seconds.unwrap_or(DEFAULT_TIMEOUT.as_secs()));
-        if timeout.is_zero() || timeout > MAX_TIMEOUT {
+            Endpoint::Stdio { command }
+        }
+        (Some(_), Some(_)) => {
             return fail(
-                "spec.timeoutSeconds",
-                format!("must be 1..{}", MAX_TIMEOUT.as_secs()),
+                "spec.command",
+                "give either url or command, not both".to_owned(),
             );
         }
-        let max_response_bytes = spec
-            .max_response_bytes
-            .unwrap_or(DEFAULT_MAX_RESPONSE_BYTES);
-        if max_response_bytes < 1024 {
-            return fail("spec.maxResponseBytes", "must be at least 1024".to_owned());
-        }
-        let health = spec.health_check.unwrap_or(HealthCheckSpec {
-            interval_seconds: None,
-            timeout_seconds: None,
-        });
-        let health_interval = Duration::from_secs(
-            health
-                .interval_seconds
-                .unwrap_or(DEFAULT_HEALTH_INTERVAL.as_secs()),
+        (None, None) => return fail("spec.url", "required field is missing".to_owned()),
+    };
+    let timeout = Duration::from_secs(spec.timeout_seconds.unwrap_or(DEFAULT_TIMEOUT.as_secs()));
+    if timeout.is_zero() || timeout > MAX_TIMEOUT {
+        return fail(
+            "spec.timeoutSeconds",
+            format!("must be 1..{}", MAX_TIMEOUT.as_secs()),
         );
-        let health_deadline = Duration::from_secs(
-            health
-                .timeout_seconds
-                .unwrap_or(DEFAULT_HEALTH_DEADLINE.as_secs()),
+    }
+    let max_response_bytes = spec
+        .max_response_bytes
+        .unwrap_or(DEFAULT_MAX_RESPONSE_BYTES);
+    if max_response_bytes < 1024 {
+        return fail("spec.maxResponseBytes", "must be at least 1024".to_owned());
+    }
+    let health = spec.health_check.unwrap_or(HealthCheckSpec {
+        interval_seconds: None,
+        timeout_seconds: None,
+    });
+    let health_interval = Duration::from_secs(
+        health
+            .interval_seconds
+            .unwrap_or(DEFAULT_HEALTH_INTERVAL.as_secs()),
+    );
+    let health_deadline = Duration::from_secs(
+        health
+            .timeout_seconds
+            .unwrap_or(DEFAULT_HEALTH_DEADLINE.as_secs()),
+    );
+    if health_interval.is_zero() || health_deadline.is_zero() {
+        return fail(
+            "spec.healthCheck",
+            "intervalSeconds and timeoutSeconds must be at least 1".to_owned(),
         );
-        if health_interval.is_zero() || health_deadline.is_zero() {
-            return fail(
-                "spec.healthCheck",
-                "intervalSeconds and timeoutSeconds must be at least 1".to_owned(),
-            );
-        }
-        let tool_prefix = spec.tool_prefix.unwrap_or_default();
-        if !tool_prefix
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+    }
+    let tool_prefix = spec.tool_prefix.unwrap_or_default();
+    if !tool_prefix
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+    {
+        return fail(
+            "spec.toolPrefix",
+            "may hold only letters, digits, '_', '-' and '.'".to_owned(),
+        );
+    }
+    for (i, h) in spec.headers.iter().enumerate() {
+        let lower = h.name.to_ascii_lowercase();
+        if h.name.is_empty()
+            || !h
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
         {
             return fail(
-                "spec.toolPrefix",
-                "may hold only letters, digits, '_', '-' and '.'".to_owned(),
+                &format!("spec.headers[{i}].name"),
+                format!("{:?} is not a valid header name", h.name),
             );
         }
-        for (i, h) in spec.headers.iter().enumerate() {
-            let lower = h.name.to_ascii_lowercase();
-            if h.name.is_empty()
-                || !h
-                    .name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+        if matches!(
+            lower.as_str(),
+            "mcp-session-id" | "mcp-protocol-version" | "content-type" | "content-length" | "host"
+        ) {
+            return fail(
+                &format!("spec.headers[{i}].name"),
+                format!("{} is set by the gateway itself", h.name),
+            );
+        }
+    }
+    let tls = match spec.tls {
+        None => Tls::default(),
+        Some(t) => {
+            if !matches!(&endpoint, Endpoint::Http { url } if url.starts_with("https://")) {
+                return fail("spec.tls", "applies to https:// URLs only".to_owned());
+            }
+            let ca_pem = match &t.ca_file {
+                None => None,
+                Some(path) => match std::fs::read_to_string(path) {
+                    Ok(pem) if pem.contains("-----BEGIN CERTIFICATE-----") => Some(pem),
+                    Ok(_) => {
+                        return fail(
+                            "spec.tls.caFile",
+                            format!("{path} holds no PEM certificate"),
+                        );
+                    }
+                    Err(e) => {
+                        return fail(
+                            "spec.tls.caFile",
+                            format!("cannot read {path}: {}", e.kind()),
+                        );
+                    }
+                },
+            };
+            if let Some(name) = &t.server_name
+                && rustls_pki_types::ServerName::try_from(name.as_str()).is_err()
             {
                 return fail(
-                    &format!("spec.headers[{i}].name"),
-                    format!("{:?} is not a valid header name", h.name),
+                    "spec.tls.serverName",
+                    format!("{name:?} is not a valid DNS name or IP address"),
                 );
             }
-            if matches!(
-                lower.as_str(),
-                "mcp-session-id"
-                    | "mcp-protocol-version"
-                    | "content-type"
-                    | "content-length"
-                    | "host"
-            ) {
-                return fail(
-                    &format!("spec.headers[{i}].name"),
-                    format!("{} is set by the gateway itself", h.name),
-                );
+            Tls {
+                ca_pem,
+                server_name: t.server_name,
             }
         }
-        let tls = match spec.tls {
-            None => Tls::default(),
-            Some(t) => {
-                if !matches!(&endpoint, Endpoint::Http { url } if url.starts_with("https://")) {
-                    return fail("spec.tls", "applies to https:// URLs only".to_owned());
-                }
-                let ca_pem = match &t.ca_file {
-                    None => None,
-                    Some(path) => match std::fs::read_to_string(path) {
-                        Ok(pem) if pem.contains("-----BEGIN CERTIFICATE-----") => Some(pem),
-                        Ok(_) => {
-                            return fail(
-                                "spec.tls.caFile",
-                                format!("{path} holds no PEM certificate"),
-                            );
-                        }
-                        Err(e) => {
-                            return fail(
-                                "spec.tls.caFile",
-                                format!("cannot read {path}: {}", e.kind()),
-                            );
-                        }
-                    },
-                };
-                if let Some(name) = &t.server_name
-                    && rustls_pki_types::ServerName::try_from(name.as_str()).is_err()
-                {
-                    return fail(
-                        "spec.tls.serverName",
-                        format!("{name:?} is not a valid DNS name or IP address"),
-                    );
-                }
-                Tls {
-                    ca_pem,
-                    server_name: t.server_name,
-                }
-            }
-        };
-        Ok(Connection {
-            tls,
-            name: doc.metadata.name,
-            endpoint,
-            credentials: resolve_credentials(&spec.headers, spec.bearer_token.as_ref()),
-            timeout,
-            max_response_bytes,
-            health_interval,
-            health_deadline,
-            tool_prefix,
-            capabilities: spec.client_capabilities,
-        })
-    }
+    };
+    Ok(Connection {
+        tls,
+        name: doc.metadata.name,
+        endpoint,
+        credentials: resolve_credentials(&spec.headers, spec.bearer_token.as_ref()),
+        timeout,
+        max_response_bytes,
+        health_interval,
+        health_deadline,
+        tool_prefix,
+        capabilities: spec.client_capabilities,
+    })
 }
 
 fn resolve_credentials(

@@ -1,10 +1,11 @@
 //! The gateway's configuration: one AgentPolicy and any number of
 //! ToolConnections. Standalone mode reads them from a multi-document YAML
-//! file (file.rs); the operator's gRPC stream will produce the same Config.
+//! file (`file`); in Kubernetes mode the operator's stream produces the same
+//! Config (`crate::control`). Nothing here knows of the gateway or its
+//! upstreams.
 
 pub mod connection;
 pub mod file;
-pub mod operator;
 
 use std::fmt;
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use std::sync::Arc;
 use aip_policy::{AgentPolicy, CompileOptions, Evaluator};
 use serde_json::Value;
 
-pub use connection::{ClientCapabilities, Connection, Endpoint};
+pub use aip_mcp::{ClientCapabilities, Connection, Endpoint};
 
 /// Everything the gateway enforces with. Immutable; replaced whole.
 #[derive(Debug)]
@@ -118,7 +119,7 @@ pub fn from_documents(
                         e.path().to_string().trim_start_matches('.'),
                         e.into_inner().to_string(),
                     )),
-                    Ok(parsed) => match Connection::from_doc(parsed, &at) {
+                    Ok(parsed) => match connection::from_doc(parsed, &at) {
                         Ok(c) if connections.iter().any(|o| o.name == c.name) => {
                             errors.push(ConfigError::at(
                                 &at,

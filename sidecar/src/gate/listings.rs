@@ -13,8 +13,12 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde_json::{Value, json};
 
-use super::{Caller, Gateway, Reply, error, lock, redact_all, result};
-use crate::jsonrpc::Message;
+use aip_mcp::jsonrpc::Message;
+use aip_policy::codes;
+use aip_service::sync::lock;
+
+use super::present::{error, redact_all, result};
+use super::{Caller, Gateway, Reply};
 use crate::upstream::health::ConnectionState;
 
 /// A server that never stops paging cannot stall a listing.
@@ -82,7 +86,12 @@ impl Gateway {
                     .and_then(Position::decode)
                     .filter(|p| all.iter().any(|c| c.connection().name == p.connection));
                 if found.is_none() {
-                    return Reply::Message(error(Some(&id), -32602, "Invalid cursor", None));
+                    return Reply::Message(error(
+                        Some(&id),
+                        codes::INVALID_PARAMS,
+                        "Invalid cursor",
+                        None,
+                    ));
                 }
                 found
             }
@@ -185,12 +194,12 @@ impl Gateway {
                 if let Some(name) = item.get("name").and_then(Value::as_str).map(str::to_owned) {
                     let agent_name = format!("{}{name}", connection.connection().tool_prefix);
                     item["name"] = json!(agent_name);
-                    lock(&self.prompt_routes).insert(agent_name, (connection.clone(), name));
+                    lock(&self.routes.prompts).insert(agent_name, (connection.clone(), name));
                 }
             }
             "resources/list" => {
                 if let Some(uri) = item.get("uri").and_then(Value::as_str) {
-                    lock(&self.resource_routes).insert(uri.to_owned(), connection.clone());
+                    lock(&self.routes.resources).insert(uri.to_owned(), connection.clone());
                 }
             }
             _ => {}
@@ -229,11 +238,11 @@ impl Gateway {
         let id = message.id().cloned().unwrap_or(Value::Null);
         let name = string_param(message, "name");
         let route = self
-            .routed(&self.prompt_routes, &name, |r| &r.0, "prompts/list")
+            .routed(&self.routes.prompts, &name, |r| &r.0, "prompts/list")
             .await;
         let Some((connection, upstream_name)) = route else {
             let unknown = format!("Unknown prompt: {name}");
-            return Reply::Message(error(Some(&id), -32602, &unknown, None));
+            return Reply::Message(error(Some(&id), codes::INVALID_PARAMS, &unknown, None));
         };
         let mut params = message.params().cloned().unwrap_or_else(|| json!({}));
         params["name"] = json!(upstream_name);
@@ -251,7 +260,7 @@ impl Gateway {
         let id = message.id().cloned().unwrap_or(Value::Null);
         let uri = string_param(message, "uri");
         let route = self
-            .routed(&self.resource_routes, &uri, |c| c, "resources/list")
+            .routed(&self.routes.resources, &uri, |c| c, "resources/list")
             .await;
         // A URI no listing names (a template's instance): with one usable
         // connection there is only one place to ask.
@@ -259,7 +268,7 @@ impl Gateway {
         let route = route.or_else(|| (usable.len() == 1).then(|| usable[0].clone()));
         let Some(connection) = route else {
             let unknown = format!("Unknown resource: {uri}");
-            return Reply::Message(error(Some(&id), -32602, &unknown, None));
+            return Reply::Message(error(Some(&id), codes::INVALID_PARAMS, &unknown, None));
         };
         let params = message.params().cloned().unwrap_or_else(|| json!({}));
         let request = json!({"jsonrpc": "2.0", "method": "resources/read", "params": params});

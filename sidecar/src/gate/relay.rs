@@ -6,22 +6,30 @@
 //! requests are the gateway's own, mapped back on the way to the agent, and
 //! an agent's reply reaches only the server that asked, once.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use aip_policy::{Direction, DlpRecord, Evaluator};
+use aip_mcp::jsonrpc::Message;
+use aip_mcp::{Exchange, Failure};
+use aip_policy::{Direction, DlpRecord, Evaluator, codes};
+use aip_service::sync::lock;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{Caller, Gateway, lock};
-use crate::jsonrpc::Message;
-use crate::upstream::Failure;
+use super::present::error_object;
+use super::{Caller, Gateway};
 use crate::upstream::health::ConnectionState;
-use crate::upstream::http::Exchange;
+
+/// Requests upstream servers made of agents, relayed and awaiting the
+/// agent's reply: (agent session, agent-facing id as JSON text) -> where the
+/// reply goes.
+#[derive(Default)]
+pub(super) struct Relayed(Mutex<HashMap<(String, String), RelayedRequest>>);
 
 /// A request a server made of an agent, relayed and awaiting the reply.
-pub(super) struct Relayed {
+struct RelayedRequest {
     connection: Arc<ConnectionState>,
     upstream_id: Value,
 }
@@ -52,7 +60,7 @@ impl Gateway {
         cancel: &CancellationToken,
     ) -> Option<Result<Exchange, Failure>> {
         use tracing::Instrument;
-        let span = tracing::info_span!(target: aip_runtime::TRACE_TARGET, "mcp.upstream",
+        let span = tracing::info_span!(target: aip_service::TRACE_TARGET, "mcp.upstream",
             otel.kind = "client",
             rpc.method = request["method"].as_str().unwrap_or_default(),
             aip.connection = connection.connection().name.as_str(),
@@ -135,7 +143,7 @@ impl Gateway {
         caller: &Caller,
     ) {
         let id = message.id().map(Value::to_string).unwrap_or_default();
-        let Some(relayed) = lock(&self.relayed).remove(&(caller.session.clone(), id)) else {
+        let Some(relayed) = lock(&self.relayed.0).remove(&(caller.session.clone(), id)) else {
             tracing::warn!(id = ?message.id(), "a reply to no pending server request was dropped");
             return;
         };
@@ -233,8 +241,7 @@ impl CallRelay<'_> {
         if let Some(why) = refusal {
             let connection = &self.connection.connection().name;
             tracing::warn!(connection = %connection, method, why, "a server request was refused");
-            let error =
-                json!({"error": {"code": -32601, "message": "Method not found", "data": why}});
+            let error = error_object(codes::METHOD_NOT_FOUND, "Method not found", why);
             return self.answer(&request, error).await;
         }
         let upstream_id = request["id"].clone();
@@ -245,16 +252,19 @@ impl CallRelay<'_> {
         }
         request["id"] = agent_id.clone();
         let key = (self.caller.session.clone(), agent_id.to_string());
-        let relayed = Relayed {
+        let relayed = RelayedRequest {
             connection: self.connection.clone(),
             upstream_id: upstream_id.clone(),
         };
-        lock(&self.gateway.relayed).insert(key.clone(), relayed);
+        lock(&self.gateway.relayed.0).insert(key.clone(), relayed);
         self.relayed.push(key.clone());
         if !self.caller.send(request) {
-            lock(&self.gateway.relayed).remove(&key);
-            let error = json!({"error": {"code": -32603, "message": "Internal error",
-                "data": "the agent is not reading its stream"}});
+            lock(&self.gateway.relayed.0).remove(&key);
+            let error = error_object(
+                codes::INTERNAL_ERROR,
+                "Internal error",
+                "the agent is not reading its stream",
+            );
             self.answer(&json!({"id": upstream_id}), error).await;
         }
     }
@@ -272,7 +282,7 @@ impl CallRelay<'_> {
     /// `upstream_id`, which is no longer pending.
     fn take_relayed(&mut self, upstream_id: Option<&Value>) -> Option<Value> {
         let upstream_id = upstream_id?;
-        let mut pending = lock(&self.gateway.relayed);
+        let mut pending = lock(&self.gateway.relayed.0);
         let key = self
             .relayed
             .iter()
@@ -288,7 +298,7 @@ impl CallRelay<'_> {
 
     /// Relayed requests end with their call: a later reply finds nothing.
     fn forget(&self) {
-        let mut pending = lock(&self.gateway.relayed);
+        let mut pending = lock(&self.gateway.relayed.0);
         for key in &self.relayed {
             pending.remove(key);
         }

@@ -3,6 +3,7 @@
 //! Only credential evidence changes the whole connection; a failed call
 //! otherwise belongs to the call that saw it.
 
+use aip_service::sync::lock;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,10 +14,10 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::Upstream;
-use super::failure::{ConnectionEffect, Failure};
-use super::listen::StreamState;
 use crate::config::Connection;
+use aip_mcp::Upstream;
+use aip_mcp::http::StreamState;
+use aip_mcp::{ConnectionEffect, Failure};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum HealthState {
@@ -142,6 +143,11 @@ impl ConnectionState {
 
     pub fn health(&self) -> Health {
         lock(&self.health).clone()
+    }
+
+    /// The health state, without copying the rest of the health.
+    pub fn state(&self) -> HealthState {
+        *self.state.borrow()
     }
 
     /// Watches the health state.
@@ -342,8 +348,4 @@ fn set_failed(
 ) {
     let reason = Some(failure.reason());
     set(publish, health, state, reason, failure.http_status());
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }

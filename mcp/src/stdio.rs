@@ -4,6 +4,7 @@
 //! process that ends fails its pending calls as unreachable and is started
 //! afresh on next use. A tool call is never re-sent.
 
+use aip_service::sync::lock;
 use std::collections::HashMap;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,12 +16,11 @@ use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::Related;
-use super::failure::Failure;
-use super::http::{ACCEPTED_VERSIONS, Exchange, PROTOCOL_VERSION};
-use crate::config::{Connection, Endpoint};
+use crate::connection::{Connection, Endpoint};
+use crate::failure::Failure;
 use crate::jsonrpc::{self, Limits};
 use crate::lines::{self, Line};
+use crate::protocol::{ACCEPTED_VERSIONS, Exchange, PROTOCOL_VERSION, Related};
 
 pub struct StdioUpstream {
     connection: Arc<Connection>,
@@ -130,7 +130,7 @@ impl StdioUpstream {
     pub async fn health_check(&self) -> Result<Vec<Value>, Failure> {
         tokio::time::timeout(self.connection.health_deadline, async {
             let process = self.process().await?;
-            super::list_all_tools(|mut list| {
+            crate::protocol::list_all_tools(|mut list| {
                 list["id"] = json!(self.fresh_id("list"));
                 let process = &process;
                 async move { self.exchange(process, &list, None).await }
@@ -158,7 +158,7 @@ impl StdioUpstream {
         let process = self.start()?;
         let init = json!({"jsonrpc": "2.0", "id": self.fresh_id("init"), "method": "initialize", "params": {
             "protocolVersion": PROTOCOL_VERSION,
-            "capabilities": super::client_capabilities(&self.connection),
+            "capabilities": crate::protocol::client_capabilities(&self.connection),
             "clientInfo": {"name": "aip-sidecar", "version": env!("CARGO_PKG_VERSION")}}});
         let x = self
             .exchange(&process, &init, None)
@@ -351,7 +351,7 @@ impl Process {
     /// stdio carries no other sign of which request a notification is
     /// about, so other notifications are not relayed.
     fn attribute(&self, note: Value) {
-        if note.get("method").and_then(Value::as_str) == Some(super::TOOLS_LIST_CHANGED) {
+        if note.get("method").and_then(Value::as_str) == Some(crate::protocol::TOOLS_LIST_CHANGED) {
             self.list_changed.notify_one();
             return;
         }
@@ -456,16 +456,11 @@ fn ended() -> Failure {
     Failure::Network("the server process ended".into())
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use aip_policy::CompileOptions;
 
     #[tokio::test]
     async fn a_caller_that_stops_waiting_leaves_nothing_pending() {
@@ -475,13 +470,20 @@ mod tests {
         let script =
             std::env::temp_dir().join(format!("aip-stdio-forget-{}.yaml", std::process::id()));
         std::fs::write(&script, "apiVersion: aip.io/v1alpha1\nkind: FaultServer\nmetadata: {name: f}\nspec:\n  tools:\n    - name: slow\n      responses: [{sequence: [{return: late, delay_ms: 300000}]}]\n").unwrap();
-        let config = format!(
-            "apiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {{name: up}}\nspec:\n  command: [{}, --config, {}, --stdio, --log, /dev/null]\n",
-            bin.display(),
-            script.display()
+        let connection = Connection::new(
+            "up",
+            Endpoint::Stdio {
+                command: vec![
+                    bin.display().to_string(),
+                    "--config".to_owned(),
+                    script.display().to_string(),
+                    "--stdio".to_owned(),
+                    "--log".to_owned(),
+                    "/dev/null".to_owned(),
+                ],
+            },
         );
-        let config = crate::config::file::parse(&config, &CompileOptions::default()).unwrap();
-        let upstream = StdioUpstream::new(config.connections[0].clone()).unwrap();
+        let upstream = StdioUpstream::new(Arc::new(connection)).unwrap();
         assert_eq!(upstream.health_check().await.unwrap().len(), 1);
         let call =
             json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "slow"}});

@@ -1,6 +1,7 @@
-//! The stdio wrap in-process, between a pipe playing the agent and the
-//! fault server run over stdio: lines over the size limit are refused
-//! without being held, and the lines after them are served.
+//! The stdio agent transport in-process, between a pipe playing the agent
+//! and the fault server run over stdio as the wrapped connection: lines
+//! over the size limit are refused without being held, and the lines after
+//! them are served; asks send progress and are withdrawn by a cancel.
 
 #![allow(clippy::unwrap_used)]
 
@@ -8,11 +9,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use aip_mcp::{Connection, Endpoint};
 use aip_policy::CompileOptions;
+use aip_sidecar::agent::stdio;
 use aip_sidecar::approvals::LocalApprovals;
 use aip_sidecar::audit::Audit;
 use aip_sidecar::config::file;
-use aip_sidecar::wrap::Wrap;
+use aip_sidecar::gate::{Gateway, GatewayOptions};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
@@ -24,7 +27,7 @@ struct Harness {
     /// None while a test writes on its own.
     to_wrap: Option<tokio::io::WriteHalf<tokio::io::DuplexStream>>,
     from_wrap: tokio::io::Lines<BufReader<tokio::io::ReadHalf<tokio::io::DuplexStream>>>,
-    running: tokio::task::JoinHandle<anyhow::Result<i32>>,
+    running: tokio::task::JoinHandle<()>,
     approvals: Arc<LocalApprovals>,
 }
 
@@ -47,21 +50,28 @@ impl Harness {
         let policy = format!(
             "apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {{name: agent}}\nspec:\n{policy_spec}"
         );
-        let config = file::parse(&policy, &CompileOptions::default()).unwrap();
-        let (_config_tx, config_rx) = tokio::sync::watch::channel(Arc::new(config));
-        let approvals = LocalApprovals::new();
-        let wrap = Wrap {
-            config: config_rx,
-            audit: Arc::new(Audit::new(Box::new(std::io::sink()))),
-            approvals: approvals.clone(),
+        let mut config = file::parse(&policy, &CompileOptions::default()).unwrap();
+        config.connections.push(Arc::new(Connection::new(
+            "stdio",
+            Endpoint::Stdio { command },
+        )));
+        let (config_tx, config_rx) = tokio::sync::watch::channel(Arc::new(config));
+        let options = GatewayOptions {
             approval_timeout: Duration::from_secs(30),
             ask_progress_interval: Duration::from_millis(50),
-            allow_capabilities: Vec::new(),
-            busy_poll: Duration::from_micros(50),
+            ..GatewayOptions::default()
         };
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let audit = Audit::new(Box::new(std::io::sink()));
+        let gateway = Gateway::new(config_rx, audit, options, shutdown);
+        let approvals = gateway.approvals.clone();
         let (agent, wrapped) = tokio::io::duplex(64 * 1024);
         let (wrap_in, wrap_out) = tokio::io::split(wrapped);
-        let running = tokio::spawn(async move { wrap.run(&command, wrap_in, wrap_out).await });
+        let running = tokio::spawn(async move {
+            stdio::serve(gateway.clone(), wrap_in, wrap_out, None).await;
+            gateway.close_connections().await;
+            drop(config_tx);
+        });
         let (from_wrap, to_wrap) = tokio::io::split(agent);
         Harness {
             to_wrap: Some(to_wrap),
@@ -94,7 +104,6 @@ impl Harness {
         tokio::time::timeout(PATIENCE, self.running)
             .await
             .unwrap()
-            .unwrap()
             .unwrap();
     }
 }
@@ -119,12 +128,18 @@ async fn an_oversized_agent_line_is_refused_and_the_next_is_served() {
             .unwrap();
         to_wrap
     });
-    let refused = h.read().await;
+    // Each line is handled in its own task: the answers may come in either
+    // order.
+    let (first, second) = (h.read().await, h.read().await);
+    let (refused, pong) = if first["id"].is_null() {
+        (first, second)
+    } else {
+        (second, first)
+    };
     assert_eq!(refused["id"], Value::Null, "{refused}");
     assert_eq!(refused["error"]["code"], -32700);
     let message = refused["error"]["message"].as_str().unwrap().to_owned();
     assert!(message.contains("5242"), "names the size: {message}");
-    let pong = h.read().await;
     assert_eq!(pong, json!({"jsonrpc": "2.0", "id": 8, "result": {}}));
     h.to_wrap = Some(writer.await.unwrap());
     h.hang_up().await;

@@ -1,4 +1,5 @@
-//! `aip approvals` against a real admin port holding a real pending ask.
+//! The `aip approvals` CLI (the real binary) against a gateway's admin port
+//! holding a real pending ask.
 
 #![allow(clippy::unwrap_used)]
 
@@ -9,20 +10,21 @@ use std::time::Duration;
 use aip_policy::Approval;
 use aip_sidecar::admin::{self, Admin};
 use aip_sidecar::config::Config;
-use aip_sidecar::gate::Gateway;
+use aip_sidecar::gate::{Gateway, GatewayOptions};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 /// Runs `aip` off the runtime's threads (the admin server lives on them).
 async fn aip(args: Vec<String>) -> std::process::Output {
-    tokio::task::spawn_blocking(move || {
-        Command::new(env!("CARGO_BIN_EXE_aip"))
-            .args(&args)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap()
+    tokio::task::spawn_blocking(move || Command::new(aip_binary()).args(&args).output().unwrap())
+        .await
+        .unwrap()
+}
+
+fn aip_binary() -> std::path::PathBuf {
+    let bin = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/aip");
+    assert!(bin.exists(), "build the workspace first (make build)");
+    bin
 }
 
 fn args(words: &[&str], target: &[String]) -> Vec<String> {
@@ -37,8 +39,9 @@ fn args(words: &[&str], target: &[String]) -> Vec<String> {
 async fn list_approve_and_deny_through_the_admin_port() {
     let shutdown = CancellationToken::new();
     let (_tx, config) = tokio::sync::watch::channel(Arc::new(Config::empty()));
-    let approvals = aip_sidecar::approvals::LocalApprovals::new();
-    let gateway = Gateway::with_approvals(config, approvals.clone(), shutdown.clone());
+    let audit = aip_sidecar::audit::Audit::new(Box::new(std::io::sink()));
+    let gateway = Gateway::new(config, audit, GatewayOptions::default(), shutdown.clone());
+    let approvals = gateway.approvals.clone();
     let admin = Arc::new(Admin {
         gateway,
         approval_token: Some(secrecy::SecretString::from("t0ken".to_owned())),

@@ -22,15 +22,12 @@ use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Value, json};
 use tokio::sync::{Mutex, Notify, watch};
 
-use super::failure::{Failure, insufficient_scope};
-use super::listen::StreamState;
-use super::{Related, sse};
-use crate::config::{Connection, Endpoint};
+use crate::connection::{Connection, Endpoint};
+use crate::failure::{Failure, insufficient_scope};
 use crate::jsonrpc::{self, Limits};
+use crate::protocol::{ACCEPTED_VERSIONS, Exchange, PROTOCOL_VERSION, Related};
+use crate::sse;
 
-/// The protocol version the gateway asks for, and those it accepts back.
-pub const PROTOCOL_VERSION: &str = "2025-11-25";
-pub const ACCEPTED_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26"];
 /// How long a best-effort cancellation of an abandoned request may take.
 const CANCEL_DEADLINE: Duration = Duration::from_millis(500);
 /// How many tools/list pages a health check follows.
@@ -51,12 +48,15 @@ impl Session {
     }
 }
 
-/// What came back for a request.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Exchange {
-    pub response: Value,
-    /// The session that carried the exchange.
-    pub session_id: Option<String>,
+/// The standalone stream as `/connections` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamState {
+    /// No session yet, or between reconnects.
+    Closed,
+    Open,
+    /// The server offers none for the current session (e.g. 405).
+    Unsupported,
 }
 
 pub struct HttpUpstream {
@@ -134,7 +134,7 @@ impl HttpUpstream {
         }
         if let (Err(failure), Some(session)) = (&outcome, &used) {
             let stale_session = *failure == Failure::HttpStatus(404) && session.id.is_some();
-            if failure.session_effect() == super::failure::SessionEffect::Discard || stale_session {
+            if failure.session_effect() == crate::failure::SessionEffect::Discard || stale_session {
                 self.discard(session).await;
             }
         }
@@ -174,7 +174,7 @@ impl HttpUpstream {
             let session = self.initialize().await?;
             self.cache(&mut *self.session.lock().await, &session);
             // Follow nextCursor: a paginated catalog is listed whole.
-            super::list_all_tools(|mut list| {
+            crate::protocol::list_all_tools(|mut list| {
                 list["id"] = json!(self.fresh_id("list"));
                 let session = &session;
                 async move { self.exchange(session, &list, None).await }
@@ -248,7 +248,7 @@ impl HttpUpstream {
     }
 
     async fn initialize(&self) -> Result<Session, Failure> {
-        let capabilities = super::client_capabilities(&self.connection);
+        let capabilities = crate::protocol::client_capabilities(&self.connection);
         let init = json!({
             "jsonrpc": "2.0", "id": self.fresh_id("init"), "method": "initialize",
             "params": {
@@ -391,7 +391,7 @@ impl HttpUpstream {
                         return check_response(message);
                     }
                     if message.get("method").and_then(Value::as_str)
-                        == Some(super::TOOLS_LIST_CHANGED)
+                        == Some(crate::protocol::TOOLS_LIST_CHANGED)
                     {
                         self.list_changed.notify_one();
                         continue;
@@ -648,13 +648,4 @@ fn check_response(message: Value) -> Result<Value, Failure> {
             "the response has no valid result or error".into(),
         )),
     }
-}
-
-/// The tools of a tools/list response.
-pub fn tools_of(response: &Value) -> Result<Vec<Value>, Failure> {
-    response
-        .pointer("/result/tools")
-        .and_then(Value::as_array)
-        .cloned()
-        .ok_or_else(|| Failure::Malformed("tools/list result has no tools array".into()))
 }

@@ -16,20 +16,10 @@ use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::http::{HttpUpstream, Session};
-use super::{TOOLS_LIST_CHANGED, sse};
+use crate::http::{HttpUpstream, Session, StreamState};
 use crate::jsonrpc::{self, Limits};
-
-/// The standalone stream as `/connections` shows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StreamState {
-    /// No session yet, or between reconnects.
-    Closed,
-    Open,
-    /// The server offers none for the current session (e.g. 405).
-    Unsupported,
-}
+use crate::protocol::TOOLS_LIST_CHANGED;
+use crate::sse;
 
 /// The longest wait between reconnects of a failing stream.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);

@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use aip_sidecar::jsonrpc::{Kind, Limits, Refusal, parse};
+use aip_mcp::jsonrpc::{Kind, Limits, Refusal, parse};
 use serde_json::{Value, json};
 
 fn refuse(text: &str) -> (i64, Option<Value>, Refusal) {

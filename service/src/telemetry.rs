@@ -1,8 +1,6 @@
-//! `aip-runtime`: what every long-running aip binary shares — diagnostics on
-//! stderr (text, or JSON for log pipelines; never ANSI colours in a pipe)
-//! and a shutdown token cancelled by SIGTERM or SIGINT.
-
-#![forbid(unsafe_code)]
+//! Diagnostics on stderr (text, or JSON for log pipelines; never ANSI
+//! colours in a pipe), trace spans over OTLP when asked, and a shutdown
+//! token cancelled by SIGTERM or SIGINT.
 
 use tokio_util::sync::CancellationToken;
 

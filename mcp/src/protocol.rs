@@ -1,0 +1,123 @@
+//! The parts of MCP every transport shares: protocol versions, the
+//! client capabilities a connection offers, what one exchange returns, and
+//! listing a server's tools page by page.
+
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use crate::connection::Connection;
+use crate::failure::Failure;
+
+/// The protocol version the gateway asks for, and those it accepts back.
+pub const PROTOCOL_VERSION: &str = "2025-11-25";
+pub const ACCEPTED_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26"];
+
+/// What came back for a request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Exchange {
+    pub response: Value,
+    /// The session that carried the exchange.
+    pub session_id: Option<String>,
+}
+
+/// Every method MCP defines, in either direction (both protocol eras): a
+/// gateway refuses other spellings of these rather than let a lenient
+/// server read them as the method the policy saw.
+pub const METHODS: &[&str] = &[
+    "initialize",
+    "ping",
+    "tools/list",
+    "tools/call",
+    "prompts/list",
+    "prompts/get",
+    "resources/list",
+    "resources/read",
+    "resources/templates/list",
+    "resources/subscribe",
+    "resources/unsubscribe",
+    "logging/setLevel",
+    "completion/complete",
+    "sampling/createMessage",
+    "elicitation/create",
+    "roots/list",
+    "tasks/get",
+    "tasks/list",
+    "tasks/result",
+    "tasks/cancel",
+    "tasks/update",
+    "server/discover",
+    "subscriptions/listen",
+    "notifications/initialized",
+    "notifications/cancelled",
+    "notifications/progress",
+    "notifications/message",
+    "notifications/roots/list_changed",
+    "notifications/tools/list_changed",
+    "notifications/prompts/list_changed",
+    "notifications/resources/list_changed",
+    "notifications/resources/updated",
+    "notifications/elicitation/complete",
+    "notifications/tasks/status",
+];
+
+/// What a server sends when its tool list changed: the catalog is
+/// refreshed at once rather than at the next interval.
+pub const TOOLS_LIST_CHANGED: &str = "notifications/tools/list_changed";
+
+/// Where the server messages related to one request go.
+pub type Related = mpsc::UnboundedSender<Value>;
+
+/// The client capabilities a connection offers its server: none unless it
+/// opts in.
+pub fn client_capabilities(connection: &Connection) -> Value {
+    let c = connection.capabilities;
+    let mut caps = serde_json::Map::new();
+    if c.sampling {
+        caps.insert("sampling".into(), json!({}));
+    }
+    if c.elicitation {
+        caps.insert("elicitation".into(), json!({}));
+    }
+    if c.roots {
+        caps.insert("roots".into(), json!({"listChanged": false}));
+    }
+    Value::Object(caps)
+}
+
+/// A server that never stops paging cannot stall a health check.
+const MAX_LIST_PAGES: usize = 64;
+
+/// Lists every page of a server's tools/list: `send` makes one exchange of
+/// the request it is given (which still needs an id).
+pub(crate) async fn list_all_tools<F, Fut>(mut send: F) -> Result<Vec<Value>, Failure>
+where
+    F: FnMut(Value) -> Fut,
+    Fut: Future<Output = Result<Exchange, Failure>>,
+{
+    let mut tools = Vec::new();
+    let mut cursor: Option<Value> = None;
+    for _ in 0..MAX_LIST_PAGES {
+        let mut list = json!({"jsonrpc": "2.0", "method": "tools/list"});
+        if let Some(c) = cursor.take() {
+            list["params"] = json!({ "cursor": c });
+        }
+        let exchange = send(list).await?;
+        tools.extend(tools_of(&exchange.response)?);
+        match exchange.response.pointer("/result/nextCursor") {
+            Some(Value::String(next)) if !next.is_empty() => cursor = Some(json!(next)),
+            _ => return Ok(tools),
+        }
+    }
+    Err(Failure::Malformed(format!(
+        "tools/list did not end within {MAX_LIST_PAGES} pages"
+    )))
+}
+
+/// The tools of a tools/list response.
+pub fn tools_of(response: &Value) -> Result<Vec<Value>, Failure> {
+    response
+        .pointer("/result/tools")
+        .and_then(Value::as_array)
+        .cloned()
+        .ok_or_else(|| Failure::Malformed("tools/list result has no tools array".into()))
+}

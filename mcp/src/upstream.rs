@@ -1,0 +1,88 @@
+//! One connection's client, whichever transport its server speaks.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::connection::{Connection, Endpoint};
+use crate::failure::Failure;
+use crate::http::HttpUpstream;
+use crate::protocol::{Exchange, Related};
+use crate::stdio::StdioUpstream;
+
+/// One connection's client, whichever transport its server speaks.
+#[allow(clippy::large_enum_variant)] // one per connection: boxing would buy nothing
+pub enum Upstream {
+    Http(HttpUpstream),
+    Stdio(StdioUpstream),
+}
+
+impl Upstream {
+    pub fn new(connection: Arc<Connection>) -> Result<Upstream, String> {
+        Ok(match connection.endpoint {
+            Endpoint::Http { .. } => Upstream::Http(HttpUpstream::new(connection)?),
+            Endpoint::Stdio { .. } => Upstream::Stdio(StdioUpstream::new(connection)?),
+        })
+    }
+
+    pub fn connection(&self) -> &Connection {
+        match self {
+            Upstream::Http(u) => u.connection(),
+            Upstream::Stdio(u) => u.connection(),
+        }
+    }
+
+    /// Sends one request and returns its response; never re-sent. What the
+    /// server says about it meanwhile is dropped.
+    pub async fn request(&self, message: &Value) -> Result<Exchange, Failure> {
+        self.request_related(message, None).await
+    }
+
+    /// Sends one request and returns its response; never re-sent. Server
+    /// messages that belong to it and arrive before the response (its
+    /// progress and logging notifications, requests the server makes of the
+    /// client while working on it) go to `related`, in arrival order.
+    pub async fn request_related(
+        &self,
+        message: &Value,
+        related: Option<&Related>,
+    ) -> Result<Exchange, Failure> {
+        match self {
+            Upstream::Http(u) => u.request(message, related).await,
+            Upstream::Stdio(u) => u.request(message, related).await,
+        }
+    }
+
+    /// Sends a notification, or a reply to a request the server made.
+    pub async fn notify(&self, message: &Value) -> Result<(), Failure> {
+        match self {
+            Upstream::Http(u) => u.notify(message).await,
+            Upstream::Stdio(u) => u.notify(message).await,
+        }
+    }
+
+    /// Lets go of the server at shutdown: a stdio server is stopped and
+    /// waited for; an HTTP session is ended with DELETE.
+    pub async fn close(&self) {
+        match self {
+            Upstream::Http(u) => u.close().await,
+            Upstream::Stdio(u) => u.close().await,
+        }
+    }
+
+    /// Signalled when the server says its tool list changed.
+    pub fn list_changed(&self) -> &tokio::sync::Notify {
+        match self {
+            Upstream::Http(u) => u.list_changed(),
+            Upstream::Stdio(u) => u.list_changed(),
+        }
+    }
+
+    /// Lists the server's tools (all pages) within the health deadline.
+    pub async fn health_check(&self) -> Result<Vec<Value>, Failure> {
+        match self {
+            Upstream::Http(u) => u.health_check().await,
+            Upstream::Stdio(u) => u.health_check().await,
+        }
+    }
+}

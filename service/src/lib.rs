@@ -1,0 +1,16 @@
+//! `aip-service`: what every long-running aip binary shares — diagnostics
+//! and trace export, shutdown on SIGTERM/SIGINT, the one HTTP/1 accept loop
+//! (bounded: a connection cap, a header deadline, accept errors that never
+//! end the process), a lock that survives a panicked holder, and a sleep
+//! until an optional deadline.
+//!
+//! Nothing here knows about MCP, policy or Kubernetes.
+
+pub mod serve;
+pub mod sync;
+pub mod telemetry;
+pub mod time;
+
+pub use telemetry::{
+    LogFormat, TRACE_TARGET, Telemetry, cancel_on_signal, init_telemetry, init_tracing,
+};

@@ -1,0 +1,195 @@
+//! The configuration stream: each snapshot the operator sends becomes the
+//! gateway's Config (validated and compiled here; the sidecar trusts no one
+//! to have done it), the last good one is kept while the stream is down
+//! (optionally only for a bounded time, then every call is refused), and
+//! each snapshot applied or refused is reported.
+
+use std::sync::Arc;
+
+use aip_proto::v1::config_client::ConfigClient;
+use aip_proto::v1::{self, WatchRequest};
+use aip_service::time::sleep_until;
+use secrecy::SecretString;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+use super::report::{EvidenceFn, report};
+use super::snapshot::from_snapshot;
+use super::{
+    Always, Backoff, OperatorApprovals, OperatorSource, Retry, authorize, channel, read_token,
+};
+use crate::config::Config;
+
+/// How often the connections' evidence is reported while nothing changes.
+const REPORT_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// What the source publishes.
+pub struct Watched {
+    pub config: watch::Receiver<Arc<Config>>,
+    /// The snapshot version in force (0: none yet).
+    pub version: watch::Receiver<u64>,
+    /// Asks go to the operator, which makes ApprovalRequests of them.
+    pub approvals: Arc<OperatorApprovals>,
+}
+
+/// Starts following the operator. Until the first snapshot arrives the
+/// configuration is empty: every tool call is blocked.
+pub fn watch(
+    source: OperatorSource,
+    evidence: watch::Receiver<Option<EvidenceFn>>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<Watched> {
+    let channel = channel(&source)?;
+    let (config_tx, config) = watch::channel(Arc::new(Config::empty()));
+    let (version_tx, version) = watch::channel(0u64);
+    let instance = format!("{:032x}", rand::random::<u128>());
+    let approvals = Arc::new(OperatorApprovals {
+        client: ConfigClient::new(channel.clone()),
+        token_file: source.token_file.clone(),
+        instance: instance.clone(),
+    });
+    let follower = Follower {
+        source,
+        instance,
+        client: ConfigClient::new(channel),
+        config: config_tx,
+        version: version_tx,
+        evidence,
+        shutdown,
+    };
+    tokio::spawn(follower.run());
+    Ok(Watched {
+        config,
+        version,
+        approvals,
+    })
+}
+
+struct Follower {
+    source: OperatorSource,
+    /// This process's instance id (see WatchRequest.sidecar_instance).
+    instance: String,
+    client: ConfigClient<Channel>,
+    config: watch::Sender<Arc<Config>>,
+    version: watch::Sender<u64>,
+    evidence: watch::Receiver<Option<EvidenceFn>>,
+    shutdown: CancellationToken,
+}
+
+impl Follower {
+    async fn run(mut self) {
+        let mut backoff = Backoff::new();
+        // The moment the operator last sent a snapshot.
+        let mut last_contact: Option<Instant> = None;
+        loop {
+            let before = last_contact;
+            let code = match self.follow(&mut last_contact).await {
+                Ok(()) => return,
+                Err(e) => {
+                    tracing::warn!(error = %e.message(), retry_ms = backoff.peek().as_millis() as u64, "configuration stream from the operator lost; keeping the last configuration");
+                    e.code()
+                }
+            };
+            if last_contact != before {
+                // The stream worked for a while: start backing off afresh.
+                backoff.reset();
+            }
+            if !Always.worth_retrying(code) {
+                return;
+            }
+            let wait = tokio::time::sleep(backoff.next_wait());
+            tokio::pin!(wait);
+            loop {
+                // Only a configuration that still allows something can go stale.
+                let stale_at = match (self.source.max_staleness, last_contact) {
+                    (Some(max), Some(at)) if self.config.borrow().policy.is_some() => {
+                        Some(at + max)
+                    }
+                    _ => None,
+                };
+                tokio::select! {
+                    () = &mut wait => break,
+                    () = sleep_until(stale_at) => self.fail_closed(),
+                    () = self.shutdown.cancelled() => return,
+                }
+            }
+        }
+    }
+
+    /// Refuses everything once the last configuration is too old to trust.
+    fn fail_closed(&mut self) {
+        tracing::error!(
+            "the operator has been away longer than --max-staleness; every tool call is refused until it is back"
+        );
+        self.config.send_replace(Arc::new(Config::empty()));
+        self.version.send_replace(0);
+    }
+
+    /// One Watch stream, until it ends. Ok only on shutdown.
+    async fn follow(&mut self, last_contact: &mut Option<Instant>) -> Result<(), tonic::Status> {
+        let token = self.token()?;
+        let mut request = tonic::Request::new(WatchRequest {
+            sidecar_version: env!("CARGO_PKG_VERSION").to_owned(),
+            applied_version: *self.version.borrow(),
+            sidecar_instance: self.instance.clone(),
+        });
+        authorize(&mut request, &token)?;
+        let mut stream = tokio::select! {
+            r = self.client.watch(request) => r?.into_inner(),
+            () = self.shutdown.cancelled() => return Ok(()),
+        };
+        let mut report_tick = tokio::time::interval(REPORT_EVERY);
+        report_tick.reset();
+        loop {
+            let message = tokio::select! {
+                m = stream.message() => m?,
+                _ = report_tick.tick() => { self.report(&token, String::new()).await; continue; }
+                () = self.shutdown.cancelled() => return Ok(()),
+            };
+            let Some(snapshot) = message else {
+                return Err(tonic::Status::unavailable("the operator ended the stream"));
+            };
+            *last_contact = Some(Instant::now());
+            let refused = match self.apply(&snapshot) {
+                Ok(()) => String::new(),
+                Err(e) => {
+                    tracing::error!(version = snapshot.version, error = %e, "configuration from the operator refused; keeping the previous one");
+                    e
+                }
+            };
+            self.report(&token, refused).await;
+        }
+    }
+
+    fn token(&self) -> Result<SecretString, tonic::Status> {
+        read_token(&self.source.token_file)
+    }
+
+    fn apply(&mut self, snapshot: &v1::Snapshot) -> Result<(), String> {
+        let previous = self.config.borrow().clone();
+        let config = from_snapshot(snapshot, &previous)?;
+        self.config.send_replace(Arc::new(config));
+        self.version.send_replace(snapshot.version);
+        Ok(())
+    }
+
+    async fn report(&mut self, token: &SecretString, refused_reason: String) {
+        let connections = self
+            .evidence
+            .borrow()
+            .as_ref()
+            .map(|f| f())
+            .unwrap_or_default();
+        let applied = *self.version.borrow();
+        report(
+            &mut self.client,
+            token,
+            applied,
+            refused_reason,
+            connections,
+        )
+        .await;
+    }
+}

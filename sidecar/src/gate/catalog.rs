@@ -1,0 +1,157 @@
+//! Where each agent-facing name leads: the tools of every connection's last
+//! catalog under their agent-facing names (`{prefix}{name}`), with the
+//! normalized names more than one tool claims (hidden and refused: which one
+//! a caller meant is unknowable), and the prompts and resources the last
+//! listings found.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use aip_policy::normalize_name;
+use aip_service::sync::lock;
+use serde_json::Value;
+
+use super::connections::Connections;
+use crate::upstream::health::ConnectionState;
+
+/// The routing index of one version of the catalogs, shared by the calls
+/// made while it is current.
+pub(super) struct Catalog {
+    /// The `Connections::listing` count it was built at.
+    version: u64,
+    pub entries: Vec<CatalogEntry>,
+    by_name: HashMap<String, usize>,
+    ambiguous: HashSet<String>,
+}
+
+pub(super) struct CatalogEntry {
+    pub agent_name: String,
+    pub connection: Arc<ConnectionState>,
+    /// The upstream's definition, name byte-identical to its tools/list.
+    pub definition: Value,
+}
+
+/// A tool as the agent sees it, and where it really lives.
+pub(super) struct Route {
+    pub connection: Arc<ConnectionState>,
+    pub upstream_name: String,
+}
+
+impl CatalogEntry {
+    pub fn upstream_name(&self) -> &str {
+        self.definition
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    }
+}
+
+impl Catalog {
+    /// Finds the one tool whose agent-facing name is exactly `name`.
+    pub fn route(&self, name: &str) -> Option<Route> {
+        let entry = &self.entries[*self.by_name.get(name)?];
+        if self.is_ambiguous(name) {
+            return None;
+        }
+        Some(Route {
+            upstream_name: entry.upstream_name().to_owned(),
+            connection: entry.connection.clone(),
+        })
+    }
+
+    pub fn is_ambiguous(&self, agent_name: &str) -> bool {
+        !self.ambiguous.is_empty() && self.ambiguous.contains(normalize_name(agent_name).as_ref())
+    }
+
+    /// Tools hidden because their agent-facing names collide after
+    /// normalization: (connection, agent-facing name).
+    pub fn colliding(&self) -> Vec<(String, String)> {
+        self.entries
+            .iter()
+            .filter(|e| self.is_ambiguous(&e.agent_name))
+            .map(|e| (e.connection.connection().name.clone(), e.agent_name.clone()))
+            .collect()
+    }
+
+    fn build(version: u64, connections: &[Arc<ConnectionState>]) -> Catalog {
+        let mut entries = Vec::new();
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        for state in connections {
+            let prefix = &state.connection().tool_prefix;
+            for definition in state.catalog().iter() {
+                let Some(name) = definition.get("name").and_then(Value::as_str) else {
+                    continue;
+                };
+                let agent_name = format!("{prefix}{name}");
+                *seen
+                    .entry(normalize_name(&agent_name).into_owned())
+                    .or_default() += 1;
+                entries.push(CatalogEntry {
+                    agent_name,
+                    connection: state.clone(),
+                    definition: definition.clone(),
+                });
+            }
+        }
+        let ambiguous: HashSet<String> = seen
+            .into_iter()
+            .filter(|(_, n)| *n > 1)
+            .map(|(k, _)| k)
+            .collect();
+        let by_name = entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (e.agent_name.clone(), i))
+            .collect();
+        let catalog = Catalog {
+            version,
+            entries,
+            by_name,
+            ambiguous,
+        };
+        for entry in &catalog.entries {
+            if catalog.is_ambiguous(&entry.agent_name) {
+                tracing::warn!(
+                    connection = %entry.connection.connection().name,
+                    tool = %entry.agent_name,
+                    "tool hidden: its name collides with another after normalization"
+                );
+            }
+        }
+        catalog
+    }
+}
+
+/// The gateway's routing state.
+#[derive(Default)]
+pub(super) struct Routes {
+    index: Mutex<Option<Arc<Catalog>>>,
+    /// Agent-facing prompt name -> (connection, upstream name), as last listed.
+    pub prompts: Mutex<HashMap<String, (Arc<ConnectionState>, String)>>,
+    /// Resource URI -> connection, as last listed.
+    pub resources: Mutex<HashMap<String, Arc<ConnectionState>>>,
+}
+
+impl Routes {
+    /// The routing index of the current catalogs: reused while nothing an
+    /// agent's tool list depends on has changed, rebuilt (once) when it has.
+    pub fn catalog(&self, connections: &Connections) -> Arc<Catalog> {
+        // Read the count before the catalogs: a change while building
+        // leaves a newer count, and the next caller rebuilds.
+        let version = *connections.listing.borrow();
+        let mut index = lock(&self.index);
+        if let Some(current) = index.as_ref().filter(|c| c.version == version) {
+            return current.clone();
+        }
+        let built = Arc::new(Catalog::build(version, &connections.all()));
+        *index = Some(built.clone());
+        built
+    }
+
+    /// Forgets every route to `state` (a reload removed it).
+    pub fn forget(&self, state: &Arc<ConnectionState>) {
+        *lock(&self.index) = None;
+        lock(&self.prompts).retain(|_, (c, _)| !Arc::ptr_eq(c, state));
+        lock(&self.resources).retain(|_, c| !Arc::ptr_eq(c, state));
+    }
+}

@@ -1,0 +1,135 @@
+//! The gateway's live connections: one state per configured connection,
+//! kept across reloads while its configuration is unchanged (session,
+//! catalog, stdio process), started afresh when it changes, and closed once
+//! nothing uses it when a reload removes it.
+
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use aip_service::sync::{lock, read, write};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::upstream::health::{ConnectionState, HealthState};
+
+pub(super) struct Connections {
+    /// The current states, in configuration order (what calls route to).
+    live: RwLock<Vec<Arc<ConnectionState>>>,
+    /// Each state with the token that stops its health checker and listener.
+    running: Mutex<Vec<(Arc<ConnectionState>, CancellationToken)>>,
+    /// Bumped by the connections (and by every rebuild) when what agents'
+    /// tool lists depend on changes.
+    pub listing: Arc<watch::Sender<u64>>,
+    /// Counts the configurations applied, for whatever must wait for a
+    /// reload to take effect.
+    pub applied: watch::Sender<u64>,
+    /// Bumped each time a connection a reload removed has been closed.
+    pub retired: Arc<watch::Sender<u64>>,
+}
+
+impl Connections {
+    pub(super) fn new() -> Connections {
+        Connections {
+            live: RwLock::new(Vec::new()),
+            running: Mutex::new(Vec::new()),
+            listing: Arc::new(watch::Sender::new(0)),
+            applied: watch::Sender::new(0),
+            retired: Arc::new(watch::Sender::new(0)),
+        }
+    }
+
+    pub(super) fn all(&self) -> Vec<Arc<ConnectionState>> {
+        read(&self.live).clone()
+    }
+
+    /// Makes the live set match `config`; returns the states it let go of
+    /// (for the caller to forget their routes, then [`Connections::retire`]).
+    pub(super) fn rebuild(
+        &self,
+        config: &Config,
+        shutdown: &CancellationToken,
+    ) -> Vec<Arc<ConnectionState>> {
+        let mut running = lock(&self.running);
+        let mut old = std::mem::take(&mut *running);
+        for connection in &config.connections {
+            if let Some(i) = old
+                .iter()
+                .position(|(s, _)| s.connection().same_as(connection))
+            {
+                running.push(old.swap_remove(i));
+                continue;
+            }
+            match ConnectionState::new(connection.clone(), self.listing.clone()) {
+                Ok(state) => {
+                    let state = Arc::new(state);
+                    let stop = shutdown.child_token();
+                    tokio::spawn(state.clone().run_checks(stop.clone()));
+                    tokio::spawn(state.clone().listen(stop.clone()));
+                    running.push((state, stop));
+                }
+                Err(e) => {
+                    tracing::error!(connection = %connection.name, error = %e, "connection not started")
+                }
+            }
+        }
+        *write(&self.live) = running.iter().map(|(state, _)| state.clone()).collect();
+        drop(running);
+        self.listing.send_modify(|n| *n += 1);
+        old.into_iter()
+            .map(|(state, stop)| {
+                stop.cancel();
+                state
+            })
+            .collect()
+    }
+
+    /// Closes a connection a reload removed once its requests in flight are
+    /// done (an HTTP session ended with DELETE, a stdio server stopped).
+    pub(super) fn retire(&self, state: Arc<ConnectionState>) {
+        let retired = self.retired.clone();
+        tokio::spawn(async move {
+            state.idle().await;
+            state.upstream.close().await;
+            retired.send_modify(|n| *n += 1);
+        });
+    }
+
+    /// Stops every health checker and closes every upstream (stdio servers
+    /// are asked to exit and waited for), all at once.
+    pub(super) async fn close_all(&self) {
+        let closing = std::mem::take(&mut *lock(&self.running));
+        write(&self.live).clear();
+        let mut tasks = tokio::task::JoinSet::new();
+        for (state, stop) in closing {
+            stop.cancel();
+            tasks.spawn(async move { state.upstream.close().await });
+        }
+        tasks.join_all().await;
+    }
+
+    /// Waits (at most each connection's health deadline) until every
+    /// connection has finished its first health check, so that an agent
+    /// that asks at once is not told of an empty catalog.
+    pub(super) async fn settled(&self) {
+        let unchecked: Vec<_> = read(&self.live)
+            .iter()
+            .filter(|c| c.state() == HealthState::Unchecked)
+            .cloned()
+            .collect();
+        if unchecked.is_empty() {
+            return;
+        }
+        let longest = unchecked
+            .iter()
+            .map(|c| c.connection().health_deadline)
+            .max()
+            .unwrap_or_default();
+        let deadline = tokio::time::Instant::now() + longest + Duration::from_millis(100);
+        for state in unchecked {
+            let mut watch = state.subscribe();
+            let first = watch.wait_for(|s| *s != HealthState::Unchecked);
+            let _ = tokio::time::timeout_at(deadline, first).await;
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! What the agent is shown: the tool list as the policy lets it see it
+//! (hidden tools left out, `ask` tools marked), the gateway's own answers,
+//! and DLP over everything relayed to it.
+
+use std::time::SystemTime;
+
+use aip_policy::{Decision, DlpRecord, Evaluator, Listing, Request, codes};
+use serde_json::{Map, Value, json};
+
+use super::catalog::Catalog;
+use crate::audit::Audit;
+
+/// Protocol versions the gateway speaks to agents, newest first.
+pub const AGENT_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26"];
+
+/// What an `ask` tool's description starts with in listings.
+const ASK_MARK: &str = "[requires human approval]";
+
+/// Every listable connection's tools, filtered by policy.
+pub(super) fn tools_list(catalog: &Catalog, evaluator: &Evaluator) -> Value {
+    let mut listed: Vec<Value> = Vec::new();
+    for entry in &catalog.entries {
+        let (agent_name, connection) = (&entry.agent_name, &entry.connection);
+        if catalog.is_ambiguous(agent_name)
+            || !connection.health().state.listable()
+            || connection.gate(entry.upstream_name()).is_some()
+        {
+            continue;
+        }
+        let mut definition = entry.definition.clone();
+        match evaluator.listing(agent_name) {
+            Listing::Hidden => continue,
+            Listing::Ask => mark_ask(&mut definition),
+            Listing::Listed => {}
+        }
+        definition["name"] = json!(agent_name);
+        listed.push(definition);
+    }
+    json!({ "tools": listed })
+}
+
+/// Marks a tool whose every call waits for a person.
+fn mark_ask(definition: &mut Value) {
+    let description = definition
+        .get("description")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    definition["description"] = json!(format!("{ASK_MARK} {description}").trim_end().to_owned());
+}
+
+/// The gateway's answer to `initialize`: the version asked for when it
+/// speaks it (else its newest), and the capabilities the policy leaves.
+pub(super) fn initialize(params: Option<&Value>, evaluator: &Evaluator) -> Value {
+    let requested = params
+        .and_then(|p| p.get("protocolVersion"))
+        .and_then(Value::as_str);
+    let version = AGENT_VERSIONS
+        .iter()
+        .find(|v| Some(**v) == requested)
+        .unwrap_or(&AGENT_VERSIONS[0]);
+    let mut capabilities = json!({"tools": {"listChanged": true}});
+    // Resources and prompts are offered only where the policy's methods
+    // allow listing them.
+    if method_allowed(evaluator, "prompts/list") {
+        capabilities["prompts"] = json!({"listChanged": false});
+    }
+    if method_allowed(evaluator, "resources/list") {
+        capabilities["resources"] = json!({"listChanged": false});
+    }
+    json!({
+        "protocolVersion": version,
+        "capabilities": capabilities,
+        "serverInfo": {"name": "aip-sidecar", "version": env!("CARGO_PKG_VERSION")},
+    })
+}
+
+fn method_allowed(evaluator: &Evaluator, method: &str) -> bool {
+    let request = Request {
+        id: None,
+        method,
+        params: None,
+    };
+    evaluator.evaluate(&request).decision == Decision::Allow
+}
+
+/// DLP over everything an agent reads of a tool's response: result
+/// content, structured content, embedded resources, and an upstream error's
+/// message and data. Each finding is audited.
+pub(super) fn redact_tool_response(
+    response: &mut Value,
+    evaluator: &Evaluator,
+    tool: &str,
+    audit: &Audit,
+) {
+    let Some(redactor) = evaluator.redactor() else {
+        return;
+    };
+    let mut events = Vec::new();
+    if let Some(result) = response.get_mut("result") {
+        events = redactor.redact_tool_result(result);
+    }
+    if let Some(error) = response.get_mut("error").and_then(Value::as_object_mut) {
+        for key in ["message", "data"] {
+            if let Some(v) = error.get_mut(key) {
+                redactor.redact_strings(v, &mut events);
+            }
+        }
+    }
+    for line in DlpRecord::for_events(&events, Some(tool), SystemTime::now()) {
+        audit.record(&line);
+    }
+}
+
+/// DLP over every string of a value (prompt messages, resource contents,
+/// listings).
+pub(super) fn redact_all(value: &mut Value, evaluator: &Evaluator) {
+    if let Some(r) = evaluator.redactor() {
+        r.redact_strings(value, &mut Vec::new());
+    }
+}
+
+pub(super) fn result(id: &Value, result: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "result": result})
+}
+
+pub(super) fn error(id: Option<&Value>, code: i64, message: &str, data: Option<Value>) -> Value {
+    let mut e = Map::new();
+    e.insert("code".into(), json!(code));
+    e.insert("message".into(), json!(message));
+    if let Some(d) = data {
+        e.insert("data".into(), d);
+    }
+    json!({"jsonrpc": "2.0", "id": id.cloned().unwrap_or(Value::Null), "error": e})
+}
+
+/// The answer to a method the gateway does not serve.
+pub(super) fn method_not_found(id: &Value, method: &str) -> Value {
+    error(
+        Some(id),
+        codes::METHOD_NOT_FOUND,
+        "Method not found",
+        Some(json!({ "method": method })),
+    )
+}
+
+/// An error object (no envelope) for a reply to a server's request.
+pub(super) fn error_object(code: i64, message: &str, data: &str) -> Value {
+    json!({"error": {"code": code, "message": message, "data": data}})
+}

@@ -1,0 +1,141 @@
+//! The command line.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+/// The aip MCP gateway: enforces an AgentPolicy on every message between an
+/// agent and its MCP servers.
+#[derive(Parser)]
+#[command(name = "aip-sidecar", version)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    /// Diagnostics format on stderr.
+    #[arg(long, value_enum, default_value = "text", global = true)]
+    pub log_format: aip_service::LogFormat,
+    /// Export trace spans over OTLP/gRPC to this collector
+    /// (e.g. http://127.0.0.1:4317); none are exported without it.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", global = true)]
+    pub otlp_endpoint: Option<String>,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Serve agents over Streamable HTTP, configured from a local file.
+    Run(RunArgs),
+    /// Serve one agent over stdio (a desktop MCP client), wrapping a stdio
+    /// MCP server: `aip-sidecar stdio --config FILE -- COMMAND ARGS...`
+    Stdio(StdioArgs),
+    /// Validate a `run` configuration file and exit (1 if it is refused).
+    Check {
+        /// The file `run --config` would read.
+        config: PathBuf,
+    },
+}
+
+#[derive(clap::Args)]
+pub struct StdioArgs {
+    /// The configuration: an AgentPolicy and any ToolConnections, as for
+    /// `run --config` (the wrapped command is one more connection).
+    #[arg(long, visible_alias = "policy", value_name = "FILE")]
+    pub config: PathBuf,
+    /// Audit lines go here (default: stderr; stdout is the protocol).
+    #[arg(long, value_name = "FILE")]
+    pub audit: Option<PathBuf>,
+    /// Serve the approval routes here (default: asks wait until they time out).
+    #[arg(long, value_name = "ADDR")]
+    pub admin: Option<String>,
+    /// The bearer token for the approval routes; created (mode 0600) with a
+    /// random token when it does not exist.
+    #[arg(long, value_name = "FILE")]
+    pub approval_token_file: Option<PathBuf>,
+    /// How long an ask waits for a person.
+    #[arg(long, default_value = "300", value_name = "SECONDS")]
+    pub approval_timeout_seconds: u64,
+    /// Offer this client capability to the wrapped server (sampling,
+    /// elicitation, roots); none is offered unless named.
+    #[arg(long = "allow-capability", value_name = "CAPABILITY", value_parser = ["sampling", "elicitation", "roots"])]
+    pub allow_capabilities: Vec<String>,
+    /// How long one call to the wrapped server may take.
+    #[arg(long, default_value = "60", value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub call_timeout_seconds: u64,
+    /// Keep polling this many microseconds after each line written before
+    /// sleeping (trades a little CPU for fewer wake-ups; 0 turns it off).
+    #[arg(
+        long = "busy-poll-us",
+        default_value = "50",
+        value_name = "MICROS",
+        value_parser = clap::value_parser!(u64).range(0..=10_000)
+    )]
+    pub busy_poll_us: u64,
+    /// The stdio MCP server to wrap, after `--`: passed as an argv, never
+    /// split on spaces. Without one, only the file's ToolConnections serve.
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// Standalone mode: multi-document YAML with one AgentPolicy and any
+    /// ToolConnections.
+    #[arg(
+        long,
+        required_unless_present = "operator",
+        conflicts_with = "operator"
+    )]
+    pub config: Option<PathBuf>,
+    /// Kubernetes mode: the operator's gRPC service (https://HOST:PORT).
+    #[arg(long, env = "AIP_OPERATOR_URL", requires = "operator_trust")]
+    pub operator: Option<String>,
+    /// PEM CA bundle that signed the operator's certificate.
+    #[arg(long, env = "AIP_OPERATOR_CA", group = "operator_trust")]
+    pub operator_ca: Option<PathBuf>,
+    /// The same bundle given inline as PEM text (the injected sidecar gets
+    /// it so).
+    #[arg(
+        long,
+        env = "AIP_OPERATOR_CA_PEM",
+        group = "operator_trust",
+        hide_env_values = true
+    )]
+    pub operator_ca_pem: Option<String>,
+    /// Verify the operator's certificate for this name instead of the
+    /// URL's host.
+    #[arg(long, env = "AIP_OPERATOR_SERVER_NAME")]
+    pub operator_server_name: Option<String>,
+    /// The projected service-account token (audience aip.io/sidecar).
+    #[arg(
+        long,
+        env = "AIP_TOKEN_FILE",
+        default_value = "/var/run/secrets/aip.io/serviceaccount/token"
+    )]
+    pub token_file: PathBuf,
+    /// Kubernetes mode: refuse every tool call once the operator has been
+    /// away this long (e.g. 30m). Default: keep the last configuration.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub max_staleness: Option<Duration>,
+    /// Where agents connect (loopback).
+    #[arg(long, default_value = "127.0.0.1:8808")]
+    pub listen: String,
+    /// Health, readiness, connections and approvals.
+    #[arg(long, default_value = "127.0.0.1:8809")]
+    pub admin: String,
+    /// Audit lines go here (default: stdout).
+    #[arg(long)]
+    pub audit: Option<PathBuf>,
+    /// How long an ask waits for a person.
+    #[arg(long, default_value = "300")]
+    pub approval_timeout_seconds: u64,
+    /// The bearer token for the approval routes; created (mode 0600) with a
+    /// random token when it does not exist.
+    #[arg(long)]
+    pub approval_token_file: Option<PathBuf>,
+    /// How often to look for configuration changes.
+    #[arg(long, default_value = "1000")]
+    pub reload_ms: u64,
+    /// How long in-flight calls may take to finish after SIGTERM.
+    #[arg(long, default_value = "10")]
+    pub drain_seconds: u64,
+}

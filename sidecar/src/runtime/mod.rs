@@ -1,0 +1,107 @@
+//! What `main` runs: the command line, the tokio runtime each command wants,
+//! telemetry, and the three commands (`run`, `stdio`, `check`).
+
+pub mod args;
+mod check;
+mod run;
+mod stdio;
+mod token;
+
+use std::io::Write;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::file;
+pub use args::{Cli, Command};
+
+/// Runs the command `cli` names and says how the process should exit.
+pub fn main(cli: Cli) -> ExitCode {
+    if let Command::Check { config } = &cli.command {
+        aip_service::init_tracing(cli.log_format, "info");
+        return check::check(config);
+    }
+    // The HTTP gateway uses every core; one stdio agent is served on one
+    // thread, which avoids a cross-thread wake-up per message.
+    let is_stdio = matches!(cli.command, Command::Stdio(_));
+    let runtime = if is_stdio {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+    };
+    let runtime = match runtime {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("aip-sidecar: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let outcome = runtime.block_on(async {
+        let endpoint = cli.otlp_endpoint.as_deref();
+        let telemetry =
+            aip_service::init_telemetry(cli.log_format, "info", endpoint, "aip-sidecar")
+                .map_err(anyhow::Error::msg)?;
+        let outcome = match cli.command {
+            Command::Run(args) => run::run(args).await,
+            Command::Stdio(args) => stdio::stdio(args).await,
+            Command::Check { .. } => Ok(()),
+        };
+        // Flushing blocks on the exporter, whose client needs this runtime.
+        let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+        outcome
+    });
+    let code = match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("aip-sidecar: {e:#}");
+            ExitCode::FAILURE
+        }
+    };
+    if is_stdio {
+        // stdin may still hold a blocking read: do not wait for it.
+        let _ = std::io::stderr().flush();
+        std::process::exit(if code == ExitCode::SUCCESS { 0 } else { 1 });
+    }
+    code
+}
+
+/// Follows the configuration file; a first version that cannot be used is
+/// an error (the process must not run on without a policy).
+fn watch_config(
+    path: &Path,
+    poll: Duration,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<file::Watched> {
+    let watched = file::watch(path.to_owned(), poll, shutdown.clone());
+    if let Some(errors) = watched.errors.borrow().as_ref() {
+        let lines: Vec<String> = errors
+            .0
+            .iter()
+            .map(|e| format!("{}: {e}", path.display()))
+            .collect();
+        anyhow::bail!("the configuration cannot be used:\n{}", lines.join("\n"));
+    }
+    Ok(watched)
+}
+
+/// Audit lines go to `path` (appended) or, without one, to `default`.
+fn audit_sink(
+    path: Option<&Path>,
+    default: fn() -> Box<dyn Write + Send>,
+) -> std::io::Result<Box<dyn Write + Send>> {
+    Ok(match path {
+        None => default(),
+        Some(path) => Box::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)?,
+        ),
+    })
+}

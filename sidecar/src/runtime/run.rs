@@ -1,0 +1,107 @@
+//! `aip-sidecar run`: agents over Streamable HTTP, configured from a local
+//! file (standalone) or by the operator (Kubernetes mode).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::args::RunArgs;
+use super::{audit_sink, token, watch_config};
+use crate::admin::{self, Admin};
+use crate::agent::http as agent_http;
+use crate::audit::Audit;
+use crate::control as operator;
+use crate::gate::{Gateway, GatewayOptions};
+
+pub(super) async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let shutdown = CancellationToken::new();
+    let (evidence_tx, evidence) = tokio::sync::watch::channel(None);
+    let kubernetes = args.operator.is_some();
+    let trust = match (&args.operator_ca, &args.operator_ca_pem) {
+        (Some(file), _) => Some(operator::OperatorCa::File(file.clone())),
+        (None, Some(pem)) => Some(operator::OperatorCa::Pem(pem.clone())),
+        (None, None) => None,
+    };
+    let (config, remote_approvals) = match (&args.config, &args.operator, trust) {
+        (Some(path), _, _) => (
+            watch_config(path, Duration::from_millis(args.reload_ms), &shutdown)?.config,
+            None,
+        ),
+        (None, Some(url), Some(ca)) => {
+            let source = operator::OperatorSource {
+                url: url.clone(),
+                ca,
+                server_name: args.operator_server_name.clone(),
+                token_file: args.token_file.clone(),
+                max_staleness: args.max_staleness,
+            };
+            let watched = operator::watch(source, evidence, shutdown.clone())?;
+            (watched.config, Some(watched.approvals))
+        }
+        _ => anyhow::bail!(
+            "give --config FILE, or --operator URL with --operator-ca FILE (or --operator-ca-pem PEM)"
+        ),
+    };
+    let audit = audit_sink(args.audit.as_deref(), || Box::new(std::io::stdout()))?;
+    let options = GatewayOptions {
+        approval_timeout: Duration::from_secs(args.approval_timeout_seconds),
+        ..GatewayOptions::default()
+    };
+    let gateway = Gateway::new(config, Audit::new(audit), options, shutdown.clone());
+    if let Some(remote) = remote_approvals {
+        gateway.approvals.route_to(remote);
+    }
+    let evidence_gateway = gateway.clone();
+    let _ = evidence_tx.send(Some(Arc::new(move || {
+        operator::evidence_of(&evidence_gateway.connections())
+    }) as operator::EvidenceFn));
+    // In Kubernetes mode approvals come only through the API server: the
+    // agent shares this loopback, so no route here may grant anything.
+    let (approval_token, token_note) = if kubernetes {
+        (None, "approvals through Kubernetes".to_owned())
+    } else {
+        let token_file = args
+            .approval_token_file
+            .clone()
+            .unwrap_or_else(token::default_token_file);
+        let token = token::approval_token(&token_file)?;
+        (
+            Some(token),
+            format!("approval token in {}", token_file.display()),
+        )
+    };
+
+    let agent_listener = tokio::net::TcpListener::bind(&args.listen).await?;
+    let admin_listener = tokio::net::TcpListener::bind(&args.admin).await?;
+    eprintln!(
+        "aip-sidecar: agents at http://{}{} ; admin at http://{} ; {token_note}",
+        agent_listener.local_addr()?,
+        agent_http::MCP_PATH,
+        admin_listener.local_addr()?,
+    );
+    tokio::spawn(aip_service::cancel_on_signal(shutdown.clone()));
+    let admin = Arc::new(Admin {
+        gateway: gateway.clone(),
+        approval_token,
+    });
+    tokio::spawn(admin::serve(admin, admin_listener, shutdown.clone()));
+    let tracker = TaskTracker::new();
+    agent_http::serve(
+        gateway.clone(),
+        agent_listener,
+        shutdown.clone(),
+        tracker.clone(),
+    )
+    .await?;
+    tracker.close();
+    if tokio::time::timeout(Duration::from_secs(args.drain_seconds), tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("in-flight calls did not finish within the drain bound");
+    }
+    gateway.close_connections().await;
+    Ok(())
+}
