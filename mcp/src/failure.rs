@@ -1,5 +1,5 @@
 //! How an upstream call can fail, and what each failure means (the failure
-//! table of reference/connection-health.md). A failure belongs to the call
+//! table in docs/sidecar.md, "Upstreams and connection health"). A failure belongs to the call
 //! that saw it: only credential evidence touches the whole connection.
 
 use serde_json::{Value, json};
@@ -27,6 +27,9 @@ pub enum Failure {
     Forbidden { scope: Option<String> },
     /// 401/403 while initializing: the credential itself is bad.
     InitAuthFailed(u16),
+    /// 401/403 to a health check's tools/list: the credential cannot even
+    /// list the tools.
+    CheckAuthFailed(u16),
     /// Any other failure while initializing.
     InitFailed(Box<Failure>),
     /// A credential could not be resolved: nothing was sent.
@@ -60,9 +63,10 @@ impl Failure {
             Failure::HttpStatus(_) => "upstream_http_error",
             Failure::Malformed(_) => "upstream_malformed",
             Failure::TooLarge { .. } => "upstream_too_large",
-            Failure::AuthFailed | Failure::InitAuthFailed(_) | Failure::CredentialsMissing(_) => {
-                "upstream_auth_failed"
-            }
+            Failure::AuthFailed
+            | Failure::InitAuthFailed(_)
+            | Failure::CheckAuthFailed(_)
+            | Failure::CredentialsMissing(_) => "upstream_auth_failed",
             Failure::Forbidden { .. } => "upstream_forbidden",
             Failure::InitFailed(inner) => inner.reason(),
         }
@@ -79,6 +83,7 @@ impl Failure {
             Failure::AuthFailed => "auth",
             Failure::Forbidden { .. } => "forbidden",
             Failure::InitAuthFailed(_) => "init_auth",
+            Failure::CheckAuthFailed(_) => "check_auth",
             Failure::InitFailed(_) => "init",
             Failure::CredentialsMissing(_) => "credentials",
         }
@@ -86,7 +91,9 @@ impl Failure {
 
     pub fn http_status(&self) -> Option<u16> {
         match self {
-            Failure::HttpStatus(s) | Failure::InitAuthFailed(s) => Some(*s),
+            Failure::HttpStatus(s) | Failure::InitAuthFailed(s) | Failure::CheckAuthFailed(s) => {
+                Some(*s)
+            }
             Failure::AuthFailed => Some(401),
             Failure::Forbidden { .. } => Some(403),
             Failure::InitFailed(inner) => inner.http_status(),
@@ -100,6 +107,7 @@ impl Failure {
             | Failure::Timeout
             | Failure::AuthFailed
             | Failure::InitAuthFailed(_)
+            | Failure::CheckAuthFailed(_)
             | Failure::InitFailed(_) => SessionEffect::Discard,
             _ => SessionEffect::Keep,
         }
@@ -107,9 +115,10 @@ impl Failure {
 
     pub fn connection_effect(&self) -> ConnectionEffect {
         match self {
-            Failure::AuthFailed | Failure::InitAuthFailed(_) | Failure::CredentialsMissing(_) => {
-                ConnectionEffect::NeedsCredentials
-            }
+            Failure::AuthFailed
+            | Failure::InitAuthFailed(_)
+            | Failure::CheckAuthFailed(_)
+            | Failure::CredentialsMissing(_) => ConnectionEffect::NeedsCredentials,
             Failure::Forbidden { scope } => ConnectionEffect::GateTool {
                 scope: scope.clone(),
             },
@@ -141,7 +150,10 @@ impl Failure {
             Failure::HttpStatus(_) => "Upstream server returned an HTTP error",
             Failure::Malformed(_) => "Upstream server sent a malformed response",
             Failure::TooLarge { .. } => "Upstream response exceeds the size limit",
-            Failure::AuthFailed | Failure::InitAuthFailed(_) | Failure::CredentialsMissing(_) => {
+            Failure::AuthFailed
+            | Failure::InitAuthFailed(_)
+            | Failure::CheckAuthFailed(_)
+            | Failure::CredentialsMissing(_) => {
                 "Upstream server refused the connection's credentials"
             }
             Failure::Forbidden { .. } => {

@@ -180,6 +180,7 @@ impl HttpUpstream {
                 async move { self.exchange(session, &list, None).await }
             })
             .await
+            .map_err(check_failure)
         })
         .await
         .unwrap_or(Err(Failure::Timeout))
@@ -585,6 +586,17 @@ fn status_failure(status: StatusCode, headers: &HeaderMap) -> Failure {
                 .and_then(insufficient_scope),
         },
         s => Failure::HttpStatus(s.as_u16()),
+    }
+}
+
+/// Failures of a health check's tools/list: a 401 or 403 there is credential
+/// evidence, as at initialize (no tool is named, so there is nothing to
+/// gate: the credential does not let the gateway see the catalog at all).
+fn check_failure(failure: Failure) -> Failure {
+    match failure {
+        Failure::AuthFailed => Failure::CheckAuthFailed(401),
+        Failure::Forbidden { .. } => Failure::CheckAuthFailed(403),
+        other => other,
     }
 }
 

@@ -121,3 +121,58 @@ pub fn tools_of(response: &Value) -> Result<Vec<Value>, Failure> {
         .cloned()
         .ok_or_else(|| Failure::Malformed("tools/list result has no tools array".into()))
 }
+
+/// Checks a tools/call response's result against MCP's CallToolResult: a
+/// `content` array of content blocks, each with its `type` and the fields
+/// that type requires as strings; `structuredContent` an object and
+/// `isError` a boolean when present. What fails is named by its path. An
+/// error response has no result to check.
+pub fn check_call_result(response: &Value) -> Result<(), Failure> {
+    let Some(result) = response.get("result") else {
+        return Ok(());
+    };
+    let malformed = |what: String| Err(Failure::Malformed(what));
+    let Some(content) = result.get("content") else {
+        return malformed("result.content is missing".into());
+    };
+    let Some(blocks) = content.as_array() else {
+        return malformed("result.content is not an array".into());
+    };
+    for (i, block) in blocks.iter().enumerate() {
+        let at = format!("result.content[{i}]");
+        let Some(kind) = block.get("type").and_then(Value::as_str) else {
+            return malformed(format!("{at}.type is missing or not a string"));
+        };
+        let required: &[&str] = match kind {
+            "text" => &["text"],
+            "image" | "audio" => &["data", "mimeType"],
+            "resource_link" => &["uri", "name"],
+            "resource" => &[],
+            _ => &[], // a newer block type: only its type is known
+        };
+        for field in required {
+            if !block.get(*field).is_some_and(Value::is_string) {
+                return malformed(format!("{at}.{field} is missing or not a string"));
+            }
+        }
+        if kind == "resource" {
+            let resource = block.get("resource");
+            if !resource
+                .and_then(|r| r.get("uri"))
+                .is_some_and(Value::is_string)
+            {
+                return malformed(format!("{at}.resource.uri is missing or not a string"));
+            }
+        }
+    }
+    if result
+        .get("structuredContent")
+        .is_some_and(|v| !v.is_object())
+    {
+        return malformed("result.structuredContent is not an object".into());
+    }
+    if result.get("isError").is_some_and(|v| !v.is_boolean()) {
+        return malformed("result.isError is not a boolean".into());
+    }
+    Ok(())
+}

@@ -47,10 +47,14 @@ impl Upstream {
         message: &Value,
         related: Option<&Related>,
     ) -> Result<Exchange, Failure> {
-        match self {
+        let exchange = match self {
             Upstream::Http(u) => u.request(message, related).await,
             Upstream::Stdio(u) => u.request(message, related).await,
+        }?;
+        if message.get("method").and_then(Value::as_str) == Some("tools/call") {
+            crate::protocol::check_call_result(&exchange.response)?;
         }
+        Ok(exchange)
     }
 
     /// Sends a notification, or a reply to a request the server made.

@@ -4,6 +4,7 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
+use aip_service::serve::{Limits, accept_loop, http1};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -13,6 +14,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::metrics::Metrics;
 
@@ -22,22 +24,23 @@ pub struct Admin {
 }
 
 pub async fn serve(admin: Arc<Admin>, listener: TcpListener, shutdown: CancellationToken) {
-    loop {
-        let (stream, _) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => { tracing::warn!(error = %e, "admin accept failed"); continue; }
-            },
-            () = shutdown.cancelled() => return,
-        };
-        let admin = admin.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |req| route(admin.clone(), req));
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
-    }
+    let limits = Limits::default();
+    accept_loop(
+        listener,
+        limits,
+        shutdown,
+        TaskTracker::new(),
+        move |stream| {
+            let admin = admin.clone();
+            async move {
+                let service = service_fn(move |req| route(admin.clone(), req));
+                let _ = http1(&limits)
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            }
+        },
+    )
+    .await;
 }
 
 async fn route(

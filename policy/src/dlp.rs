@@ -154,37 +154,16 @@ impl Redactor {
         }
     }
 
-    /// Redacts an MCP tool result in place: the text of `text` content items,
-    /// the text of embedded `resource` items, and every string of
-    /// `structuredContent`. Returns per-pattern totals.
+    /// Redacts an MCP tool result in place: every string in it, whatever its
+    /// shape (content blocks, embedded resources, `structuredContent`,
+    /// `_meta`, fields nobody expected). Returns per-pattern totals.
     pub fn redact_tool_result(&self, result: &mut Value) -> Vec<DlpEvent> {
+        // Every string, whatever the result's shape: a server that puts a
+        // secret in an unexpected field (or a malformed result) must not
+        // get it past the scan.
         let mut totals = Vec::new();
-        let Some(obj) = result.as_object_mut() else {
-            return totals;
-        };
-        if let Some(Value::Array(items)) = obj.get_mut("content") {
-            for item in items {
-                self.redact_content_item(item, &mut totals);
-            }
-        }
-        if let Some(structured) = obj.get_mut("structuredContent") {
-            self.redact_strings(structured, &mut totals);
-        }
+        self.redact_strings(result, &mut totals);
         totals
-    }
-
-    fn redact_content_item(&self, item: &mut Value, totals: &mut Vec<DlpEvent>) {
-        let Some(obj) = item.as_object_mut() else {
-            return;
-        };
-        if let Some(text) = obj.get_mut("text") {
-            self.redact_strings(text, totals);
-        }
-        if let Some(Value::Object(resource)) = obj.get_mut("resource")
-            && let Some(text) = resource.get_mut("text")
-        {
-            self.redact_strings(text, totals);
-        }
     }
 
     fn events(&self, counts: &[usize]) -> Vec<DlpEvent> {
@@ -371,7 +350,7 @@ mod tests {
     }
 
     #[test]
-    fn tool_result_text_resources_and_structured_content() {
+    fn tool_result_every_string_whatever_the_field() {
         let r = redactor(&[("Email", EMAIL)], false);
         let mut result = json!({
             "content": [
@@ -386,11 +365,14 @@ mod tests {
             events,
             vec![DlpEvent {
                 rule: "Email".into(),
-                count: 4
+                count: 5
             }]
         );
         assert_eq!(result["content"][0]["text"], "mail [REDACTED:Email]");
-        assert_eq!(result["content"][1]["data"], "a@x.io");
+        assert_eq!(
+            result["content"][1]["data"], "[REDACTED:Email]",
+            "no field is exempt: a secret is a secret wherever it sits"
+        );
         assert_eq!(result["content"][2]["resource"]["text"], "[REDACTED:Email]");
         assert_eq!(
             result["structuredContent"]["owner"]["email"],

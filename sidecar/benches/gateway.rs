@@ -384,6 +384,9 @@ fn null_stdio_server() {
             Some("initialize") => {
                 json!({"protocolVersion": "2025-11-25", "capabilities": {"tools": {}}, "serverInfo": {"name": "null", "version": "1"}})
             }
+            Some("tools/list") => {
+                json!({"tools": [{"name": "read", "inputSchema": {"type": "object"}}]})
+            }
             _ => json!({"content": [{"type": "text", "text": "ok"}], "isError": false}),
         };
         let _ = writeln!(
@@ -446,7 +449,7 @@ fn stdio_figures() -> Value {
         command
             .arg("stdio")
             .args(extra)
-            .arg("--policy")
+            .arg("--config")
             .arg(&policy)
             .args(["--audit", "/dev/null", "--"])
             .arg(&me)
@@ -512,8 +515,13 @@ fn stdio_run(command: &mut Command) -> (f64, f64, f64) {
         input.flush().unwrap();
         line.clear();
         output.read_line(&mut line).unwrap();
+        // Every figure is of calls the server answered: an error from the
+        // proxy itself would be a much faster, meaningless round trip.
+        line.contains(r#""text":"ok""#)
+            .then_some(())
+            .ok_or_else(|| line.clone())
     };
-    roundtrip(
+    let _ = roundtrip(
         &mut input,
         &mut output,
         r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"b","version":"1"}}}"#,
@@ -531,8 +539,11 @@ fn stdio_run(command: &mut Command) -> (f64, f64, f64) {
     let mut samples = Vec::with_capacity(STDIO_CALLS);
     for i in 1..=STDIO_CALLS {
         let start = Instant::now();
-        roundtrip(&mut input, &mut output, &call(i));
+        let served = roundtrip(&mut input, &mut output, &call(i));
         samples.push(start.elapsed().as_secs_f64() * 1e6);
+        if let Err(reply) = served {
+            panic!("call {i} was not served: {reply}");
+        }
     }
     // Pipelined: write a batch of calls, then read all their answers.
     let batch = 20_000;
@@ -544,11 +555,14 @@ fn stdio_run(command: &mut Command) -> (f64, f64, f64) {
         input.flush().unwrap();
         input
     });
+    let mut served = 0;
     for _ in 0..batch {
         line.clear();
         output.read_line(&mut line).unwrap();
+        served += usize::from(line.contains(r#""text":"ok""#));
     }
     let tput = (batch as f64 / start.elapsed().as_secs_f64()).round();
+    assert_eq!(served, batch, "every pipelined call was served");
     drop(writer.join().unwrap());
     let _ = child.kill();
     let _ = child.wait();

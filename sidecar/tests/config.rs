@@ -315,3 +315,71 @@ fn check_reports_the_configuration_without_secrets_or_every_error() {
         "{err}"
     );
 }
+
+/// Credentials in a URL and header values no header may carry are refused
+/// at load, naming the field and never the value; `check` prints neither.
+#[test]
+fn credentials_in_urls_and_broken_header_values_are_refused_without_their_values() {
+    let dir = std::env::temp_dir().join(format!("aip-sidecar-urlcred-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let broken = dir.join("broken-token");
+    std::fs::write(&broken, "s3cr3t-value\r\nX-Injected: yes\n").unwrap();
+    for (spec, field, secret) in [
+        (
+            "  url: https://alice:s3cr3t-value@example.com/mcp\n".to_owned(),
+            "spec.url: holds user information",
+            "s3cr3t-value",
+        ),
+        (
+            "  url: https://example.com/mcp?tenant=a&access_token=s3cr3t-value\n".to_owned(),
+            "spec.url: query parameter \"access_token\" carries a credential",
+            "s3cr3t-value",
+        ),
+        (
+            "  url: https://example.com/mcp?X-Api-Key=s3cr3t-value\n".to_owned(),
+            "spec.url: query parameter \"x-api-key\" carries a credential",
+            "s3cr3t-value",
+        ),
+        (
+            format!(
+                "  url: https://example.com/mcp\n  headers:\n    - name: X-Token\n      valueFrom: {{file: {}}}\n",
+                broken.display()
+            ),
+            "spec.headers[0].valueFrom: the value for header X-Token holds a line break",
+            "s3cr3t-value",
+        ),
+        (
+            format!(
+                "  url: https://example.com/mcp\n  bearerToken:\n    valueFrom: {{file: {}}}\n",
+                broken.display()
+            ),
+            "spec.bearerToken.valueFrom: the value for header authorization holds a line break",
+            "s3cr3t-value",
+        ),
+    ] {
+        let text = format!("{POLICY}{}", connection("x", &spec));
+        let errors = parse(&text).unwrap_err().join("\n");
+        assert!(errors.contains(field), "{spec}: {errors}");
+        assert!(!errors.contains(secret), "the value was printed: {errors}");
+        let file = dir.join("c.yaml");
+        std::fs::write(&file, &text).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_aip-sidecar"))
+            .arg("check")
+            .arg(&file)
+            .output()
+            .unwrap();
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(1), "{all}");
+        assert!(!all.contains(secret), "check printed the value: {all}");
+    }
+    // A query that carries no credential is fine.
+    let ok = format!(
+        "{POLICY}{}",
+        connection("x", "  url: https://example.com/mcp?tenant=a&region=eu\n")
+    );
+    assert!(parse(&ok).is_ok());
+}

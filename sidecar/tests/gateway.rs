@@ -312,6 +312,19 @@ async fn the_gateway_answers_as_an_mcp_server_must() {
         .status,
         403
     );
+    // Parsed as URLs: user information before a foreign host does not make
+    // it loopback; a Host that names another site is DNS rebinding.
+    for (header, value) in [
+        ("origin", "http://localhost:80@evil.example"),
+        ("origin", "http://127.0.0.1@evil.example:8808"),
+        ("host", "evil.example:8808"),
+        ("host", "localhost.evil.example"),
+    ] {
+        let refused = s
+            .post(&[("mcp-session-id", &session), (header, value)], ping)
+            .await;
+        assert_eq!(refused.status, 403, "{header}: {value}");
+    }
     let ok = s
         .post(
             &[

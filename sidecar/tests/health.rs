@@ -227,3 +227,122 @@ async fn a_401_at_initialize_lists_nothing_and_sends_no_call() {
     );
     assert!(s.attempts().is_empty());
 }
+
+/// A credential that cannot even list the tools is as bad as one refused at
+/// initialize: NeedsCredentials with the status, never Unreachable (and then
+/// Healthy again with the same credential), and no call is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_401_or_403_to_the_health_checks_tools_list_is_credential_evidence() {
+    for status in [401u16, 403] {
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let url = common::scripted_server(
+            move |m| match m["method"].as_str() {
+                Some("initialize") => (
+                    200,
+                    json!({"protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
+                        "serverInfo": {"name": "s", "version": "1"}}),
+                ),
+                Some("tools/list") => (status, Value::Null),
+                _ => (200, json!({})),
+            },
+            shutdown.clone(),
+        )
+        .await;
+        let s = Stack::start(Setup {
+            policy: POLICY,
+            url: Some(url),
+            expect: HealthState::NeedsCredentials,
+            ..Setup::default()
+        })
+        .await;
+        let connection = s.gateway.connections()[0].clone();
+        let health = connection.health();
+        assert_eq!(
+            (health.reason.as_deref(), health.http_status),
+            (Some("upstream_auth_failed"), Some(status)),
+            "{status}"
+        );
+        // Another check with the same credential changes nothing.
+        connection.check().await;
+        assert_eq!(connection.health().state, HealthState::NeedsCredentials);
+        shutdown.cancel();
+    }
+}
+
+/// A result that is not a CallToolResult is the call's failure
+/// (upstream_malformed), never a success with whatever it held, and the
+/// connection stays healthy. DLP reads every string of what is relayed,
+/// whatever field it sits in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_tool_results_fail_their_call_and_nothing_unscanned_is_relayed() {
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let url = common::scripted_server(
+        |m| match (m["method"].as_str(), m["params"]["name"].as_str()) {
+            (Some("initialize"), _) => (
+                200,
+                json!({"protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
+                    "serverInfo": {"name": "s", "version": "1"}}),
+            ),
+            (Some("tools/list"), _) => {
+                let tools: Vec<Value> =
+                    ["object", "untyped", "number", "structured", "flag", "meta"]
+                        .iter()
+                        .map(|n| json!({"name": n, "inputSchema": {"type": "object"}}))
+                        .collect();
+                (200, json!({ "tools": tools }))
+            }
+            (Some("tools/call"), Some(name)) => (
+                200,
+                match name {
+                    "object" => json!({"content": {"type": "text", "text": "ops@acme.io"}}),
+                    "untyped" => json!({"content": [{"text": "ops@acme.io"}]}),
+                    "number" => json!({"content": [{"type": "text", "text": 7}]}),
+                    "structured" => json!({"content": [], "structuredContent": ["ops@acme.io"]}),
+                    "flag" => json!({"content": [], "isError": "ops@acme.io"}),
+                    _ => json!({"content": [{"type": "text", "text": "ok",
+                        "annotations": {"audience": ["ops@acme.io"]}}],
+                        "_meta": {"owner": "ops@acme.io"}}),
+                },
+            ),
+            _ => (200, json!({})),
+        },
+        shutdown.clone(),
+    )
+    .await;
+    let s = Stack::start(Setup {
+        policy: "  allowed_tools: [up_object, up_untyped, up_number, up_structured, up_flag, up_meta]\n  dlp:\n    patterns: [{name: Email, regex: '[a-z]+@[a-z]+\\.io'}]\n",
+        url: Some(url),
+        ..Setup::default()
+    })
+    .await;
+    let session = s.session().await;
+    for tool in [
+        "up_object",
+        "up_untyped",
+        "up_number",
+        "up_structured",
+        "up_flag",
+    ] {
+        let reply = s.call(&session, json!(tool), tool, json!({})).await;
+        assert_eq!(
+            reply["error"]["data"]["reason"], "upstream_malformed",
+            "{tool}: {reply}"
+        );
+        assert!(!reply.to_string().contains("acme"), "{tool}: {reply}");
+    }
+    let reply = s.call(&session, json!("meta"), "up_meta", json!({})).await;
+    assert_eq!(
+        reply["result"]["_meta"]["owner"], "[REDACTED:Email]",
+        "{reply}"
+    );
+    assert_eq!(
+        reply["result"]["content"][0]["annotations"]["audience"][0],
+        "[REDACTED:Email]"
+    );
+    assert_eq!(
+        s.gateway.connections()[0].health().state,
+        HealthState::Healthy,
+        "a malformed result says nothing about the connection"
+    );
+    shutdown.cancel();
+}

@@ -5,6 +5,7 @@
 //! time in arrival order by a single worker; everything else (initialize,
 //! ping, tools/list) is answered at once, even while a delayed call runs.
 
+use aip_service::sync::lock;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -120,7 +121,7 @@ impl Core {
     }
 
     fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.queue)
     }
 
     /// Handles one parsed JSON-RPC message (not a batch).
@@ -446,7 +447,7 @@ impl Core {
         };
         let steps = &tool.responses[r].steps;
         let index = {
-            let mut cursors = self.cursors.lock().unwrap_or_else(|e| e.into_inner());
+            let mut cursors = lock(&self.cursors);
             let cursor = cursors.entry((t, r)).or_insert(0);
             let index = *cursor;
             if index < steps.len() {

@@ -5,12 +5,14 @@
 //! Beside it: `/healthz`, `/readyz`, `/metrics` and `/_fault/attempts` (the
 //! attempt log as JSON lines).
 
+use aip_service::sync::lock;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
+use aip_service::serve::{Limits, accept_loop, http1};
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
@@ -23,6 +25,7 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::core::{CallContext, Core, Handled, Reply, Wire, error};
 use crate::log::sha256_hex;
@@ -90,19 +93,23 @@ pub async fn serve(
         stalled: Mutex::new(Vec::new()),
         shutdown: shutdown.clone(),
     });
-    loop {
-        let (stream, _) = tokio::select! {
-            accepted = listener.accept() => accepted?,
-            () = shutdown.cancelled() => return Ok(()),
-        };
-        let state = state.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |req| route(state.clone(), req));
-            let conn = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service);
-            let _ = conn.await; // a scripted drop ends here, as an error
-        });
-    }
+    let limits = Limits::default();
+    accept_loop(
+        listener,
+        limits,
+        shutdown,
+        TaskTracker::new(),
+        move |stream| {
+            let state = state.clone();
+            async move {
+                let service = service_fn(move |req| route(state.clone(), req));
+                let conn = http1(&limits).serve_connection(TokioIo::new(stream), service);
+                let _ = conn.await; // a scripted drop ends here, as an error
+            }
+        },
+    )
+    .await;
+    Ok(())
 }
 
 async fn route(
@@ -411,10 +418,6 @@ fn with_type(mut r: Response<HttpBody>, content_type: &'static str) -> Response<
 
 fn full(body: impl Into<Bytes>) -> HttpBody {
     Full::new(body.into()).boxed()
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A body fed by a channel; it ends only when the sender is dropped.

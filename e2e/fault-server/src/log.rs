@@ -3,6 +3,7 @@
 //! Arguments appear only as a SHA-256 of their canonical JSON (unless asked
 //! for), the Authorization header only as a SHA-256 of its value.
 
+use aip_service::sync::lock;
 use std::io::Write;
 use std::sync::Mutex;
 use std::time::SystemTime;
@@ -138,7 +139,7 @@ impl AttemptLog {
     pub fn record(&self, mut attempt: Attempt) -> u64 {
         let outcome = attempt.outcome.as_str().to_owned();
         self.attempts.get_or_create(&OutcomeLabel { outcome }).inc();
-        let mut sink = self.sink.lock().unwrap_or_else(|e| e.into_inner());
+        let mut sink = lock(&self.sink);
         sink.seq += 1;
         attempt.seq = sink.seq;
         attempt.ts = humantime_now();
@@ -154,20 +155,11 @@ impl AttemptLog {
 
     /// Every line written so far, in order.
     pub fn lines(&self) -> Vec<String> {
-        self.sink
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .lines
-            .clone()
+        lock(&self.sink).lines.clone()
     }
 
     pub fn flush(&self) {
-        let _ = self
-            .sink
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .out
-            .flush();
+        let _ = lock(&self.sink).out.flush();
     }
 }
 

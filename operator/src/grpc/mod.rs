@@ -8,10 +8,11 @@ pub mod auth;
 pub mod snapshot;
 pub mod tls;
 
+use aip_service::sync::lock;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use aip_proto::v1::config_server::{Config, ConfigServer};
@@ -282,8 +283,4 @@ pub async fn serve<A: Authenticate>(
         )
         .await?;
     Ok(())
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }

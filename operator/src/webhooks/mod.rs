@@ -12,6 +12,7 @@ pub mod validate;
 use std::convert::Infallible;
 use std::sync::Arc;
 
+use aip_service::serve::{Limits, accept_loop, http1};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
@@ -24,6 +25,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::metrics::Metrics;
 
@@ -60,26 +62,30 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    loop {
-        let (stream, _) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => { tracing::warn!(error = %e, "webhook accept failed"); continue; }
-            },
-            () = shutdown.cancelled() => return,
-        };
-        let webhooks = webhooks.clone();
-        let acceptor = acceptor.clone();
-        tokio::spawn(async move {
-            let Ok(tls) = acceptor.accept(stream).await else {
-                return;
-            };
-            let service = service_fn(move |req| route(webhooks.clone(), req));
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(tls), service)
-                .await;
-        });
-    }
+    let limits = Limits::default();
+    accept_loop(
+        listener,
+        limits,
+        shutdown,
+        TaskTracker::new(),
+        move |stream| {
+            let webhooks = webhooks.clone();
+            let acceptor = acceptor.clone();
+            async move {
+                // The handshake gets the same deadline as a request's headers.
+                let handshake =
+                    tokio::time::timeout(limits.header_timeout, acceptor.accept(stream));
+                let Ok(Ok(tls)) = handshake.await else {
+                    return;
+                };
+                let service = service_fn(move |req| route(webhooks.clone(), req));
+                let _ = http1(&limits)
+                    .serve_connection(TokioIo::new(tls), service)
+                    .await;
+            }
+        },
+    )
+    .await;
 }
 
 async fn route(

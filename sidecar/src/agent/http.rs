@@ -136,10 +136,21 @@ async fn route(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Bod
     if req.uri().path() != MCP_PATH {
         return Ok(text(StatusCode::NOT_FOUND, "not found\n"));
     }
-    if let Some(origin) = req.headers().get("origin").and_then(|v| v.to_str().ok())
+    let header = |name: &str| {
+        req.headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap_or("\u{fffd}"))
+    };
+    if let Some(origin) = header("origin")
         && !is_loopback_origin(origin)
     {
         return Ok(text(StatusCode::FORBIDDEN, "origin not allowed\n"));
+    }
+    if !header("host").is_some_and(is_loopback_host_header) {
+        return Ok(text(
+            StatusCode::FORBIDDEN,
+            "host not allowed: address this server as localhost or a loopback IP\n",
+        ));
     }
     Ok(match *req.method() {
         Method::POST => post(&state, req).await,
@@ -412,23 +423,36 @@ fn reply(outcome: Reply, sse: bool) -> Response<Body> {
     }
 }
 
-/// `http(s)://localhost`, `127.0.0.0/8` or `[::1]`, any port.
+/// An Origin of a page served from this machine: `http(s)://` with a
+/// loopback host (`localhost`, `127.0.0.0/8`, `[::1]`), any port, parsed as
+/// a URL (so `http://localhost:80@evil.example` is evil.example's).
 fn is_loopback_origin(origin: &str) -> bool {
-    let Some(rest) = origin
-        .strip_prefix("http://")
-        .or_else(|| origin.strip_prefix("https://"))
-    else {
+    let Ok(uri) = origin.parse::<hyper::Uri>() else {
         return false;
     };
-    let host = if let Some(v6) = rest.strip_prefix('[') {
-        v6.split(']').next().unwrap_or_default()
-    } else {
-        rest.split(':').next().unwrap_or_default()
-    };
-    host == "localhost"
-        || host == "::1"
+    let plain = matches!(uri.scheme_str(), Some("http" | "https"))
+        && uri
+            .path_and_query()
+            .is_none_or(|p| p.as_str() == "/" || p.as_str().is_empty());
+    plain
+        && uri
+            .authority()
+            .is_some_and(|a| !a.as_str().contains('@') && is_loopback_host(a.host()))
+}
+
+/// The Host header names this listener by a loopback name: a page on
+/// another origin that rebinds its DNS name to 127.0.0.1 still sends its
+/// own name, and is refused.
+fn is_loopback_host_header(host: &str) -> bool {
+    host.parse::<hyper::http::uri::Authority>()
+        .is_ok_and(|a| !a.as_str().contains('@') && is_loopback_host(a.host()))
+}
+
+fn is_loopback_host(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
         || host
-            .parse::<std::net::Ipv4Addr>()
+            .parse::<std::net::IpAddr>()
             .is_ok_and(|a| a.is_loopback())
 }
 
@@ -473,7 +497,7 @@ fn empty(status: StatusCode) -> Response<Body> {
 
 #[cfg(test)]
 mod tests {
-    use super::{MAX_SESSIONS, Sessions, is_loopback_origin};
+    use super::{MAX_SESSIONS, Sessions, is_loopback_host_header, is_loopback_origin};
 
     #[test]
     fn sessions_are_bounded_and_the_least_recently_used_goes() {
@@ -506,8 +530,35 @@ mod tests {
             "file://",
             "http://10.0.0.1",
             "http://[::2]",
+            "http://localhost:80@evil.example",
+            "http://127.0.0.1@evil.example",
+            "http://evil.example#@localhost",
+            "http://localhost/path",
         ] {
             assert!(!is_loopback_origin(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn loopback_hosts_and_dns_rebinding() {
+        for ok in [
+            "localhost",
+            "localhost:8808",
+            "127.0.0.1:8808",
+            "[::1]:8808",
+            "LOCALHOST",
+        ] {
+            assert!(is_loopback_host_header(ok), "{ok}");
+        }
+        for bad in [
+            "evil.example:8808",
+            "localhost.evil.example",
+            "127.0.0.1.evil.example",
+            "user@localhost",
+            "",
+            "10.0.0.1:8808",
+        ] {
+            assert!(!is_loopback_host_header(bad), "{bad}");
         }
     }
 }

@@ -1,12 +1,12 @@
 //! ToolConnection documents: a remote MCP server (or, standalone only, a
-//! stdio command), shaped exactly like the future custom resource. Header
-//! values come from environment variables or files where the cluster will use
+//! stdio command), shaped like the ToolConnection custom resource. Header
+//! values come from environment variables or files where a cluster uses
 //! Secrets; they are held as secrets that cannot be printed.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use secrecy::SecretString;
+use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
 use aip_mcp::connection::{
@@ -135,6 +135,9 @@ pub fn from_doc(doc: ToolConnectionDoc, at: &str) -> Result<Connection, ConfigEr
     let spec = doc.spec;
     let endpoint = match (spec.url, spec.command) {
         (Some(url), None) => {
+            if let Some(problem) = url_credentials(&url) {
+                return fail("spec.url", problem);
+            }
             if !(url.starts_with("http://") || url.starts_with("https://")) {
                 return fail(
                     "spec.url",
@@ -272,17 +275,91 @@ pub fn from_doc(doc: ToolConnectionDoc, at: &str) -> Result<Connection, ConfigEr
             }
         }
     };
+    let credentials = resolve_credentials(&spec.headers, spec.bearer_token.as_ref());
+    if let Ok(values) = &credentials
+        && let Some(i) = values
+            .iter()
+            .position(|(_, v)| !is_header_value(v.expose_secret()))
+    {
+        // What the header would carry is never repeated: only where it came from.
+        let field = match spec.headers.get(i) {
+            Some(_) => format!("spec.headers[{i}].valueFrom"),
+            None => "spec.bearerToken.valueFrom".to_owned(),
+        };
+        return fail(
+            &field,
+            format!(
+                "the value for header {} holds a line break or another control character, which no header may carry",
+                values[i].0
+            ),
+        );
+    }
     Ok(Connection {
         tls,
         name: doc.metadata.name,
         endpoint,
-        credentials: resolve_credentials(&spec.headers, spec.bearer_token.as_ref()),
+        credentials,
         timeout,
         max_response_bytes,
         health_interval,
         health_deadline,
         tool_prefix,
         capabilities: spec.client_capabilities,
+    })
+}
+
+/// Visible ASCII, spaces and tabs (and bytes beyond ASCII, as HTTP allows):
+/// no CR, LF or other control character.
+fn is_header_value(value: &str) -> bool {
+    value
+        .bytes()
+        .all(|b| b == b'\t' || (b >= 0x20 && b != 0x7f))
+}
+
+/// Query parameter names that carry credentials by convention.
+const CREDENTIAL_PARAMETERS: &[&str] = &[
+    "access_token",
+    "api_key",
+    "apikey",
+    "auth",
+    "code",
+    "credential",
+    "key",
+    "password",
+    "passwd",
+    "pwd",
+    "secret",
+    "sig",
+    "signature",
+    "token",
+];
+
+/// Why a URL may not be used because it carries a credential: in its user
+/// information (which the HTTP client would drop, or send where no header
+/// asked for it) or in a query parameter named for one (which ends up in
+/// logs and in `check` output). The value is never repeated.
+fn url_credentials(url: &str) -> Option<String> {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    if authority.contains('@') {
+        return Some(
+            "holds user information (user:password@ before the host); pass credentials as a header or bearerToken"
+                .to_owned(),
+        );
+    }
+    let query = rest.split_once('?')?.1.split('#').next()?;
+    query.split('&').find_map(|pair| {
+        let name = pair.split('=').next()?.to_ascii_lowercase();
+        let plain = name.replace('-', "_");
+        let credential = CREDENTIAL_PARAMETERS.contains(&plain.as_str())
+            || plain.ends_with("_token")
+            || plain.ends_with("_key")
+            || plain.ends_with("secret");
+        credential.then(|| {
+            format!(
+                "query parameter {name:?} carries a credential; pass it as a header or bearerToken"
+            )
+        })
     })
 }
 

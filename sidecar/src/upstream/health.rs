@@ -1,4 +1,4 @@
-//! One connection's live state: health (reference/connection-health.md),
+//! One connection's live state: health (docs/sidecar.md, "Upstreams and connection health"),
 //! the tool catalog its health checks discover, and the tools gated by a 403.
 //! Only credential evidence changes the whole connection; a failed call
 //! otherwise belongs to the call that saw it.

@@ -293,9 +293,12 @@ pub async fn raw(
 ) -> RawResponse {
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     let mut head = format!(
-        "{method} /mcp HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
+        "{method} /mcp HTTP/1.1\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
         body.len()
     );
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        head += &format!("host: {addr}\r\n");
+    }
     if !headers
         .iter()
         .any(|(k, _)| k.eq_ignore_ascii_case("accept"))
@@ -438,4 +441,58 @@ impl Sse {
         let bytes = self.body.collect().await.unwrap().to_bytes();
         format!("{}{}", self.buffer, String::from_utf8_lossy(&bytes))
     }
+}
+
+/// An MCP server over HTTP answering each JSON-RPC message with what
+/// `answer` says (an HTTP status and, for 200, the result): for the failure
+/// rows the fault server's scripts cannot express (a tools/list refused).
+/// Serves until `shutdown`; returns its URL.
+pub async fn scripted_server(
+    answer: impl Fn(&Value) -> (u16, Value) + Send + Sync + 'static,
+    shutdown: CancellationToken,
+) -> String {
+    use http_body_util::{BodyExt, Full};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+    let answer = Arc::new(answer);
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = tokio::select! {
+                a = listener.accept() => a.unwrap(),
+                () = shutdown.cancelled() => return,
+            };
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(
+                    move |req: hyper::Request<hyper::body::Incoming>| {
+                        let answer = answer.clone();
+                        async move {
+                            let body = req.into_body().collect().await.unwrap().to_bytes();
+                            let message: Value =
+                                serde_json::from_slice(&body).unwrap_or(Value::Null);
+                            let (status, result) = match message.get("id") {
+                                Some(_) => answer(&message),
+                                None => (202, Value::Null),
+                            };
+                            let text = if status == 200 {
+                                json!({"jsonrpc": "2.0", "id": message["id"], "result": result})
+                                    .to_string()
+                            } else {
+                                String::new()
+                            };
+                            let mut r = hyper::Response::new(Full::new(bytes::Bytes::from(text)));
+                            *r.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
+                            r.headers_mut()
+                                .insert("content-type", "application/json".parse().unwrap());
+                            Ok::<_, std::convert::Infallible>(r)
+                        }
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    url
 }
