@@ -1,0 +1,460 @@
+//! The genuine control plane on loopback: etcd, kube-apiserver and
+//! kube-controller-manager in a fresh directory, with fresh PKI.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::Api;
+use kube::config::Kubeconfig;
+
+use crate::kubeconfig::{self, Credentials};
+use crate::pki::{self, Pki};
+use crate::process::Supervised;
+use crate::{Error, User};
+
+/// Where the binaries are looked for, relative to the workspace root,
+/// unless `AIP_CONTROLPLANE_DIR` says otherwise.
+const DEFAULT_DIR: &str = "target/controlplane";
+
+/// The service network: `kubernetes` gets 10.96.0.1, as on kind.
+pub(crate) const SERVICE_CIDR: &str = "10.96.0.0/16";
+
+/// The controllers the tests need. The names are 1.37's
+/// (`kube-controller-manager --help`); the short forms (`namespace`, ...)
+/// are still accepted as aliases.
+pub(crate) const CONTROLLERS: &[&str] = &[
+    // Empties and removes deleted namespaces.
+    "namespace-controller",
+    // Deletes objects whose ownerReferences are gone.
+    "garbage-collector-controller",
+    // Creates each namespace's `default` ServiceAccount.
+    "serviceaccount-controller",
+    // Fills legacy `kubernetes.io/service-account-token` Secrets (charts
+    // still create them); needs --service-account-private-key-file.
+    "serviceaccount-token-controller",
+    // Publishes the `kube-root-ca.crt` ConfigMap in every namespace (what
+    // projected service-account volumes mount as ca.crt).
+    "root-ca-certificate-publisher-controller",
+    // Fills aggregated ClusterRoles: view, edit, admin.
+    "clusterrole-aggregation-controller",
+];
+
+/// How long the API server may take to report ready (a loaded 2-core
+/// machine building in parallel takes far longer than an idle one).
+const APISERVER_READY: Duration = Duration::from_secs(120);
+/// How long the controller manager may take to create `default/default`.
+const CONTROLLERS_READY: Duration = Duration::from_secs(60);
+/// Attempts at finding free ports before a clash is reported.
+const PORT_ATTEMPTS: u32 = 4;
+
+struct Binaries {
+    etcd: PathBuf,
+    apiserver: PathBuf,
+    controller_manager: PathBuf,
+}
+
+impl Binaries {
+    fn find() -> Result<Binaries, Error> {
+        let dir = match std::env::var_os("AIP_CONTROLPLANE_DIR") {
+            Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+            _ => workspace_root().join(DEFAULT_DIR),
+        };
+        let binary = |name: &'static str| {
+            let path = dir.join(name);
+            if path.is_file() {
+                Ok(path)
+            } else {
+                Err(Error::BinaryMissing { binary: name, path })
+            }
+        };
+        Ok(Binaries {
+            etcd: binary("etcd")?,
+            apiserver: binary("kube-apiserver")?,
+            controller_manager: binary("kube-controller-manager")?,
+        })
+    }
+}
+
+/// The workspace root: two levels above this crate's manifest.
+fn workspace_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .ancestors()
+        .nth(2)
+        .map_or_else(|| manifest.to_path_buf(), Path::to_path_buf)
+}
+
+/// A running local control plane. Dropping it stops the controller
+/// manager, the API server and etcd, in that order, reaps them and removes
+/// the directory (unless `AIP_KUBE_TEST_KEEP` is set).
+pub(crate) struct Local {
+    pub dir: PathBuf,
+    pub ca_pem: String,
+    pub url: String,
+    pub tokens: Vec<(User, String)>,
+    keep: bool,
+    etcd_url: String,
+    etcd: Option<Supervised>,
+    apiserver: Option<Supervised>,
+    controller_manager: Option<Supervised>,
+}
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        for process in [
+            self.controller_manager.as_mut(),
+            self.apiserver.as_mut(),
+            self.etcd.as_mut(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            process.stop();
+        }
+        if !self.keep {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+impl Local {
+    pub fn token(&self, user: User) -> &str {
+        self.tokens
+            .iter()
+            .find(|(u, _)| *u == user)
+            .map_or("", |(_, token)| token.as_str())
+    }
+
+    pub fn kubeconfig(&self, user: User) -> String {
+        kubeconfig::text(
+            &self.url,
+            &self.ca_pem,
+            user.name(),
+            Credentials::Token(self.token(user)),
+        )
+    }
+
+    /// The first of its processes found to have exited, as an error.
+    fn exited(&mut self) -> Option<Error> {
+        [
+            self.etcd.as_mut(),
+            self.apiserver.as_mut(),
+            self.controller_manager.as_mut(),
+        ]
+        .into_iter()
+        .flatten()
+        .find_map(|p| p.exit_status().map(|status| p.exited_error(status)))
+    }
+}
+
+/// Starts the control plane; returns once the API server is ready and the
+/// controller manager has created the `default` namespace's `default`
+/// ServiceAccount.
+pub(crate) async fn start() -> Result<Local, Error> {
+    let binaries = Binaries::find()?;
+    let keep = std::env::var_os("AIP_KUBE_TEST_KEEP").is_some_and(|v| !v.is_empty());
+    let dir = fresh_dir()?;
+    let mut local = Local {
+        dir: dir.clone(),
+        ca_pem: String::new(),
+        url: String::new(),
+        tokens: User::ALL.iter().map(|u| (*u, random_token())).collect(),
+        keep,
+        etcd_url: String::new(),
+        etcd: None,
+        apiserver: None,
+        controller_manager: None,
+    };
+    let pki = pki::generate()?;
+    local.ca_pem = pki.ca_pem.clone();
+    write_files(&dir, &pki, &local.tokens)?;
+
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match start_apiserver(&mut local, &binaries).await {
+            Ok(()) => break,
+            Err(Error::Exited { ref tail, .. })
+                if attempt < PORT_ATTEMPTS && tail.contains("address already in use") =>
+            {
+                // Another process took a port between our probe and the
+                // bind: whichever process failed is started again on a new one.
+                if local
+                    .etcd
+                    .as_mut()
+                    .is_some_and(|p| p.exit_status().is_some())
+                {
+                    local.etcd = None;
+                    // A member directory from the failed start would pin
+                    // the old peer URL.
+                    let data = dir.join("etcd");
+                    match std::fs::remove_dir_all(&data) {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                            return Err(Error::io("cannot remove", &data)(e));
+                        }
+                        _ => {}
+                    }
+                }
+                if let Some(mut apiserver) = local.apiserver.take() {
+                    apiserver.stop();
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+
+    let manager_kubeconfig = dir.join("kube-controller-manager.kubeconfig");
+    write(
+        &manager_kubeconfig,
+        &kubeconfig::text(
+            &local.url,
+            &pki.ca_pem,
+            "system:kube-controller-manager",
+            Credentials::ClientCertificate {
+                cert_pem: &pki.controller_manager_cert_pem,
+                key_pem: &pki.controller_manager_key_pem,
+            },
+        ),
+    )?;
+    let args = [
+        format!("--kubeconfig={}", manager_kubeconfig.display()),
+        "--leader-elect=false".into(),
+        "--secure-port=0".into(),
+        format!("--root-ca-file={}", dir.join("ca.crt").display()),
+        format!(
+            "--service-account-private-key-file={}",
+            dir.join("service-account.key").display()
+        ),
+        "--use-service-account-credentials=false".into(),
+        format!("--controllers={}", CONTROLLERS.join(",")),
+    ];
+    local.controller_manager = Some(Supervised::spawn(
+        "kube-controller-manager",
+        &binaries.controller_manager,
+        &args,
+        &dir,
+        None,
+    )?);
+    wait_for_controllers(&mut local).await?;
+    Ok(local)
+}
+
+/// Starts etcd (unless it runs already) and the API server on fresh ports,
+/// and waits for `/readyz`.
+async fn start_apiserver(local: &mut Local, binaries: &Binaries) -> Result<(), Error> {
+    let dir = local.dir.clone();
+    let [client_port, peer_port, secure_port] = free_ports()?;
+    let etcd_url = match &local.etcd {
+        Some(_) => local.etcd_url.clone(),
+        None => {
+            let client = format!("http://127.0.0.1:{client_port}");
+            let peer = format!("http://127.0.0.1:{peer_port}");
+            let args = [
+                "--name=aip-kube-test".to_owned(),
+                format!("--data-dir={}", dir.join("etcd").display()),
+                format!("--listen-client-urls={client}"),
+                format!("--advertise-client-urls={client}"),
+                format!("--listen-peer-urls={peer}"),
+                format!("--initial-advertise-peer-urls={peer}"),
+                format!("--initial-cluster=aip-kube-test={peer}"),
+                // Test data need not survive a power cut; fsync is most of
+                // etcd's latency on a busy disk.
+                "--unsafe-no-fsync".into(),
+                "--log-level=warn".into(),
+            ];
+            // etcd stops last, so its watchdog removes the directory when
+            // the test process goes away.
+            let cleanup = (!local.keep).then_some(dir.as_path());
+            local.etcd = Some(Supervised::spawn(
+                "etcd",
+                &binaries.etcd,
+                &args,
+                &dir,
+                cleanup,
+            )?);
+            local.etcd_url = client.clone();
+            client
+        }
+    };
+    let url = format!("https://127.0.0.1:{secure_port}");
+    let file = |name: &str| dir.join(name).display().to_string();
+    let args = [
+        "--bind-address=127.0.0.1".to_owned(),
+        // Without it the server looks for a default-route interface.
+        "--advertise-address=127.0.0.1".into(),
+        format!("--secure-port={secure_port}"),
+        // No Endpoints for the `kubernetes` Service: nothing in a test can
+        // reach a ClusterIP anyway.
+        "--endpoint-reconciler-type=none".into(),
+        format!("--etcd-servers={etcd_url}"),
+        format!("--tls-cert-file={}", file("apiserver.crt")),
+        format!("--tls-private-key-file={}", file("apiserver.key")),
+        // Nothing is written there (the serving certificate is given), but
+        // the default is /var/run/kubernetes.
+        format!("--cert-dir={}", file("apiserver-certs")),
+        format!("--client-ca-file={}", file("client-ca.crt")),
+        format!("--token-auth-file={}", file("tokens.csv")),
+        "--authorization-mode=Node,RBAC".into(),
+        format!("--service-account-issuer={url}"),
+        format!("--service-account-key-file={}", file("service-account.pub")),
+        format!(
+            "--service-account-signing-key-file={}",
+            file("service-account.key")
+        ),
+        format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+        "--profiling=false".into(),
+    ];
+    local.url = url;
+    local.apiserver = Some(Supervised::spawn(
+        "kube-apiserver",
+        &binaries.apiserver,
+        &args,
+        &dir,
+        None,
+    )?);
+    wait_for_readyz(local).await
+}
+
+/// Polls `/readyz` (the admin's token, the generated CA) until it says
+/// `ok`, or a process exits, or [`APISERVER_READY`] passes.
+async fn wait_for_readyz(local: &mut Local) -> Result<(), Error> {
+    let started = Instant::now();
+    let config =
+        Kubeconfig::from_yaml(&local.kubeconfig(User::Admin)).map_err(|e| Error::Kubeconfig {
+            path: local.dir.join("admin.kubeconfig"),
+            reason: e.to_string(),
+        })?;
+    let client = kubeconfig::client(config, User::Admin).await?;
+    let mut last;
+    loop {
+        if let Some(exited) = local.exited() {
+            return Err(exited);
+        }
+        let request = http::Request::get("/readyz").body(Vec::new());
+        match request {
+            Ok(request) => match client.request_text(request).await {
+                Ok(body) if body.trim() == "ok" => return Ok(()),
+                Ok(body) => last = body,
+                Err(e) => last = e.to_string(),
+            },
+            Err(e) => last = e.to_string(),
+        }
+        if started.elapsed() > APISERVER_READY {
+            let apiserver = local.apiserver.as_ref();
+            return Err(Error::NotReady {
+                process: "kube-apiserver",
+                waited: APISERVER_READY,
+                last,
+                log: apiserver.map(|p| p.log.clone()).unwrap_or_default(),
+                tail: apiserver.map(Supervised::tail).unwrap_or_default(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits for the controller manager's service-account controller to
+/// create `default/default`: proof that it is connected and running.
+async fn wait_for_controllers(local: &mut Local) -> Result<(), Error> {
+    let config =
+        Kubeconfig::from_yaml(&local.kubeconfig(User::Admin)).map_err(|e| Error::Kubeconfig {
+            path: local.dir.join("admin.kubeconfig"),
+            reason: e.to_string(),
+        })?;
+    let client = kubeconfig::client(config, User::Admin).await?;
+    let api: Api<ServiceAccount> = Api::namespaced(client, "default");
+    let created =
+        kube::runtime::wait::await_condition(api, "default", |sa: Option<&ServiceAccount>| {
+            sa.is_some()
+        });
+    tokio::pin!(created);
+    let deadline = tokio::time::Instant::now() + CONTROLLERS_READY;
+    loop {
+        tokio::select! {
+            done = &mut created => {
+                return done.map(drop).map_err(|source| Error::Watch {
+                    what: "ServiceAccount default/default".into(),
+                    source,
+                });
+            }
+            () = tokio::time::sleep(Duration::from_millis(200)) => {
+                if let Some(exited) = local.exited() {
+                    return Err(exited);
+                }
+                if tokio::time::Instant::now() > deadline {
+                    let manager = local.controller_manager.as_ref();
+                    return Err(Error::NotReady {
+                        process: "kube-controller-manager",
+                        waited: CONTROLLERS_READY,
+                        last: "no ServiceAccount default/default yet".into(),
+                        log: manager.map(|p| p.log.clone()).unwrap_or_default(),
+                        tail: manager.map(Supervised::tail).unwrap_or_default(),
+                    });
+                }
+            }
+        }
+    }
+}
+
+fn write_files(dir: &Path, pki: &Pki, tokens: &[(User, String)]) -> Result<(), Error> {
+    write(&dir.join("ca.crt"), &pki.ca_pem)?;
+    write(&dir.join("apiserver.crt"), &pki.serving_cert_pem)?;
+    write(&dir.join("apiserver.key"), &pki.serving_key_pem)?;
+    write(&dir.join("client-ca.crt"), &pki.client_ca_pem)?;
+    write(
+        &dir.join("service-account.key"),
+        &pki.service_account_key_pem,
+    )?;
+    write(
+        &dir.join("service-account.pub"),
+        &pki.service_account_public_pem,
+    )?;
+    let lines: String = tokens
+        .iter()
+        .map(|(user, token)| crate::identity::token_file_line(*user, token))
+        .collect();
+    write(&dir.join("tokens.csv"), &lines)
+}
+
+pub(crate) fn write(path: &Path, text: &str) -> Result<(), Error> {
+    std::fs::write(path, text).map_err(Error::io("cannot write", path))
+}
+
+/// A new directory under the system temp dir, named for this process,
+/// readable by this user only (it holds keys and credentials).
+pub(crate) fn fresh_dir() -> Result<PathBuf, Error> {
+    use std::os::unix::fs::DirBuilderExt;
+    let base = std::env::temp_dir();
+    let name = format!(
+        "aip-kube-test-{}-{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    );
+    let dir = base.join(name);
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .map_err(Error::io("cannot create", &dir))?;
+    Ok(dir)
+}
+
+fn random_token() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+/// Three distinct free loopback ports (held together while probing so
+/// they differ; another process may still take one before it is bound,
+/// hence the retries in [`start`]).
+fn free_ports() -> Result<[u16; 3], Error> {
+    let bind = || {
+        TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| Ok((l.local_addr()?.port(), l)))
+            .map_err(Error::io("cannot bind", "127.0.0.1:0"))
+    };
+    let (a, _la) = bind()?;
+    let (b, _lb) = bind()?;
+    let (c, _lc) = bind()?;
+    Ok([a, b, c])
+}
