@@ -63,9 +63,9 @@ helm:
 
 unit: build interop-deps kubectl helm
 	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
-		PATH="$(CURDIR)/target/bin:$$PATH" $(CARGO) nextest run --workspace --locked --no-fail-fast; \
+		AIP_SHARED="$(abspath $(SHARED))" PATH="$(CURDIR)/target/bin:$$PATH" $(CARGO) nextest run --workspace --locked --no-fail-fast; \
 	else \
-		PATH="$(CURDIR)/target/bin:$$PATH" $(CARGO) test --workspace --locked --no-fail-fast; \
+		AIP_SHARED="$(abspath $(SHARED))" PATH="$(CURDIR)/target/bin:$$PATH" $(CARGO) test --workspace --locked --no-fail-fast; \
 	fi
 
 conformance: build

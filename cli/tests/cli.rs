@@ -34,10 +34,14 @@ fn temp_dir(name: &str) -> PathBuf {
 
 #[test]
 fn basic_conformance_vectors_all_pass() {
-    let basic = repo().join("../shared/conformance/basic");
+    // `make test SHARED=...` passes the folder on as AIP_SHARED.
+    let shared = std::env::var_os("AIP_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("../shared"));
+    let basic = shared.join("conformance/basic");
     assert!(
         basic.is_dir(),
-        "the shared Basic vectors are expected at {}",
+        "the shared Basic vectors are expected at {} (set SHARED=... for make, AIP_SHARED=... for cargo test)",
         basic.display()
     );
     let out = aip(&["conformance", basic.to_str().unwrap()]);
@@ -146,6 +150,56 @@ fn vectors_can_expect_a_policy_to_be_refused() {
         "{text}"
     );
     assert_eq!(text.lines().last(), Some("2 passed, 1 failed"), "{text}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A vector the runner cannot interpret is never a pass: one that states no
+/// expectation, or expects or gives something the runner does not read.
+#[test]
+fn vectors_the_runner_cannot_interpret_are_unsupported_never_passed() {
+    let dir = temp_dir("unsupported");
+    std::fs::write(
+        dir.join("odd.yaml"),
+        r#"
+name: Odd
+tests:
+  - id: only-an-id
+  - id: unknown-expectation
+    policy: null
+    input: {method: tools/call, tool: t}
+    expected: {decision: BLOCK, audit_line: {event: X}}
+  - id: unknown-input
+    policy: null
+    input: {method: tools/call, tool: t, headers: {x: y}}
+    expected: {decision: BLOCK}
+  - id: fine
+    policy: null
+    input: {method: tools/call, tool: t}
+    expected: {decision: BLOCK}
+"#,
+    )
+    .unwrap();
+    let out = aip(&["conformance", dir.to_str().unwrap()]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("UNSUPPORTED")
+            && text.contains("only-an-id: the vector states no expected outcome"),
+        "{text}"
+    );
+    assert!(
+        text.contains("unknown-expectation: not understood: expected.audit_line"),
+        "{text}"
+    );
+    assert!(
+        text.contains("unknown-input: not understood: input.headers"),
+        "{text}"
+    );
+    assert_eq!(
+        text.lines().last(),
+        Some("1 passed, 0 failed, 3 unsupported"),
+        "{text}"
+    );
     std::fs::remove_dir_all(dir).unwrap();
 }
 

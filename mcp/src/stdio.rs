@@ -216,6 +216,8 @@ impl StdioUpstream {
                 {
                     return;
                 }
+                // The server's answer usually follows within microseconds.
+                aip_service::busy_poll::touch();
             }
         });
         let reader = process.clone();

@@ -1,5 +1,8 @@
 //! Audit records (spec §7): one JSON object per line. Arguments are redacted
-//! with the policy's DLP patterns before they are recorded.
+//! with the policy's DLP patterns before they are recorded, and a record
+//! holds at most [`MAX_AUDIT_ARGS_BYTES`] of them: larger arguments are
+//! recorded by their size and the hash of the full value instead, so that
+//! one large call cannot make a large audit line.
 
 use std::time::SystemTime;
 
@@ -20,6 +23,9 @@ pub enum Direction {
     Downstream,
 }
 
+/// The most argument data one record holds (compact JSON, after DLP).
+pub const MAX_AUDIT_ARGS_BYTES: usize = 8 * 1024;
+
 /// One decision about one message.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AuditRecord {
@@ -36,6 +42,14 @@ pub struct AuditRecord {
     pub tool: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub args: Option<Value>,
+    /// When the arguments were too large to record: their size (compact
+    /// JSON, after DLP) ...
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub args_bytes: Option<usize>,
+    /// ... and the hash of the arguments as the agent sent them
+    /// (`sha256:` of their canonical JSON, as ApprovalRequests carry).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub args_sha256: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failed_arg: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -76,10 +90,21 @@ impl AuditRecord {
             .then(|| params.and_then(|p| p.get("name")).and_then(Value::as_str))
             .flatten()
             .map(str::to_owned);
-        let args = is_call
+        let arguments = is_call
             .then(|| params.and_then(|p| p.get("arguments")))
-            .flatten()
-            .map(|a| redacted(evaluator, a));
+            .flatten();
+        let (args, args_bytes, args_sha256) = match arguments.map(|a| (a, redacted(evaluator, a))) {
+            None => (None, None, None),
+            Some((full, args)) => {
+                let bytes = compact_len(&args);
+                if bytes <= MAX_AUDIT_ARGS_BYTES {
+                    (Some(args), None, None)
+                } else {
+                    let hash = crate::hash::arguments_hash(full);
+                    (None, Some(bytes), Some(hash))
+                }
+            }
+        };
         AuditRecord {
             timestamp: timestamp(at),
             direction: Direction::Upstream,
@@ -90,6 +115,8 @@ impl AuditRecord {
             method: Some(request.method.to_owned()),
             tool,
             args,
+            args_bytes,
+            args_sha256,
             failed_arg: verdict.failed_arg().map(str::to_owned),
             failed_rule: verdict.failed_rule().map(str::to_owned),
             reason: verdict.reason().map(str::to_owned),
@@ -118,6 +145,23 @@ impl DlpRecord {
 
 fn request_is_call(request: &Request<'_>) -> bool {
     crate::normalize::normalize_name(request.method) == "tools/call"
+}
+
+/// The length of a value's compact JSON, counted without building it.
+fn compact_len(value: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
 }
 
 fn redacted(evaluator: &Evaluator, args: &Value) -> Value {

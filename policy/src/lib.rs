@@ -29,7 +29,7 @@ pub mod paths;
 pub mod ratelimit;
 pub mod regexes;
 
-pub use audit::{AuditRecord, Direction, DlpRecord};
+pub use audit::{AuditRecord, Direction, DlpRecord, MAX_AUDIT_ARGS_BYTES};
 pub use compile::{CompileOptions, DEFAULT_ALLOWED_METHODS, Evaluator};
 pub use dlp::{DlpEvent, Redacted, Redactor};
 pub use document::{AgentPolicy, FieldError, Mode, PolicyErrors};

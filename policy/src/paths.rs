@@ -12,6 +12,13 @@
 //! components. As in the AIP reference, an argument that merely *contains* an
 //! absolute protected path as text (`cat /etc/shadow`) also matches.
 //!
+//! What a shell or a glob-expanding tool would turn into a protected path
+//! matches too: `${HOME}` and `~user` are expanded, shell quoting and
+//! backslash escapes are removed (`/etc/sha''dow`, `/etc/sha\dow`), a token
+//! with glob characters (`*`, `?`, `[...]`) matches when the glob could name
+//! a protected path or something under it (`/etc/sh*`, `/e?c/shadow`), and
+//! object keys are checked as well as values.
+//!
 //! The common case, an argument that mentions no protected file name at all, is
 //! rejected by one Aho-Corasick scan for the paths' last components.
 
@@ -134,7 +141,12 @@ impl ProtectedPaths {
         match value {
             Value::String(s) => self.check_str(s).map(|e| e.written.clone()),
             Value::Array(items) => items.iter().find_map(|v| self.scan(v, depth + 1)),
-            Value::Object(map) => map.values().find_map(|v| self.scan(v, depth + 1)),
+            // A key can name a file as well as a value can (`{"/etc/shadow": ...}`).
+            Value::Object(map) => map.iter().find_map(|(k, v)| {
+                self.check_str(k)
+                    .map(|e| e.written.clone())
+                    .or_else(|| self.scan(v, depth + 1))
+            }),
             _ => None,
         }
     }
@@ -143,28 +155,77 @@ impl ProtectedPaths {
         if !self.might_match(s) {
             return None;
         }
-        let text = normalize_text(s);
-        if let Some(e) = self
-            .entries
-            .iter()
-            .find(|e| e.absolute && !e.text.is_empty() && text.contains(&e.text))
-        {
-            return Some(e);
+        let decoded = decode_lower(s);
+        // As a path (a backslash separates, as on Windows) and as a shell
+        // word (quotes and backslash escapes removed).
+        let shell = as_shell_word(&decoded);
+        let readings = std::iter::once(as_path(&decoded)).chain(brace_expansions(&shell));
+        for text in readings {
+            if let Some(e) = self
+                .entries
+                .iter()
+                .find(|e| e.absolute && !e.text.is_empty() && text.contains(&e.text))
+            {
+                return Some(e);
+            }
+            let found = text
+                .split(is_separator)
+                .filter(|t| !t.is_empty())
+                .find_map(|token| self.check_token(token))
+                .or_else(|| {
+                    // Brackets separate tokens in free text, but belong to
+                    // a glob's character classes.
+                    text.split(|c| is_separator(c) && !matches!(c, '[' | ']'))
+                        .filter(|t| !t.is_empty())
+                        .find_map(|token| self.check_glob(token))
+                });
+            if found.is_some() {
+                return found;
+            }
         }
-        text.split(is_separator)
-            .filter(|t| !t.is_empty())
-            .find_map(|token| self.check_token(token))
+        None
     }
 
     /// A necessary condition for a hit, cheap enough for every argument.
     fn might_match(&self, s: &str) -> bool {
-        if self.always_full || s.contains('%') {
+        // Percent-encoding, shell quoting and globs can hide a name from the
+        // scan below: such strings get the full check.
+        if self.always_full || s.contains(['%', '\'', '"', '\\', '*', '?', '[', '{']) {
             return true;
         }
         if self.home_relevant && (s.contains('~') || s.contains("$HOME") || s.contains("${HOME}")) {
             return true;
         }
         self.leaves.as_ref().is_some_and(|ac| ac.is_match(s))
+    }
+
+    /// A token with glob characters, as a glob-expanding tool would read it:
+    /// a hit when it can name a protected path or something under it.
+    fn check_glob(&self, token: &str) -> Option<&Entry> {
+        if !token.contains(['*', '?', '[']) {
+            return None;
+        }
+        let (_, components, absolute) = clean(token, self.home.as_deref());
+        let globs: Vec<Option<glob::Pattern>> =
+            components.iter().map(|c| glob_pattern(c)).collect();
+        let matches = |glob: &Option<glob::Pattern>, component: &str| {
+            glob.as_ref().is_some_and(|p| p.matches(component))
+        };
+        let recursive = components.iter().any(|c| c == "**");
+        self.entries.iter().find(|e| {
+            let run = |start: usize| {
+                e.components.iter().enumerate().all(|(i, part)| {
+                    globs.get(start + i).is_some_and(|g| matches(g, part))
+                        || (recursive && components.get(start + i).is_some_and(|c| c == "**"))
+                })
+            };
+            if e.absolute && absolute {
+                // The glob names the path, or a path under it.
+                run(0)
+            } else {
+                (0..components.len()).any(run)
+            }
+        })
     }
 
     fn check_token(&self, token: &str) -> Option<&Entry> {
@@ -179,9 +240,9 @@ impl ProtectedPaths {
     }
 }
 
-/// Percent-decodes (repeatedly, so double encoding does not hide a path),
-/// lowercases, turns backslashes into slashes and drops `file://` schemes.
-fn normalize_text(s: &str) -> String {
+/// Percent-decodes (repeatedly, so double encoding does not hide a path)
+/// and lowercases; `${home}` becomes `$home`, one token for the split below.
+fn decode_lower(s: &str) -> String {
     let mut text = s.to_owned();
     for _ in 0..3 {
         if !text.contains('%') {
@@ -195,7 +256,104 @@ fn normalize_text(s: &str) -> String {
         }
         text = decoded;
     }
-    strip_file_scheme(&text.to_lowercase().replace('\\', "/"))
+    text.to_lowercase().replace("${home}", "$home")
+}
+
+/// The text as a path: backslashes are separators, `file://` is dropped.
+fn as_path(decoded: &str) -> String {
+    strip_file_scheme(&decoded.replace('\\', "/"))
+}
+
+/// The text as a shell would read a word of it: quotes removed, a backslash
+/// escaping the character after it.
+fn as_shell_word(decoded: &str) -> String {
+    let mut out = String::with_capacity(decoded.len());
+    let mut chars = decoded.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\'' | '"' => {}
+            '\\' => out.extend(chars.next()),
+            other => out.push(other),
+        }
+    }
+    strip_file_scheme(&out)
+}
+
+/// The words a shell's brace expansion makes of `text` (`/etc/{shadow,x}`
+/// is `/etc/shadow` and `/etc/x`), `text` itself when it has none. Bounded:
+/// past [`MAX_EXPANSIONS`] words the rest are not expanded (the unexpanded
+/// text is still checked).
+fn brace_expansions(text: &str) -> Vec<String> {
+    let mut done = Vec::new();
+    let mut pending = vec![text.to_owned()];
+    while let Some(word) = pending.pop() {
+        match first_brace_group(&word) {
+            Some((open, close)) if done.len() + pending.len() < MAX_EXPANSIONS => {
+                let inner = &word[open + 1..close];
+                for alternative in split_top_level(inner) {
+                    pending.push(format!(
+                        "{}{alternative}{}",
+                        &word[..open],
+                        &word[close + 1..]
+                    ));
+                }
+            }
+            _ => done.push(word),
+        }
+    }
+    done
+}
+
+const MAX_EXPANSIONS: usize = 64;
+
+/// The first `{...}` holding a comma at its own level.
+fn first_brace_group(word: &str) -> Option<(usize, usize)> {
+    let bytes = word.as_bytes();
+    for (open, _) in word.match_indices('{') {
+        let mut depth = 0;
+        let mut comma = false;
+        for (i, &b) in bytes.iter().enumerate().skip(open) {
+            match b {
+                b'{' => depth += 1,
+                b'}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        if comma {
+                            return Some((open, i));
+                        }
+                        break;
+                    }
+                }
+                b',' if depth == 1 => comma = true,
+                _ => {}
+            }
+        }
+    }
+    None
+}
+
+fn split_top_level(inner: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let (mut depth, mut start) = (0, 0);
+    for (i, c) in inner.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(&inner[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&inner[start..]);
+    parts
+}
+
+/// One path component as a glob; None when it cannot be one (an unclosed
+/// class), which then matches nothing.
+fn glob_pattern(component: &str) -> Option<glob::Pattern> {
+    glob::Pattern::new(component).ok()
 }
 
 fn strip_file_scheme(s: &str) -> String {
@@ -238,9 +396,12 @@ fn clean(path: &str, home: Option<&str>) -> (String, Vec<String>, bool) {
                 path.strip_prefix(p)
                     .filter(|r| r.is_empty() || r.starts_with('/'))
             });
-            match rest {
-                Some(rest) => {
-                    expanded = format!("{h}{rest}");
+            match rest
+                .map(|r| (h.to_owned(), r))
+                .or_else(|| other_home(path, h))
+            {
+                Some((home, rest)) => {
+                    expanded = format!("{home}{rest}");
                     expanded.as_str()
                 }
                 None => path,
@@ -269,6 +430,29 @@ fn clean(path: &str, home: Option<&str>) -> (String, Vec<String>, bool) {
         components.join("/")
     };
     (text, components, absolute)
+}
+
+/// `~name/...`: a shell expands it to that user's home. Lexically: the
+/// agent's own home when `name` is its last component, `/root` for root,
+/// otherwise a sibling of the agent's home (`/home/name`).
+fn other_home<'a>(path: &'a str, home: &str) -> Option<(String, &'a str)> {
+    let after = path.strip_prefix('~')?;
+    let end = after.find('/').unwrap_or(after.len());
+    let (name, rest) = after.split_at(end);
+    let valid = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if !valid {
+        return None;
+    }
+    let (parent, own) = home.rsplit_once('/').unwrap_or(("", home));
+    let user_home = match name {
+        n if n == own => home.to_owned(),
+        "root" => "/root".to_owned(),
+        n => format!("{parent}/{n}"),
+    };
+    Some((user_home, rest))
 }
 
 fn split(path: &str) -> Vec<String> {
@@ -371,5 +555,92 @@ mod tests {
             v = json!([v]);
         }
         assert!(hit(&p, v).is_some());
+    }
+}
+
+#[cfg(test)]
+mod evasions {
+    use super::*;
+    use serde_json::json;
+
+    fn hit(list: &[&str], value: Value) -> Option<String> {
+        let p = ProtectedPaths::new(list.iter().copied(), Some("/home/agent"));
+        let args = json!({ "arg": value });
+        p.find(args.as_object().unwrap()).map(|h| h.protected)
+    }
+
+    #[test]
+    fn home_in_every_spelling_a_shell_expands() {
+        for arg in [
+            "${HOME}/.ssh/id_rsa",
+            "cat ${HOME}/.ssh/id_rsa",
+            "--key=${HOME}/.ssh/id_rsa",
+            "$HOME/.ssh",
+            "~agent/.ssh/config",
+        ] {
+            assert!(hit(&["~/.ssh"], json!(arg)).is_some(), "{arg}");
+        }
+        assert!(hit(&["/root/.ssh"], json!("~root/.ssh/id_rsa")).is_some());
+        assert!(hit(&["/home/bob/.aws"], json!("~bob/.aws/credentials")).is_some());
+        assert!(
+            hit(&["~/.ssh"], json!("~bob/.ssh")).is_none(),
+            "another user's home"
+        );
+    }
+
+    #[test]
+    fn shell_quoting_and_escapes_do_not_hide_a_path() {
+        for arg in [
+            "/etc/sha''dow",
+            "/etc/sh\"a\"dow",
+            "cat /etc/sha\\dow",
+            "'/etc/shadow'",
+            "/etc/'shadow'",
+        ] {
+            assert!(hit(&["/etc/shadow"], json!(arg)).is_some(), "{arg}");
+        }
+    }
+
+    #[test]
+    fn globs_that_can_name_a_protected_path_match() {
+        for arg in [
+            "/etc/sh*",
+            "/e?c/shadow",
+            "/etc/[s]hadow",
+            "/etc/[!x]hadow",
+            "cat /etc/*",
+            "/etc/**",
+            "/e*/shadow",
+        ] {
+            assert!(hit(&["/etc/shadow"], json!(arg)).is_some(), "{arg}");
+        }
+        for arg in ["/etc/pass*", "/*", "/tmp/*", "/etc/[x]hadow", "what's up?"] {
+            assert_eq!(hit(&["/etc/shadow"], json!(arg)), None, "{arg}");
+        }
+        assert!(hit(&["~/.ssh"], json!("~/.ss?/id_rsa")).is_some());
+        assert!(hit(&[".env"], json!("app/.en?")).is_some());
+    }
+
+    #[test]
+    fn brace_expansion_is_a_shell_spelling_too() {
+        for arg in [
+            "cat /etc/{shadow,x}",
+            "/etc/{sha,x}dow",
+            "/etc/{x,{y,shadow}}",
+            "/e{tc,x}/shadow",
+        ] {
+            assert!(hit(&["/etc/shadow"], json!(arg)).is_some(), "{arg}");
+        }
+        assert_eq!(hit(&["/etc/shadow"], json!("/etc/{passwd,group}")), None);
+        // Bounded: a word of many groups is not expanded without limit.
+        let many = "{a,b}".repeat(40);
+        assert_eq!(hit(&["/etc/shadow"], json!(many)), None);
+    }
+
+    #[test]
+    fn object_keys_are_checked_too() {
+        assert!(hit(&["/etc/shadow"], json!({"/etc/shadow": "read"})).is_some());
+        assert!(hit(&["/etc/shadow"], json!({"files": {"/etc/sha''dow": 1}})).is_some());
+        assert_eq!(hit(&["/etc/shadow"], json!({"/tmp/x": "/tmp/y"})), None);
     }
 }

@@ -546,6 +546,43 @@ mod audit {
     }
 }
 
+mod audit_size {
+    use super::*;
+    use aip_policy::{AuditRecord, MAX_AUDIT_ARGS_BYTES};
+    use std::time::SystemTime;
+
+    /// One call with megabytes of arguments makes an audit line of a few
+    /// hundred bytes: their size and the hash of the full value, no data.
+    #[test]
+    fn large_arguments_are_recorded_by_size_and_hash() {
+        let e = policy("allowed_tools: [put]");
+        let big = "x".repeat(4 * 1024 * 1024);
+        let msg = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                         "params": {"name": "put", "arguments": {"blob": big}}});
+        let request = Request::from_value(&msg).unwrap();
+        let verdict = e.evaluate(&request);
+        let record = AuditRecord::for_request(&e, &request, &verdict, SystemTime::now());
+        let line = serde_json::to_string(&record).unwrap();
+        assert!(line.len() < 1024, "{} bytes", line.len());
+        let record: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(record.get("args"), None);
+        assert_eq!(record["args_bytes"], 4 * 1024 * 1024 + 11);
+        assert_eq!(
+            record["args_sha256"],
+            aip_policy::hash::arguments_hash(&msg["params"]["arguments"])
+        );
+        // At the cap, the arguments are still recorded whole.
+        let fits = "y".repeat(MAX_AUDIT_ARGS_BYTES - 11);
+        let msg = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                         "params": {"name": "put", "arguments": {"blob": fits}}});
+        let request = Request::from_value(&msg).unwrap();
+        let record =
+            AuditRecord::for_request(&e, &request, &e.evaluate(&request), SystemTime::now());
+        assert_eq!(record.args, Some(msg["params"]["arguments"].clone()));
+        assert_eq!(record.args_sha256, None);
+    }
+}
+
 mod listing {
     use super::*;
     use aip_policy::Listing;

@@ -2,10 +2,11 @@
 //! and trace export, shutdown on SIGTERM/SIGINT, the one HTTP/1 accept loop
 //! (bounded: a connection cap, a header deadline, accept errors that never
 //! end the process), a lock that survives a panicked holder, and a sleep
-//! until an optional deadline.
+//! until an optional deadline, and busy polling for a stdio relay.
 //!
 //! Nothing here knows about MCP, policy or Kubernetes.
 
+pub mod busy_poll;
 pub mod serve;
 pub mod sync;
 pub mod telemetry;

@@ -513,8 +513,14 @@ fn stdio_run(command: &mut Command) -> (f64, f64, f64) {
                          msg: &str| {
         writeln!(input, "{msg}").unwrap();
         input.flush().unwrap();
-        line.clear();
-        output.read_line(&mut line).unwrap();
+        // Notices (a changed tool list) are not answers.
+        loop {
+            line.clear();
+            output.read_line(&mut line).unwrap();
+            if !line.contains(r#""method":"notifications/"#) {
+                break;
+            }
+        }
         // Every figure is of calls the server answered: an error from the
         // proxy itself would be a much faster, meaningless round trip.
         line.contains(r#""text":"ok""#)
@@ -555,10 +561,16 @@ fn stdio_run(command: &mut Command) -> (f64, f64, f64) {
         input.flush().unwrap();
         input
     });
-    let mut served = 0;
-    for _ in 0..batch {
+    let (mut answered, mut served) = (0, 0);
+    while answered < batch {
         line.clear();
-        output.read_line(&mut line).unwrap();
+        if output.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        if line.contains(r#""method":"notifications/"#) {
+            continue;
+        }
+        answered += 1;
         served += usize::from(line.contains(r#""text":"ok""#));
     }
     let tput = (batch as f64 / start.elapsed().as_secs_f64()).round();

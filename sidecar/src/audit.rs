@@ -49,6 +49,60 @@ impl Audit {
     }
 }
 
+/// An audit file that never grows past `max_bytes`: when the next line would
+/// take it over, it is renamed to `FILE.1` (replacing the previous one) and
+/// a new `FILE` is started, so at most twice the bound is kept on disk.
+pub struct RotatingFile {
+    path: std::path::PathBuf,
+    max_bytes: u64,
+    written: u64,
+    file: std::fs::File,
+}
+
+impl RotatingFile {
+    pub fn open(path: &std::path::Path, max_bytes: u64) -> std::io::Result<RotatingFile> {
+        let file = append(path)?;
+        Ok(RotatingFile {
+            path: path.to_owned(),
+            max_bytes,
+            written: file.metadata()?.len(),
+            file,
+        })
+    }
+
+    fn rotate(&mut self) -> std::io::Result<()> {
+        let mut old = self.path.clone().into_os_string();
+        old.push(".1");
+        std::fs::rename(&self.path, old)?;
+        self.file = append(&self.path)?;
+        self.written = 0;
+        Ok(())
+    }
+}
+
+fn append(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+}
+
+impl Write for RotatingFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let len = buf.len() as u64;
+        if self.written > 0 && self.written + len > self.max_bytes {
+            self.rotate()?;
+        }
+        let n = self.file.write(buf)?;
+        self.written += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
+}
+
 pub struct UpstreamFailure<'a> {
     pub connection: &'a str,
     pub tool: &'a str,
@@ -72,4 +126,33 @@ pub fn refusal_line(reason: &str, id: Option<&Value>) -> Value {
         "reason": reason,
         "request_id": id,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn the_audit_file_rotates_at_its_bound() {
+        let dir = std::env::temp_dir().join(format!("aip-audit-rotate-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("audit.jsonl");
+        let audit = Audit::new(Box::new(RotatingFile::open(&path, 1000).unwrap()));
+        for i in 0..100 {
+            audit.record(&json!({"n": i, "pad": "x".repeat(80)}));
+        }
+        let current = std::fs::metadata(&path).unwrap().len();
+        let previous = std::fs::metadata(dir.join("audit.jsonl.1")).unwrap().len();
+        assert!(current <= 1000 && previous <= 1000, "{current} {previous}");
+        let last = std::fs::read_to_string(&path).unwrap();
+        assert!(last.lines().last().unwrap().contains("\"n\":99"), "{last}");
+        assert!(
+            last.lines()
+                .all(|l| serde_json::from_str::<Value>(l).is_ok()),
+            "lines are never torn across files"
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 }

@@ -13,7 +13,6 @@ pub mod admin;
 pub mod agent;
 pub mod approvals;
 pub mod audit;
-pub mod busy_poll;
 pub mod config;
 pub mod control;
 pub mod gate;

@@ -68,7 +68,7 @@ impl Harness {
         let (agent, wrapped) = tokio::io::duplex(64 * 1024);
         let (wrap_in, wrap_out) = tokio::io::split(wrapped);
         let running = tokio::spawn(async move {
-            stdio::serve(gateway.clone(), wrap_in, wrap_out, None).await;
+            stdio::serve(gateway.clone(), wrap_in, wrap_out).await;
             gateway.close_connections().await;
             drop(config_tx);
         });

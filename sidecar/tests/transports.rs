@@ -318,7 +318,7 @@ async fn over_stdio() -> Run {
     approve_when_asked(&gateway);
     let (agent, served) = tokio::io::duplex(1 << 20);
     let (served_in, served_out) = tokio::io::split(served);
-    let serving = tokio::spawn(stdio::serve(gateway.clone(), served_in, served_out, None));
+    let serving = tokio::spawn(stdio::serve(gateway.clone(), served_in, served_out));
     let (from, mut to) = tokio::io::split(agent);
     let mut from = BufReader::new(from).lines();
     let mut replies = Vec::new();

@@ -24,7 +24,9 @@ pub fn run(paths: &[PathBuf], as_json: bool) -> anyhow::Result<bool> {
     } else {
         report::text(&reports);
     }
-    Ok(reports.iter().all(|r| r.failed() == 0))
+    Ok(reports
+        .iter()
+        .all(|r| r.failed() == 0 && r.unsupported() == 0))
 }
 
 /// The vector files named, directories expanded recursively, in path order.

@@ -17,19 +17,33 @@ pub struct FileReport {
 pub struct TestReport {
     pub id: String,
     pub mismatches: Vec<Mismatch>,
+    /// Why the runner could not interpret the vector (then it ran nothing).
+    pub unsupported: Option<String>,
+}
+
+impl TestReport {
+    fn passed(&self) -> bool {
+        self.mismatches.is_empty() && self.unsupported.is_none()
+    }
 }
 
 impl FileReport {
     pub fn passed(&self) -> usize {
-        self.tests
-            .iter()
-            .filter(|t| t.mismatches.is_empty())
-            .count()
+        self.tests.iter().filter(|t| t.passed()).count()
     }
 
     /// Failed tests; an unreadable file counts as one failure.
     pub fn failed(&self) -> usize {
-        self.tests.len() - self.passed() + usize::from(self.error.is_some())
+        let failed = self.tests.iter().filter(|t| !t.mismatches.is_empty());
+        failed.count() + usize::from(self.error.is_some())
+    }
+
+    /// Vectors the runner could not interpret.
+    pub fn unsupported(&self) -> usize {
+        self.tests
+            .iter()
+            .filter(|t| t.unsupported.is_some())
+            .count()
     }
 }
 
@@ -37,6 +51,11 @@ pub fn text(reports: &[FileReport]) {
     for r in reports {
         if let Some(error) = &r.error {
             println!("ERROR {}: {error}", r.path.display());
+        }
+        for t in &r.tests {
+            if let Some(why) = &t.unsupported {
+                println!("UNSUPPORTED {} {}: {why}", r.path.display(), t.id);
+            }
         }
         for t in r.tests.iter().filter(|t| !t.mismatches.is_empty()) {
             let details: Vec<String> = t
@@ -54,15 +73,28 @@ pub fn text(reports: &[FileReport]) {
             .map(|n| format!(" ({n})"))
             .unwrap_or_default();
         println!(
-            "{}{name}: {} passed, {} failed",
+            "{}{name}: {} passed, {} failed{}",
             r.path.display(),
             r.passed(),
-            r.failed()
+            r.failed(),
+            unsupported_note(r.unsupported())
         );
     }
     let passed: usize = reports.iter().map(FileReport::passed).sum();
     let failed: usize = reports.iter().map(FileReport::failed).sum();
-    println!("{passed} passed, {failed} failed");
+    let unsupported: usize = reports.iter().map(FileReport::unsupported).sum();
+    println!(
+        "{passed} passed, {failed} failed{}",
+        unsupported_note(unsupported)
+    );
+}
+
+fn unsupported_note(n: usize) -> String {
+    if n == 0 {
+        String::new()
+    } else {
+        format!(", {n} unsupported")
+    }
 }
 
 pub fn json(reports: &[FileReport]) -> Value {
@@ -75,9 +107,11 @@ pub fn json(reports: &[FileReport]) -> Value {
                 "error": r.error,
                 "passed": r.passed(),
                 "failed": r.failed(),
+                "unsupported": r.unsupported(),
                 "tests": r.tests.iter().map(|t| json!({
                     "id": t.id,
-                    "passed": t.mismatches.is_empty(),
+                    "passed": t.passed(),
+                    "unsupported": t.unsupported,
                     "mismatches": t.mismatches,
                 })).collect::<Vec<_>>(),
             })
@@ -87,5 +121,6 @@ pub fn json(reports: &[FileReport]) -> Value {
         "files": files,
         "passed": reports.iter().map(FileReport::passed).sum::<usize>(),
         "failed": reports.iter().map(FileReport::failed).sum::<usize>(),
+        "unsupported": reports.iter().map(FileReport::unsupported).sum::<usize>(),
     })
 }

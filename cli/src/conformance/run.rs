@@ -36,24 +36,36 @@ fn parse(text: &str) -> Result<Suite, String> {
 }
 
 fn test(vector: &Vector) -> TestReport {
+    if let Some(why) = vector.unsupported() {
+        return TestReport {
+            id: vector.id.clone(),
+            mismatches: Vec::new(),
+            unsupported: Some(why),
+        };
+    }
     let mut m = Mismatches::default();
     let refuse = vector.expected.expects_invalid_policy();
-    match evaluator(&vector.policy) {
+    let clock = aip_policy::ManualClock::default();
+    match evaluator(&vector.policy, &clock) {
         Ok(_) if refuse => m.fail("policy", "the policy to be refused", "it loaded"),
         Ok(evaluator) if is_response(vector) => dlp(&evaluator, vector, &mut m),
-        Ok(evaluator) => request(&evaluator, vector, &mut m),
+        Ok(evaluator) => request(&evaluator, &clock, vector, &mut m),
         Err(_) if refuse => {}
         Err(e) => m.fail("policy", "a policy that loads", e),
     }
     TestReport {
         id: vector.id.clone(),
         mismatches: m.0,
+        unsupported: None,
     }
 }
 
-fn evaluator(policy: &Value) -> Result<Evaluator, String> {
+/// The vector's policy, its rate limits on `clock` (which only the runner
+/// moves, so a vector's timing is exactly what it says).
+fn evaluator(policy: &Value, clock: &aip_policy::ManualClock) -> Result<Evaluator, String> {
     let options = CompileOptions {
         home: load::home(),
+        clock: aip_policy::RateClock::Manual(clock.clone()),
         ..CompileOptions::default()
     };
     let compiled = match policy {
@@ -69,7 +81,12 @@ fn is_response(vector: &Vector) -> bool {
     vector.input.kind.as_deref() == Some("response")
 }
 
-fn request(evaluator: &Evaluator, vector: &Vector, m: &mut Mismatches) {
+fn request(
+    evaluator: &Evaluator,
+    clock: &aip_policy::ManualClock,
+    vector: &Vector,
+    m: &mut Mismatches,
+) {
     let input = &vector.input;
     let mut message = json!({
         "jsonrpc": "2.0",
@@ -84,8 +101,21 @@ fn request(evaluator: &Evaluator, vector: &Vector, m: &mut Mismatches) {
         Ok(r) => r,
         Err(e) => return m.fail("input", "a JSON-RPC request", e),
     };
-    for _ in 0..input.context.previous_calls.unwrap_or(0) {
+    // The previous calls are spread over the window, the last of them a
+    // millisecond before this one: all within it.
+    let previous = input.context.previous_calls.unwrap_or(0);
+    let window = match input.context.window.as_deref().map(window) {
+        None => std::time::Duration::ZERO,
+        Some(Ok(w)) => w,
+        Some(Err(e)) => return m.fail("input.context.window", "a duration like 1m or 30s", e),
+    };
+    let step = window
+        .saturating_sub(std::time::Duration::from_millis(1))
+        .checked_div(previous.max(1))
+        .unwrap_or_default();
+    for _ in 0..previous {
         evaluator.evaluate(&request);
+        clock.advance(step);
     }
     let mut verdict = evaluator.evaluate(&request);
     if let Some(answer) = &input.context.user_response {
@@ -95,6 +125,25 @@ fn request(evaluator: &Evaluator, vector: &Vector, m: &mut Mismatches) {
         }
     }
     compare_verdict(&verdict, vector, m);
+}
+
+/// `500ms`, `30s`, `1m`, `2h`.
+fn window(text: &str) -> Result<std::time::Duration, String> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("{text:?} has no unit"))?;
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} does not start with a number"))?;
+    let seconds = |s: u64| std::time::Duration::from_secs(n.saturating_mul(s));
+    match unit {
+        "ms" => Ok(std::time::Duration::from_millis(n)),
+        "s" => Ok(seconds(1)),
+        "m" => Ok(seconds(60)),
+        "h" => Ok(seconds(3600)),
+        other => Err(format!("unit {other:?} is not ms, s, m or h")),
+    }
 }
 
 fn approval(answer: &str) -> Option<Approval> {

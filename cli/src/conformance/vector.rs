@@ -1,7 +1,11 @@
 //! The vector file format: a suite with `tests`, each with a policy (inline
 //! YAML text, an inline mapping, or null for "no policy loaded"), an `input`
-//! and the `expected` outcome. Unknown fields (notes, descriptions) are
-//! ignored so that newer vector files still run.
+//! and the `expected` outcome. Fields beside these (notes, descriptions) are
+//! ignored; a field inside `input` or `expected` that this runner does not
+//! understand makes the vector unsupported (reported as such, never passed),
+//! as does a vector that states no expected outcome at all.
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
@@ -43,6 +47,9 @@ pub struct Input {
     /// Response text (or a tool result object) for DLP vectors.
     #[serde(default)]
     pub content: Option<Value>,
+    /// Fields this runner does not understand.
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -50,9 +57,16 @@ pub struct Context {
     /// Calls of the same tool made just before this one (rate limits).
     #[serde(default)]
     pub previous_calls: Option<u32>,
+    /// The span the previous calls were made in, ending with this one
+    /// (`1m`, `30s`, `500ms`, `2h`).
+    #[serde(default)]
+    pub window: Option<String>,
     /// The person's answer to an ASK: approve, deny or timeout.
     #[serde(default)]
     pub user_response: Option<String>,
+    /// Fields this runner does not understand.
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, Value>,
 }
 
 /// Every field is optional: only what a vector states is checked. Fields
@@ -81,6 +95,9 @@ pub struct Expected {
     pub output: Option<Value>,
     #[serde(default)]
     pub dlp_events: Option<Vec<ExpectedEvent>>,
+    /// Fields this runner does not understand.
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, Value>,
 }
 
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq, Eq, PartialOrd, Ord)]
@@ -89,7 +106,59 @@ pub struct ExpectedEvent {
     pub count: usize,
 }
 
+impl Vector {
+    /// Why this runner cannot interpret the vector, if it cannot: such a
+    /// vector is reported unsupported, never counted as passed.
+    pub fn unsupported(&self) -> Option<String> {
+        let unknown = |at: &str, fields: &BTreeMap<String, Value>| {
+            let names: Vec<String> = fields.keys().map(|k| format!("{at}.{k}")).collect();
+            (!names.is_empty()).then(|| format!("not understood: {}", names.join(", ")))
+        };
+        unknown("input", &self.input.unknown)
+            .or_else(|| unknown("input.context", &self.input.context.unknown))
+            .or_else(|| unknown("expected", &self.expected.unknown))
+            .or_else(|| match self.input.kind.as_deref() {
+                None | Some("request" | "response") => None,
+                Some(other) => Some(format!(
+                    "input.type {other:?} is neither request nor response"
+                )),
+            })
+            .or_else(|| {
+                self.expected
+                    .states_nothing()
+                    .then(|| "the vector states no expected outcome".to_owned())
+            })
+    }
+}
+
 impl Expected {
+    /// Whether no expectation at all is stated (nothing could fail).
+    fn states_nothing(&self) -> bool {
+        let Expected {
+            valid,
+            decision,
+            error_code,
+            violation,
+            error_message,
+            error_data,
+            response_format,
+            redacted,
+            output,
+            dlp_events,
+            unknown: _,
+        } = self;
+        valid.is_none()
+            && decision.is_none()
+            && error_code.is_none()
+            && violation.is_none()
+            && error_message.is_none()
+            && error_data.is_none()
+            && response_format.is_none()
+            && redacted.is_none()
+            && output.is_none()
+            && dlp_events.is_none()
+    }
+
     /// Whether the vector expects the policy to be refused.
     pub fn expects_invalid_policy(&self) -> bool {
         self.valid == Some(false)

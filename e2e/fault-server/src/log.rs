@@ -80,6 +80,18 @@ pub fn canonical_sha256(value: &Value) -> String {
     hex::encode(Sha256::digest(&bytes))
 }
 
+/// Whether two values are the same JSON value in canonical form (numbers by
+/// value: `2` is `2.0`).
+pub fn canonical_eq(a: &Value, b: &Value) -> bool {
+    match (
+        serde_json_canonicalizer::to_vec(a),
+        serde_json_canonicalizer::to_vec(b),
+    ) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
 pub fn sha256_hex(text: &str) -> String {
     hex::encode(Sha256::digest(text.as_bytes()))
 }

@@ -120,7 +120,9 @@ pub struct Response {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Step {
-    #[serde(default, rename = "return")]
+    /// Any JSON value, null included (`return: null` is a tool that returns
+    /// null): present-but-null is kept apart from absent.
+    #[serde(default, rename = "return", deserialize_with = "present")]
     pub return_value: Option<Value>,
     #[serde(default)]
     pub error: Option<String>,
@@ -275,7 +277,11 @@ impl Matcher {
     pub fn matches(&self, arguments: &Value) -> bool {
         match self {
             Matcher::Any => true,
-            Matcher::Exact(expected) => expected == arguments,
+            // Compared as the attempt log hashes them (RFC 8785 canonical
+            // JSON): 2 and 2.0 are one number, as they are to JSON.
+            Matcher::Exact(expected) => {
+                expected == arguments || crate::log::canonical_eq(expected, arguments)
+            }
             Matcher::Regex(fields) => fields.iter().all(|(field, re)| {
                 arguments
                     .get(field)
@@ -592,4 +598,9 @@ fn validate_step(step: Step, path: &str, transport: Transport) -> Result<ScriptS
         outcome: outcome.1,
         delay_ms,
     })
+}
+
+/// Some(Value::Null) for an explicit null, None (via `default`) when absent.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
 }

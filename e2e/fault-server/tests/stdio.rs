@@ -365,3 +365,58 @@ fn delay_holds_the_answer_back_by_at_least_its_length() {
     assert_eq!(attempt["delay_ms"], 250);
     assert!(attempt["latency_ms"].as_u64().unwrap() >= 250, "{attempt}");
 }
+
+/// What `return` plays, for every kind of JSON value the docs allow (null
+/// included): a string is the text itself, anything else its JSON text; an
+/// object is also the structured content. Matching compares numbers by
+/// value, as the attempt log's hash does (2 is 2.0).
+#[test]
+fn return_values_of_every_kind_and_numbers_matched_by_value() {
+    let tools = "  tools:
+    - name: kinds
+      responses:
+        - sequence:
+            - return: null
+            - return: plain words
+            - return: 3
+            - return: [1, 2]
+            - return: {a: 1}
+    - name: exact
+      responses:
+        - match: {n: 2}
+          sequence: [{return: matched}]
+";
+    let mut s = StdioServer::spawn("kinds", &script(tools));
+    s.initialize();
+    for (i, (text, structured)) in [
+        ("null", Value::Null),
+        ("plain words", Value::Null),
+        ("3", Value::Null),
+        ("[1,2]", Value::Null),
+        (r#"{"a":1}"#, json!({"a": 1})),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        s.call(json!(i), "kinds", json!({}));
+        let reply = s.recv();
+        assert_eq!(text_of(&reply["result"]), text, "{reply}");
+        assert_eq!(
+            reply["result"]
+                .get("structuredContent")
+                .cloned()
+                .unwrap_or(Value::Null),
+            structured
+        );
+    }
+    s.call(json!("exact"), "exact", json!({"n": 2.0}));
+    let reply = s.recv();
+    assert_eq!(text_of(&reply["result"]), "matched", "{reply}");
+    let attempts = s.attempts();
+    let hashes: Vec<&Value> = attempts.iter().map(|a| &a["args_sha256"]).collect();
+    assert_eq!(
+        attempts.last().unwrap()["outcome"],
+        "delivered",
+        "{hashes:?}"
+    );
+}

@@ -21,7 +21,6 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 
-use crate::busy_poll::BusyPoll;
 use crate::gate::{Caller, Gateway, Reply};
 
 /// The agent's session name at the gateway.
@@ -37,12 +36,12 @@ const DRAIN: Duration = Duration::from_secs(5);
 /// Serves one agent on `input`/`output` until its input ends and what it
 /// sent has been answered (asks it left waiting are withdrawn at once; calls
 /// get [`DRAIN`] to finish).
-pub async fn serve<R, W>(gateway: Arc<Gateway>, input: R, output: W, busy: Option<Arc<BusyPoll>>)
+pub async fn serve<R, W>(gateway: Arc<Gateway>, input: R, output: W)
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let (to_agent, writer) = writer(output, busy);
+    let (to_agent, writer) = writer(output);
     let caller = Caller {
         session: SESSION.to_owned(),
         events: Some(to_agent.clone()),
@@ -154,7 +153,6 @@ async fn announce_tool_changes(
 /// is written (or the agent stops reading).
 fn writer<W: AsyncWrite + Unpin + Send + 'static>(
     mut out: W,
-    busy: Option<Arc<BusyPoll>>,
 ) -> (mpsc::Sender<Value>, tokio::task::JoinHandle<()>) {
     const BATCH: usize = 256 * 1024;
     let (tx, mut rx) = mpsc::channel::<Value>(MAX_QUEUED);
@@ -169,9 +167,7 @@ fn writer<W: AsyncWrite + Unpin + Send + 'static>(
             if out.write_all(&buf).await.and(out.flush().await).is_err() {
                 return;
             }
-            if let Some(busy) = &busy {
-                busy.touch(); // an answer or the next line usually follows
-            }
+            aip_service::busy_poll::touch(); // an answer or the next line usually follows
             buf.clear();
         }
         let _ = out.shutdown().await;

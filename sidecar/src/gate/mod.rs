@@ -224,6 +224,9 @@ impl Gateway {
     /// changes, and announces the changes that are real.
     async fn follow_tool_list(self: Arc<Self>) {
         let mut heard = self.connections.listing.subscribe();
+        // The first catalogs are not a change: an agent that lists before
+        // they arrive waits for them (`Connections::settled`).
+        self.connections.settled().await;
         let mut last: Option<Value> = None;
         loop {
             heard.mark_unchanged();

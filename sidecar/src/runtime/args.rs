@@ -44,6 +44,9 @@ pub struct StdioArgs {
     /// Audit lines go here (default: stderr; stdout is the protocol).
     #[arg(long, value_name = "FILE")]
     pub audit: Option<PathBuf>,
+    /// Rotate the audit file to FILE.1 once it reaches this many MiB.
+    #[arg(long, default_value = "100", value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..))]
+    pub audit_max_mb: u64,
     /// Serve the approval routes here (default: asks wait until they time out).
     #[arg(long, value_name = "ADDR")]
     pub admin: Option<String>,
@@ -123,8 +126,11 @@ pub struct RunArgs {
     #[arg(long, default_value = "127.0.0.1:8809")]
     pub admin: String,
     /// Audit lines go here (default: stdout).
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     pub audit: Option<PathBuf>,
+    /// Rotate the audit file to FILE.1 once it reaches this many MiB.
+    #[arg(long, default_value = "100", value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..))]
+    pub audit_max_mb: u64,
     /// How long an ask waits for a person.
     #[arg(long, default_value = "300")]
     pub approval_timeout_seconds: u64,

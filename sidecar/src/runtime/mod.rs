@@ -90,18 +90,19 @@ fn watch_config(
     Ok(watched)
 }
 
-/// Audit lines go to `path` (appended) or, without one, to `default`.
+/// Audit lines go to `path` (appended, rotated to `PATH.1` past
+/// `max_mb` MiB) or, without one, to `default` (a container runtime bounds
+/// what its stdout and stderr keep).
 fn audit_sink(
     path: Option<&Path>,
+    max_mb: u64,
     default: fn() -> Box<dyn Write + Send>,
 ) -> std::io::Result<Box<dyn Write + Send>> {
     Ok(match path {
         None => default(),
-        Some(path) => Box::new(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)?,
-        ),
+        Some(path) => Box::new(crate::audit::RotatingFile::open(
+            path,
+            max_mb.saturating_mul(1024 * 1024),
+        )?),
     })
 }

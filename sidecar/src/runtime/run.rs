@@ -44,7 +44,9 @@ pub(super) async fn run(args: RunArgs) -> anyhow::Result<()> {
             "give --config FILE, or --operator URL with --operator-ca FILE (or --operator-ca-pem PEM)"
         ),
     };
-    let audit = audit_sink(args.audit.as_deref(), || Box::new(std::io::stdout()))?;
+    let audit = audit_sink(args.audit.as_deref(), args.audit_max_mb, || {
+        Box::new(std::io::stdout())
+    })?;
     let options = GatewayOptions {
         approval_timeout: Duration::from_secs(args.approval_timeout_seconds),
         ..GatewayOptions::default()

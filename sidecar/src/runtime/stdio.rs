@@ -15,7 +15,6 @@ use super::{audit_sink, token, watch_config};
 use crate::admin::{self, Admin};
 use crate::agent::stdio as agent_stdio;
 use crate::audit::Audit;
-use crate::busy_poll::BusyPoll;
 use crate::config::Config;
 use crate::gate::{Gateway, GatewayOptions};
 
@@ -27,7 +26,9 @@ pub(super) async fn stdio(args: StdioArgs) -> anyhow::Result<()> {
     let watched = watch_config(&args.config, Duration::from_secs(1), &shutdown)?;
     let wrapped = wrapped_connection(&args);
     let config = with_wrapped(watched.config, wrapped, shutdown.clone())?;
-    let audit = audit_sink(args.audit.as_deref(), || Box::new(std::io::stderr()))?;
+    let audit = audit_sink(args.audit.as_deref(), args.audit_max_mb, || {
+        Box::new(std::io::stderr())
+    })?;
     let options = GatewayOptions {
         approval_timeout: Duration::from_secs(args.approval_timeout_seconds),
         ..GatewayOptions::default()
@@ -51,9 +52,9 @@ pub(super) async fn stdio(args: StdioArgs) -> anyhow::Result<()> {
         });
         tokio::spawn(admin::serve(admin, listener, shutdown.clone()));
     }
-    let busy = BusyPoll::start(Duration::from_micros(args.busy_poll_us));
+    aip_service::busy_poll::start(Duration::from_micros(args.busy_poll_us));
     let (input, output) = agent_stdio::process_stdio();
-    agent_stdio::serve(gateway.clone(), input, output, busy).await;
+    agent_stdio::serve(gateway.clone(), input, output).await;
     shutdown.cancel();
     gateway.close_connections().await;
     Ok(())

@@ -1,4 +1,5 @@
-//! Bounded busy polling for the stdio wrap.
+//! Bounded busy polling, for a process that relays lines over pipes (the
+//! sidecar's stdio mode).
 //!
 //! Each hop through a proxy process costs a wake-up: the reader sleeps in
 //! `epoll_wait` and the kernel has to schedule it again when a line arrives.
@@ -7,10 +8,14 @@
 //! client's next request) usually follows within microseconds, so for a short
 //! window the event loop keeps polling the I/O driver without sleeping, as
 //! Go's scheduler and Linux's `busy_poll` sockets do. The window is bounded
-//! and restarts only when traffic flows: an idle wrap sleeps.
+//! and restarts only when traffic flows: an idle process sleeps.
+//!
+//! One poller serves the whole process ([`start`]); every writer on the hot
+//! path ([`touch`]: the agent's stdout, a stdio server's stdin) says when
+//! traffic flowed. Without a poller, [`touch`] is one atomic load.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
@@ -25,8 +30,26 @@ pub struct BusyPoll {
     polls: AtomicU64,
 }
 
+/// The process's poller, once started.
+static POLLER: OnceLock<Arc<BusyPoll>> = OnceLock::new();
+
+/// Starts the process's poller on the current runtime (a zero window turns
+/// busy polling off); a second start keeps the first poller.
+pub fn start(window: Duration) -> Option<Arc<BusyPoll>> {
+    let poll = BusyPoll::start(window)?;
+    Some(POLLER.get_or_init(|| poll).clone())
+}
+
+/// Traffic just flowed: the process's poller (if any) keeps polling for
+/// another window.
+pub fn touch() {
+    if let Some(poll) = POLLER.get() {
+        poll.touch();
+    }
+}
+
 impl BusyPoll {
-    /// Starts the polling task on the current runtime; `None` for a zero
+    /// Starts a polling task on the current runtime; `None` for a zero
     /// window (busy polling off).
     pub fn start(window: Duration) -> Option<Arc<BusyPoll>> {
         if window.is_zero() {
