@@ -107,11 +107,8 @@ pub(crate) fn impersonating(admin: &Kubeconfig, user: User) -> Kubeconfig {
     config
 }
 
-pub(crate) async fn client(config: Kubeconfig, user: User) -> Result<kube::Client, Error> {
-    let failed = |source| Error::Client {
-        user: user.name(),
-        source,
-    };
+pub(crate) async fn client(config: Kubeconfig, user: &'static str) -> Result<kube::Client, Error> {
+    let failed = |source| Error::Client { user, source };
     let config = kube::Config::from_custom_kubeconfig(config, &KubeConfigOptions::default())
         .await
         .map_err(|e| failed(kube::Error::InferKubeconfig(e)))?;

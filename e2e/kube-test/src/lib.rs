@@ -196,6 +196,37 @@ impl ControlPlane {
         }
     }
 
+    /// A kubeconfig (YAML) that reaches this API server with the bearer
+    /// `token` (a service account's, from TokenRequest), CA embedded: what
+    /// a process under test runs with when it plays a pod.
+    pub fn kubeconfig_with_token(&self, token: &str) -> String {
+        let ca = self.ca_pem.as_deref().unwrap_or_default();
+        let text = kubeconfig::text(
+            &self.url,
+            ca,
+            "token",
+            kubeconfig::Credentials::Token(token),
+        );
+        if self.ca_pem.is_some() {
+            text
+        } else {
+            // No CA: the cluster's certificate is trusted by the system roots.
+            text.replace("    certificate-authority-data: \n", "")
+        }
+    }
+
+    /// A kube-rs client with the bearer `token` (see
+    /// [`ControlPlane::kubeconfig_with_token`]).
+    pub async fn client_with_token(&self, token: &str) -> Result<kube::Client, Error> {
+        let config = Kubeconfig::from_yaml(&self.kubeconfig_with_token(token)).map_err(|e| {
+            Error::Kubeconfig {
+                path: PathBuf::from("(a kubeconfig for a bearer token)"),
+                reason: e.to_string(),
+            }
+        })?;
+        kubeconfig::client(config, "a bearer token").await
+    }
+
     /// [`ControlPlane::client`], with the error.
     pub async fn try_client(&self, user: User) -> Result<kube::Client, Error> {
         let config = match &self.cluster {
@@ -207,7 +238,7 @@ impl ControlPlane {
             }
             Cluster::External(external) => kubeconfig::impersonating(&external.admin, user),
         };
-        kubeconfig::client(config, user).await
+        kubeconfig::client(config, user.name()).await
     }
 
     /// Creates a namespace named `PREFIX-xxxxx` (the API server's
@@ -302,5 +333,49 @@ pub async fn fresh_namespace(prefix: &str) -> String {
     match shared().await.fresh_namespace(prefix).await {
         Ok(name) => name,
         Err(e) => panic!("{e}"),
+    }
+}
+
+/// A control plane one test has to itself, for tests that install
+/// cluster-wide objects under fixed names (the Helm chart is installed once
+/// per cluster): a private one, started for it and stopped when it is
+/// dropped; or, with `AIP_TEST_KUBECONFIG`, that cluster, shared (run such
+/// tests one at a time there: `--test-threads=1`).
+pub enum Dedicated {
+    Started(Box<ControlPlane>),
+    Given(&'static ControlPlane),
+}
+
+impl std::ops::Deref for Dedicated {
+    type Target = ControlPlane;
+    fn deref(&self) -> &ControlPlane {
+        match self {
+            Dedicated::Started(control_plane) => control_plane,
+            Dedicated::Given(control_plane) => control_plane,
+        }
+    }
+}
+
+/// A [`Dedicated`] control plane.
+///
+/// # Panics
+///
+/// If it cannot be started (or the given cluster reached).
+pub async fn dedicated() -> Dedicated {
+    let given = std::env::var_os(KUBECONFIG_ENV).is_some_and(|path| !path.is_empty());
+    if given {
+        return Dedicated::Given(shared().await);
+    }
+    match ControlPlane::start().await {
+        Ok(control_plane) => {
+            eprintln!(
+                "aip-kube-test: a dedicated {} {} ready in {:.1} s",
+                control_plane.url(),
+                control_plane.version(),
+                control_plane.started_in().as_secs_f64(),
+            );
+            Dedicated::Started(Box::new(control_plane))
+        }
+        Err(e) => panic!("a dedicated control plane could not be started: {e}"),
     }
 }

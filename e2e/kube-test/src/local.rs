@@ -326,7 +326,7 @@ async fn wait_for_readyz(local: &mut Local) -> Result<(), Error> {
             path: local.dir.join("admin.kubeconfig"),
             reason: e.to_string(),
         })?;
-    let client = kubeconfig::client(config, User::Admin).await?;
+    let client = kubeconfig::client(config, User::Admin.name()).await?;
     let mut last;
     loop {
         if let Some(exited) = local.exited() {
@@ -363,7 +363,7 @@ async fn wait_for_controllers(local: &mut Local) -> Result<(), Error> {
             path: local.dir.join("admin.kubeconfig"),
             reason: e.to_string(),
         })?;
-    let client = kubeconfig::client(config, User::Admin).await?;
+    let client = kubeconfig::client(config, User::Admin.name()).await?;
     let api: Api<ServiceAccount> = Api::namespaced(client, "default");
     let created =
         kube::runtime::wait::await_condition(api, "default", |sa: Option<&ServiceAccount>| {
