@@ -137,6 +137,7 @@ pub struct Dlp {
     /// Also redact a stdio server's stderr.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub filter_stderr: Option<bool>,
+    /// What to look for: each a name and an RE2 pattern.
     pub patterns: Vec<DlpPattern>,
 }
 

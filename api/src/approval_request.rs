@@ -31,8 +31,9 @@ use serde::{Deserialize, Serialize};
 pub struct ApprovalRequestSpec {
     /// The AgentPolicy whose ask rule held the call.
     pub policy: String,
-    /// The asking pod's name and uid.
+    /// The asking pod's name.
     pub pod: String,
+    /// The asking pod's uid (a pod of the same name later is another pod).
     pub pod_uid: String,
     /// The asking pod's service account.
     pub service_account: String,
@@ -65,14 +66,18 @@ pub enum Decision {
     Withdrawn,
 }
 
+/// The decision, and who made it when.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ApprovalRequestStatus {
+    /// Pending until an approver sets Approved or Denied, or the operator
+    /// Expired or Withdrawn; final once set.
     #[serde(default)]
     pub decision: Decision,
     /// Stamped by the admission webhook from the authenticated user.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decided_by: Option<String>,
+    /// When, stamped by the admission webhook.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decided_at: Option<Time>,
     /// The approver's words.

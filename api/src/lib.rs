@@ -10,6 +10,7 @@
 
 pub mod agent_policy;
 pub mod approval_request;
+mod schema;
 pub mod tool_connection;
 
 pub use agent_policy::{AgentPolicy, AgentPolicySpec, AgentPolicyStatus};
@@ -19,13 +20,16 @@ pub use tool_connection::{ToolConnection, ToolConnectionSpec, ToolConnectionStat
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-/// Every CRD this project installs, in the order crds/ lists them.
+/// Every CRD this project installs, in the order crds/ lists them, in the
+/// schema dialect of the API server (see `schema.rs`).
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![
+    let mut crds = vec![
         AgentPolicy::crd(),
         ToolConnection::crd(),
         ApprovalRequest::crd(),
-    ]
+    ];
+    crds.iter_mut().for_each(schema::for_kubernetes);
+    crds
 }
 
 /// The YAML of crds/aip.io.yaml: each CRD as one document.

@@ -87,12 +87,14 @@ pub struct HeaderSpec {
     /// MCP-Protocol-Version, Content-Type, Content-Length, Host) are refused.
     #[schemars(regex(pattern = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$"))]
     pub name: String,
+    /// Where the header's value comes from.
     pub value_from: ValueSource,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ValueSpec {
+    /// Where the value comes from.
     pub value_from: ValueSource,
 }
 
@@ -108,7 +110,9 @@ pub struct ValueSource {
     Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema,
 )]
 pub struct SecretKeyRef {
+    /// The Secret's name.
     pub name: String,
+    /// The key within the Secret's data.
     pub key: String,
     /// Accepted only so that a reference to another namespace is refused
     /// with a reason: Secrets are read from the ToolConnection's own.
@@ -143,10 +147,14 @@ pub struct HealthCheckSpec {
 
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub struct ClientCapabilities {
+    /// The server may ask the agent's model for a completion
+    /// (sampling/createMessage).
     #[serde(default)]
     pub sampling: bool,
+    /// The server may ask the agent's user for input (elicitation/create).
     #[serde(default)]
     pub elicitation: bool,
+    /// The server may ask for the agent's roots (roots/list).
     #[serde(default)]
     pub roots: bool,
 }
@@ -193,6 +201,7 @@ pub enum HealthState {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Health {
+    /// Unchecked, Healthy, Degraded, Unreachable or NeedsCredentials.
     pub state: HealthState,
     /// Why, in words (never a credential).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -203,8 +212,10 @@ pub struct Health {
     /// The scope a 403 `insufficient_scope` challenge asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub required_scope: Option<String>,
+    /// When the state was last checked (by a probe or a sidecar's report).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_check_time: Option<Time>,
+    /// When the state last changed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_transition_time: Option<Time>,
 }
@@ -218,19 +229,23 @@ pub struct DiscoveredTool {
     pub schema_hash: String,
 }
 
+/// What the operator last saw of the server: its health and its tools.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ToolConnectionStatus {
+    /// What the operator's probes and the sidecars' calls show.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<Health>,
     /// The tools the last successful probe listed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<DiscoveredTool>,
+    /// How many tools the last successful probe listed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_count: Option<u32>,
     /// CredentialsResolved and Healthy.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The metadata.generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 }

@@ -1,0 +1,541 @@
+//! The CRDs as the genuine kube-apiserver takes them (aip-kube-test; any
+//! cluster with `AIP_TEST_KUBECONFIG`): each is a structural schema,
+//! accepted without a warning; each CEL rule (`x-kubernetes-validations`)
+//! refuses what it forbids with its own message, one test per rule; the
+//! OpenAPI validations refuse with the API server's wording, defaults are
+//! filled and unknown fields refused or pruned; `kubectl explain` shows
+//! every documented field and `kubectl get` the printer columns.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use aip_kube_test::{User, fresh_namespace, shared};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::runtime::wait::{await_condition, conditions};
+use serde_json::{Value, json};
+
+const CRDS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/aip.io.yaml");
+
+/// kubectl on PATH (target/bin, `make kubectl`) as the administrator.
+fn kubectl(args: &[&str]) -> (bool, String) {
+    let kubeconfig: PathBuf = SHARED_KUBECONFIG.get().cloned().unwrap();
+    let out = Command::new("kubectl")
+        .args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .output()
+        .expect("kubectl on PATH (make kubectl puts one in target/bin)");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), said)
+}
+
+static SHARED_KUBECONFIG: OnceLock<PathBuf> = OnceLock::new();
+/// What `kubectl apply --server-side -f crds/aip.io.yaml` said, the first
+/// time a test of this binary asked for the CRDs.
+static INSTALLED: OnceLock<String> = OnceLock::new();
+
+/// The CRDs on the test binary's control plane, each Established; what
+/// installing them said.
+async fn crds() -> &'static str {
+    let plane = shared().await;
+    SHARED_KUBECONFIG.get_or_init(|| plane.kubeconfig_file(User::Admin));
+    let said = tokio::task::spawn_blocking(|| {
+        INSTALLED
+            .get_or_init(|| {
+                let (ok, said) = kubectl(&[
+                    "apply",
+                    "--server-side",
+                    "--field-manager=aip-api-tests",
+                    "-f",
+                    CRDS,
+                ]);
+                assert!(ok, "the API server refused the CRDs:\n{said}");
+                said
+            })
+            .as_str()
+    })
+    .await
+    .unwrap();
+    let api: Api<CustomResourceDefinition> = Api::all(plane.client(User::Admin).await);
+    for crd in aip_api::crds() {
+        let name = crd.metadata.name.unwrap();
+        let established = await_condition(api.clone(), &name, conditions::is_crd_established());
+        tokio::time::timeout(Duration::from_secs(30), established)
+            .await
+            .unwrap_or_else(|_| panic!("{name} never became Established"))
+            .unwrap();
+    }
+    said
+}
+
+fn resource(kind: &str) -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk("aip.io", "v1alpha1", kind))
+}
+
+/// `kind` in namespace `ns`, as the administrator.
+async fn api(kind: &str, ns: &str) -> Api<DynamicObject> {
+    let client = shared().await.client(User::Admin).await;
+    Api::namespaced_with(client, ns, &resource(kind))
+}
+
+fn object(kind: &str, name: &str, spec: Value) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "aip.io/v1alpha1", "kind": kind,
+        "metadata": {"name": name}, "spec": spec}))
+    .unwrap()
+}
+
+/// The API server's refusal: its Status message.
+fn refusal(result: Result<DynamicObject, kube::Error>) -> String {
+    match result {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 422, "{status:?}");
+            status.message
+        }
+        other => panic!("expected a 422 refusal, got {other:?}"),
+    }
+}
+
+fn approval_request(name: &str) -> DynamicObject {
+    object(
+        "ApprovalRequest",
+        name,
+        json!({"policy": "p", "pod": "agent-1", "podUid": "u1", "serviceAccount": "runner",
+               "connection": "fs", "tool": "fs_write", "arguments": "{}",
+               "argumentsHash": "sha256:00", "expiresAt": "2099-01-01T00:00:00Z"}),
+    )
+}
+
+#[tokio::test]
+async fn every_crd_is_a_structural_schema_accepted_without_a_warning() {
+    let said = crds().await;
+    assert!(
+        !said.contains("Warning"),
+        "the API server warned about the CRDs:\n{said}"
+    );
+    let api: Api<CustomResourceDefinition> = Api::all(shared().await.client(User::Admin).await);
+    for crd in aip_api::crds() {
+        let name = crd.metadata.name.unwrap();
+        assert!(said.contains(&name), "{said}");
+        let stored = api.get(&name).await.unwrap();
+        let conditions = stored.status.unwrap().conditions.unwrap_or_default();
+        let status = |kind: &str| {
+            conditions
+                .iter()
+                .find(|c| c.type_ == kind)
+                .map(|c| (c.status.clone(), c.message.clone()))
+        };
+        assert_eq!(
+            status("NonStructuralSchema"),
+            None,
+            "{name} is not structural"
+        );
+        assert_eq!(status("Established").unwrap().0, "True", "{name}");
+        assert_eq!(status("NamesAccepted").unwrap().0, "True", "{name}");
+    }
+}
+
+/// The rules this suite tests, each by one test below. A rule added to
+/// api/src/*.rs without a test here fails this one.
+#[test]
+fn every_cel_rule_has_its_test() {
+    let mut rules = Vec::new();
+    for crd in aip_api::crds() {
+        let kind = crd.spec.names.kind.clone();
+        let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+        collect_rules(&kind, "", &schema["openAPIV3Schema"], &mut rules);
+    }
+    assert_eq!(
+        rules,
+        [
+            "ToolConnection .spec: !has(self.tls) || self.url.startsWith('https://') (tls applies to https:// URLs only)",
+            "ApprovalRequest .spec: self == oldSelf (spec is immutable)",
+        ]
+    );
+}
+
+fn collect_rules(kind: &str, path: &str, schema: &Value, out: &mut Vec<String>) {
+    for rule in schema["x-kubernetes-validations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        out.push(format!(
+            "{kind} {path}: {} ({})",
+            rule["rule"].as_str().unwrap(),
+            rule["message"].as_str().unwrap_or("")
+        ));
+    }
+    for (name, property) in schema["properties"].as_object().into_iter().flatten() {
+        collect_rules(kind, &format!("{path}.{name}"), property, out);
+    }
+    if schema["items"].is_object() {
+        collect_rules(kind, &format!("{path}[]"), &schema["items"], out);
+    }
+}
+
+#[tokio::test]
+async fn a_tls_block_on_an_http_url_is_refused_by_its_cel_rule() {
+    crds().await;
+    let ns = fresh_namespace("cel-tls").await;
+    let api = api("ToolConnection", &ns).await;
+    let tls = json!({"serverName": "mcp.internal"});
+    let refused = api
+        .create(
+            &PostParams::default(),
+            &object(
+                "ToolConnection",
+                "plain",
+                json!({"url": "http://mcp.example.com/mcp", "tls": tls}),
+            ),
+        )
+        .await;
+    assert_eq!(
+        refusal(refused),
+        "ToolConnection.aip.io \"plain\" is invalid: spec: Invalid value: tls applies to https:// URLs only"
+    );
+    // The rule holds for an https:// URL with tls, and for http:// without.
+    for (name, spec) in [
+        (
+            "secure",
+            json!({"url": "https://mcp.example.com/mcp", "tls": tls}),
+        ),
+        ("plain", json!({"url": "http://mcp.example.com/mcp"})),
+    ] {
+        api.create(
+            &PostParams::default(),
+            &object("ToolConnection", name, spec),
+        )
+        .await
+        .unwrap();
+    }
+    // An update is held to it too.
+    let patch = json!({"spec": {"url": "http://mcp.example.com/mcp"}});
+    let refused = api
+        .patch("secure", &PatchParams::default(), &Patch::Merge(&patch))
+        .await;
+    assert!(refusal(refused).ends_with("spec: Invalid value: tls applies to https:// URLs only"));
+}
+
+#[tokio::test]
+async fn an_approval_requests_spec_is_immutable_by_its_cel_rule() {
+    crds().await;
+    let ns = fresh_namespace("cel-immutable").await;
+    let api = api("ApprovalRequest", &ns).await;
+    api.create(&PostParams::default(), &approval_request("r1"))
+        .await
+        .unwrap();
+    let patch = json!({"spec": {"tool": "fs_delete"}});
+    let refused = api
+        .patch("r1", &PatchParams::default(), &Patch::Merge(&patch))
+        .await;
+    assert_eq!(
+        refusal(refused),
+        "ApprovalRequest.aip.io \"r1\" is invalid: spec: Invalid value: spec is immutable"
+    );
+    // Metadata and status still change (the operator marks and decides).
+    let marked = json!({"metadata": {"annotations": {"aip.io/recorded-decision": "Approved"}}});
+    api.patch("r1", &PatchParams::default(), &Patch::Merge(&marked))
+        .await
+        .unwrap();
+    let decided = json!({"status": {"decision": "Approved"}});
+    let after = api
+        .patch_status("r1", &PatchParams::default(), &Patch::Merge(&decided))
+        .await
+        .unwrap();
+    assert_eq!(after.data["status"]["decision"], "Approved");
+    assert_eq!(after.data["spec"]["tool"], "fs_write");
+}
+
+#[tokio::test]
+async fn the_schemas_refuse_with_the_api_servers_own_words() {
+    crds().await;
+    let ns = fresh_namespace("schema").await;
+    let policies = api("AgentPolicy", &ns).await;
+    let refused = policies
+        .create(
+            &PostParams::default(),
+            &object(
+                "AgentPolicy",
+                "p",
+                json!({"mode": "loud", "approval": {"timeoutSeconds": 0},
+                       "tool_rules": [{"tool": "x", "action": "maybe"}, {"action": "ask"}]}),
+            ),
+        )
+        .await;
+    let message = refusal(refused);
+    for cause in [
+        "spec.mode: Unsupported value: \"loud\": supported values: \"enforce\", \"monitor\"",
+        "spec.approval.timeoutSeconds: Invalid value: 0: spec.approval.timeoutSeconds in body should be greater than or equal to 1",
+        "spec.tool_rules[0].action: Unsupported value: \"maybe\": supported values: \"allow\", \"block\", \"ask\"",
+        "spec.tool_rules[1].tool: Required value",
+    ] {
+        assert!(message.contains(cause), "{cause} missing from:\n{message}");
+    }
+    let connections = api("ToolConnection", &ns).await;
+    let refused = connections
+        .create(
+            &PostParams::default(),
+            &object(
+                "ToolConnection",
+                "t",
+                json!({"url": "ftp://x/mcp", "timeoutSeconds": 61, "toolPrefix": "a b",
+                       "headers": [{"name": "bad header", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}),
+            ),
+        )
+        .await;
+    let message = refusal(refused);
+    for cause in [
+        r#"spec.url: Invalid value: "ftp://x/mcp": spec.url in body should match '^https?://[^\s]+$'"#,
+        "spec.timeoutSeconds: Invalid value: 61: spec.timeoutSeconds in body should be less than or equal to 60",
+        r#"spec.toolPrefix: Invalid value: "a b": spec.toolPrefix in body should match '^[A-Za-z0-9_.-]*$'"#,
+        "spec.headers[0].name: Invalid value: \"bad header\"",
+    ] {
+        assert!(message.contains(cause), "{cause} missing from:\n{message}");
+    }
+    // Without a URL there is nothing to connect to.
+    let refused = connections
+        .create(
+            &PostParams::default(),
+            &object("ToolConnection", "t", json!({})),
+        )
+        .await;
+    assert!(
+        refusal(refused).contains("spec.url: Required value"),
+        "a ToolConnection needs a URL"
+    );
+}
+
+#[tokio::test]
+async fn defaults_are_filled_and_unknown_fields_refused_or_pruned() {
+    crds().await;
+    let ns = fresh_namespace("defaults").await;
+    let connections = api("ToolConnection", &ns).await;
+    // kubectl asks for strict field validation: an unknown field is an error.
+    let manifest = format!(
+        "apiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {{name: t, namespace: {ns}}}\nspec:\n  url: https://mcp.example.com/mcp\n  colour: red\n  clientCapabilities: {{sampling: true}}\n"
+    );
+    let file = std::env::temp_dir().join(format!("aip-api-test-{ns}.yaml"));
+    std::fs::write(&file, &manifest).unwrap();
+    let path = file.to_str().unwrap().to_owned();
+    let (ok, said) = tokio::task::spawn_blocking(move || kubectl(&["apply", "-f", &path]))
+        .await
+        .unwrap();
+    assert!(!ok, "{said}");
+    assert!(
+        said.contains("strict decoding error: unknown field \"spec.colour\""),
+        "{said}"
+    );
+    // Without it (kube-rs's default) the field is pruned, the defaults filled.
+    let created = connections
+        .create(
+            &PostParams::default(),
+            &object(
+                "ToolConnection",
+                "t",
+                json!({"url": "https://mcp.example.com/mcp", "colour": "red",
+                       "clientCapabilities": {"sampling": true}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let _ = std::fs::remove_file(&file);
+    assert_eq!(
+        created.data["spec"],
+        json!({"url": "https://mcp.example.com/mcp",
+               "clientCapabilities": {"sampling": true, "elicitation": false, "roots": false}})
+    );
+    // An optional enum is left out, never null: the API server checks
+    // `enum` for null too. (kubectl drops a `mode: ~` before sending it.)
+    let policies = api("AgentPolicy", &ns).await;
+    let refused = policies
+        .create(
+            &PostParams::default(),
+            &object(
+                "AgentPolicy",
+                "p",
+                json!({"mode": null, "allowed_tools": ["a"]}),
+            ),
+        )
+        .await;
+    assert_eq!(
+        refusal(refused),
+        "AgentPolicy.aip.io \"p\" is invalid: spec.mode: Unsupported value: null: supported values: \"enforce\", \"monitor\""
+    );
+    policies
+        .create(
+            &PostParams::default(),
+            &object("AgentPolicy", "p", json!({"allowed_tools": ["a"]})),
+        )
+        .await
+        .unwrap();
+    // A status written without a decision reads Pending; counts read 0.
+    let requests = api("ApprovalRequest", &ns).await;
+    requests
+        .create(&PostParams::default(), &approval_request("r1"))
+        .await
+        .unwrap();
+    let empty = json!({"status": {"reason": "none yet"}});
+    let status = requests
+        .patch_status("r1", &PatchParams::default(), &Patch::Merge(&empty))
+        .await
+        .unwrap();
+    assert_eq!(status.data["status"]["decision"], "Pending");
+    let status = policies
+        .patch_status(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": {"mode": "enforce"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status.data["status"]["governedPods"], 0);
+    assert_eq!(status.data["status"]["syncedPods"], 0);
+}
+
+/// `kubectl explain KIND.FIELD` for every field of each kind's spec and
+/// status shows its name and the first line of its doc comment (the API
+/// server publishes a CRD's OpenAPI a moment after it is Established:
+/// asked again until then).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_explain_shows_every_documented_field() {
+    crds().await;
+    for crd in aip_api::crds() {
+        let kind = crd.spec.names.singular.clone().unwrap();
+        let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+        let root = &schema["openAPIV3Schema"];
+        // kubectl wraps descriptions at 80 columns: compare words.
+        let words = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+        let top = explained(&kind).await;
+        assert!(
+            words(&top).contains(&words(root["description"].as_str().unwrap())),
+            "{top}"
+        );
+        for part in ["spec", "status"] {
+            let explained = explained(&format!("{kind}.{part}")).await;
+            let fields = root["properties"][part]["properties"].as_object().unwrap();
+            for (name, field) in fields {
+                let first = field["description"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{kind}.{part}.{name} has no description"))
+                    .lines()
+                    .next()
+                    .unwrap();
+                assert!(
+                    explained.contains(&format!("  {name}\t")),
+                    "{kind}.{part}.{name} missing:\n{explained}"
+                );
+                assert!(
+                    words(&explained).contains(&words(first)),
+                    "{kind}.{part}.{name}'s description {first:?} missing:\n{explained}"
+                );
+            }
+        }
+    }
+}
+
+/// `kubectl explain WHAT`, once the API server's OpenAPI has it.
+async fn explained(what: &str) -> String {
+    let what = what.to_owned();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let args = what.clone();
+        let (ok, said) = tokio::task::spawn_blocking(move || kubectl(&["explain", &args]))
+            .await
+            .unwrap();
+        if ok {
+            return said;
+        }
+        assert!(Instant::now() < deadline, "kubectl explain {what}: {said}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_get_shows_the_printer_columns() {
+    crds().await;
+    let ns = fresh_namespace("columns").await;
+    api("ToolConnection", &ns)
+        .await
+        .create(
+            &PostParams::default(),
+            &object(
+                "ToolConnection",
+                "fs",
+                json!({"url": "https://mcp.example.com/mcp"}),
+            ),
+        )
+        .await
+        .unwrap();
+    let status = json!({"status": {"health": {"state": "Healthy"}, "toolCount": 2}});
+    api("ToolConnection", &ns)
+        .await
+        .patch_status("fs", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+    api("AgentPolicy", &ns)
+        .await
+        .create(
+            &PostParams::default(),
+            &object("AgentPolicy", "files", json!({"allowed_tools": ["a"]})),
+        )
+        .await
+        .unwrap();
+    let status = json!({"status": {"mode": "enforce", "synced": "1/1",
+        "conditions": [{"type": "Accepted", "status": "True", "reason": "Valid", "message": "",
+                        "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+    api("AgentPolicy", &ns)
+        .await
+        .patch_status("files", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+    api("ApprovalRequest", &ns)
+        .await
+        .create(&PostParams::default(), &approval_request("r1"))
+        .await
+        .unwrap();
+    let (ok, listed) = tokio::task::spawn_blocking(move || kubectl(&["get", "aip", "-n", &ns]))
+        .await
+        .unwrap();
+    assert!(ok, "{listed}");
+    let rows: Vec<Vec<&str>> = listed
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let row = |first: &str| {
+        rows.iter()
+            .find(|r| r.first() == Some(&first))
+            .unwrap_or_else(|| panic!("no {first} in:\n{listed}"))
+            .clone()
+    };
+    assert_eq!(
+        row("NAME")[..5],
+        ["NAME", "MODE", "ACCEPTED", "SYNCED", "AGE"]
+    );
+    assert_eq!(
+        row("agentpolicy.aip.io/files")[..4],
+        ["agentpolicy.aip.io/files", "enforce", "True", "1/1"]
+    );
+    assert_eq!(
+        row("toolconnection.aip.io/fs")[..4],
+        [
+            "toolconnection.aip.io/fs",
+            "https://mcp.example.com/mcp",
+            "Healthy",
+            "2"
+        ]
+    );
+    assert_eq!(
+        row("approvalrequest.aip.io/r1")[..3],
+        ["approvalrequest.aip.io/r1", "fs_write", "agent-1"]
+    );
+}
