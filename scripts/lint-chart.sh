@@ -15,6 +15,7 @@ variants=(
   "default|"
   "cert-manager|--set tls.certManager.enabled=true --set serviceMonitor.enabled=true --set rbac.approverAggregatesToAdmin=true"
   "minimal|--set injection.enabled=false --set networkPolicy.enabled=false --set replicaCount=1 --set rbac.userRoles=false"
+  "outside|--set service.externalName=localhost --set service.webhookPort=9443"
 )
 for v in "${variants[@]}"; do
   name=${v%%|*}

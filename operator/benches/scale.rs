@@ -1,4 +1,5 @@
-//! The operator at scale, against the fake API server, with the real
+//! The operator at scale, against the genuine kube-apiserver (a control
+//! plane of its own per measurement, from aip-kube-test), with the real
 //! aip-operator binary and the real kubectl:
 //!
 //! - propagation: from `kubectl apply` of an AgentPolicy change to the acks
@@ -19,14 +20,14 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use aip_fake_apiserver::{ADMIN_TOKEN, Options, Running};
+use aip_kube_test::{ControlPlane, User};
 use aip_proto::v1::config_client::ConfigClient;
 use aip_proto::v1::{ReportRequest, WatchRequest};
 use futures::StreamExt;
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use kube::Client;
 use kube::api::{Api, PostParams};
-use kube::{Client, Config};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
@@ -72,29 +73,27 @@ fn main() {
 }
 
 struct Cluster {
-    // Keeps the API server up.
-    _running: Running,
+    // Keeps the control plane up; dropping it stops it.
+    plane: ControlPlane,
     admin: Client,
     dir: PathBuf,
 }
 
 impl Cluster {
     async fn start(name: &str) -> Cluster {
-        let running = aip_fake_apiserver::start(Options::default()).await.unwrap();
-        let kubeconfig =
-            kube::config::Kubeconfig::from_yaml(&running.kubeconfig(ADMIN_TOKEN)).unwrap();
-        let config = Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        let plane = ControlPlane::start()
             .await
-            .unwrap();
-        let admin = Client::try_from(config).unwrap();
+            .unwrap_or_else(|e| panic!("the control plane: {e}"));
+        eprintln!(
+            "{name}: {} {} ready in {:.1} s",
+            plane.url(),
+            plane.version(),
+            plane.started_in().as_secs_f64()
+        );
+        let admin = plane.client(User::Admin).await;
         let dir = std::env::temp_dir().join(format!("aip-bench-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("kubeconfig"), running.kubeconfig(ADMIN_TOKEN)).unwrap();
-        let cluster = Cluster {
-            _running: running,
-            admin,
-            dir,
-        };
+        let cluster = Cluster { plane, admin, dir };
         let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/aip.io.yaml");
         cluster.kubectl().ok(&["apply", "-f", crds], None);
         cluster.namespace("aip-system").await;
@@ -102,12 +101,13 @@ impl Cluster {
     }
 
     fn kubeconfig(&self) -> PathBuf {
-        self.dir.join("kubeconfig")
+        self.plane.kubeconfig_file(User::Admin)
     }
 
     fn kubectl(&self) -> Kubectl {
         Kubectl {
             kubeconfig: self.kubeconfig(),
+            namespace: "agents".to_owned(),
         }
     }
 

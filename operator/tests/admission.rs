@@ -1,10 +1,14 @@
-//! The validating webhook through the real kubectl and the fake API server,
-//! with token-file users: an invalid AgentPolicy is refused at apply time
-//! with aip-policy's field paths; a ToolConnection naming a Secret its author
+//! The operator's webhooks called by the genuine kube-apiserver (by URL,
+//! trusting a caBundle), through the real kubectl, as the control plane's
+//! static-token users: an invalid AgentPolicy is refused at apply time with
+//! aip-policy's field paths; a ToolConnection naming a Secret its author
 //! cannot read is refused, one its author can read is admitted, and a
 //! reference to another namespace is refused with the reason. Approval
 //! decisions are guarded and stamped. Opted-in pods come back with their
-//! gateway (once), others are untouched, and a hostNetwork pod is refused.
+//! gateway (once), others are untouched, a strategic-merge patch of an
+//! injected pod keeps its gateway, and a hostNetwork pod is refused. Each
+//! test has its own namespaces on the binary's control plane, and its
+//! webhook configurations match only those.
 
 #![allow(clippy::unwrap_used)]
 
@@ -12,22 +16,17 @@ mod common;
 
 use std::sync::Arc;
 
+use aip_kube_test::User;
 use aip_operator::metrics::Metrics;
 use aip_operator::webhooks::inject::Injection;
 use aip_operator::webhooks::{self, Webhooks};
 use common::Cluster;
-use common::kubectl::{Kubectl, tempdir, webhook_configuration};
+use common::kubectl::{tempdir, webhook_configuration};
 use tokio_util::sync::CancellationToken;
 
-const USERS: &str = "alice-token,alice,u-alice,\"platform\"\nbob-token,bob,u-bob,\"platform\"\n";
-
-/// Everyone in `platform` edits aip objects in `agents`; only alice may read
-/// the Secret `gh-token`.
-const RBAC: &str = "apiVersion: v1
-kind: Namespace
-metadata: {name: agents}
----
-apiVersion: rbac.authorization.k8s.io/v1
+/// alice and everyone in `platform` (bob) edit aip objects in the
+/// namespace; only alice may read the Secret `gh-token`.
+const RBAC: &str = "apiVersion: rbac.authorization.k8s.io/v1
 kind: Role
 metadata: {name: aip-editor, namespace: agents}
 rules:
@@ -36,7 +35,9 @@ rules:
 apiVersion: rbac.authorization.k8s.io/v1
 kind: RoleBinding
 metadata: {name: platform-edits-aip, namespace: agents}
-subjects: [{kind: Group, name: platform, apiGroup: rbac.authorization.k8s.io}]
+subjects:
+- {kind: Group, name: platform, apiGroup: rbac.authorization.k8s.io}
+- {kind: User, name: alice, apiGroup: rbac.authorization.k8s.io}
 roleRef: {kind: Role, name: aip-editor, apiGroup: rbac.authorization.k8s.io}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
@@ -57,63 +58,62 @@ metadata: {name: gh-token, namespace: agents}
 stringData: {token: secret-value-1}
 ";
 
-fn connection(secret_ref: &str) -> String {
+fn connection(ns: &str, secret_ref: &str) -> String {
     format!(
-        "apiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {{name: gh, namespace: agents}}\nspec:\n  url: https://mcp.example.com/mcp\n  bearerToken: {{valueFrom: {{secretKeyRef: {secret_ref}}}}}\n"
+        "apiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {{name: gh, namespace: {ns}}}\nspec:\n  url: https://mcp.example.com/mcp\n  bearerToken: {{valueFrom: {{secretKeyRef: {secret_ref}}}}}\n"
     )
+}
+
+/// `yaml` with every `namespace: agents` in namespace `ns`.
+fn in_ns(yaml: &str, ns: &str) -> String {
+    yaml.replace("namespace: agents", &format!("namespace: {ns}"))
 }
 
 // kubectl blocks a worker while the API server runs on the others.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kubectl_apply_is_refused_with_the_reason() {
-    let dir = tempdir();
-    let cluster = Cluster::with_users(USERS).await;
-    let admin = Kubectl {
-        kubeconfig: cluster.kubeconfig(&dir, aip_fake_apiserver::ADMIN_TOKEN),
-    };
-    let alice = Kubectl {
-        kubeconfig: cluster.kubeconfig(&dir, "alice-token"),
-    };
-    let bob = Kubectl {
-        kubeconfig: cluster.kubeconfig(&dir, "bob-token"),
-    };
+    let cluster = Cluster::shared().await;
+    common::install_crds(&cluster.admin).await;
+    let ns = cluster.fresh_namespace("validate").await;
+    let admin = cluster.kubectl(User::Admin, &ns);
+    let alice = cluster.kubectl(User::Alice, &ns);
+    let bob = cluster.kubectl(User::Bob, &ns);
 
-    let (addr, cert_pem, _stop) = start_webhooks(&cluster).await;
-
-    let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/aip.io.yaml");
-    admin.ok(&["apply", "-f", crds], None);
-    admin.apply(RBAC);
+    let hooks = start_webhooks(&cluster).await;
+    admin.apply(&in_ns(RBAC, &ns));
+    let configuration = format!("{ns}-validate");
     admin.apply(&webhook_configuration(
         "Validating",
-        "validate",
-        &format!("https://{addr}/validate"),
-        &cert_pem,
+        &configuration,
+        &format!("https://{}/validate", hooks.addr),
+        &hooks.cert_pem,
         "agentpolicies, toolconnections",
+        &[&ns],
     ));
 
     // An invalid policy: every problem, each with its path.
     let (ok, _, err) = alice.run(
         &["apply", "-f", "-"],
-        Some("apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {name: p, namespace: agents}\nspec:\n  allowed_tools: [read_file]\n  tool_rules:\n  - {tool: x, rate_limit: lots, allow_args: {path: '('}}\n"),
+        Some(&format!("apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {{name: p, namespace: {ns}}}\nspec:\n  allowed_tools: [read_file]\n  tool_rules:\n  - {{tool: x, rate_limit: lots, allow_args: {{path: '('}}}}\n")),
     );
     assert!(!ok);
     assert!(
-        err.contains("denied the request: AgentPolicy p is invalid: spec.tool_rules[0].rate_limit: invalid rate_limit \"lots\""),
+        err.contains(&format!("admission webhook \"{configuration}.aip.io\" denied the request: AgentPolicy p is invalid: spec.tool_rules[0].rate_limit: invalid rate_limit \"lots\"")),
         "{err}"
     );
     assert!(err.contains("spec.tool_rules[0].allow_args.path"), "{err}");
-    let (ok, out, _) = alice.run(&["get", "agentpolicy", "p", "-n", "agents"], None);
+    let (ok, out, _) = alice.run(&["get", "agentpolicy", "p", "-n", &ns], None);
     assert!(!ok, "nothing was stored: {out}");
-    alice.apply("apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {name: p, namespace: agents}\nspec:\n  allowed_tools: [read_file]\n");
+    alice.apply(&format!("apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {{name: p, namespace: {ns}}}\nspec:\n  allowed_tools: [read_file]\n"));
 
     // bob cannot read gh-token, so he cannot point a connection at it.
     let (ok, _, err) = bob.run(
         &["apply", "-f", "-"],
-        Some(&connection("{name: gh-token, key: token}")),
+        Some(&connection(&ns, "{name: gh-token, key: token}")),
     );
     assert!(!ok);
     assert!(
-        err.contains("ToolConnection gh is refused: spec.bearerToken.valueFrom.secretKeyRef names Secret gh-token, which bob may not get in namespace agents"),
+        err.contains(&format!("ToolConnection gh is refused: spec.bearerToken.valueFrom.secretKeyRef names Secret gh-token, which bob may not get in namespace {ns}")),
         "{err}"
     );
     assert!(!err.contains("secret-value-1"));
@@ -122,21 +122,22 @@ async fn kubectl_apply_is_refused_with_the_reason() {
     let (ok, _, err) = alice.run(
         &["apply", "-f", "-"],
         Some(&connection(
+            &ns,
             "{name: gh-token, key: token, namespace: kube-system}",
         )),
     );
     assert!(!ok);
     assert!(
-        err.contains("spec.bearerToken.valueFrom.secretKeyRef.namespace: Secrets are read only from the ToolConnection's own namespace (agents), not kube-system"),
+        err.contains(&format!("spec.bearerToken.valueFrom.secretKeyRef.namespace: Secrets are read only from the ToolConnection's own namespace ({ns}), not kube-system")),
         "{err}"
     );
 
     // alice can, so her connection is admitted; bob may not even re-point it.
-    alice.apply(&connection("{name: gh-token, key: token}"));
+    alice.apply(&connection(&ns, "{name: gh-token, key: token}"));
     let (ok, _, err) = bob.run(
         &["apply", "-f", "-"],
         Some(
-            &connection("{name: gh-token, key: token}")
+            &connection(&ns, "{name: gh-token, key: token}")
                 .replace("mcp.example.com", "bob.example.net"),
         ),
     );
@@ -145,18 +146,16 @@ async fn kubectl_apply_is_refused_with_the_reason() {
         "an update by someone who cannot read the Secret is refused"
     );
     assert!(err.contains("which bob may not get"), "{err}");
+    admin.ok(
+        &["delete", "validatingwebhookconfiguration", &configuration],
+        None,
+    );
 }
 
-const APPROVERS: &str = "alice-token,alice,u-alice,\"approvers\"\ncarol-token,carol,u-carol,\"\"\n";
-
-/// alice, the pod's own service account and another service account of the
-/// namespace may all patch approvalrequests/status as far as RBAC goes; the
-/// webhook decides who really may.
+/// alice (group approvers), the pod's own service account and another
+/// service account of the namespace may all patch approvalrequests/status
+/// as far as RBAC goes; the webhook decides who really may.
 const APPROVER_RBAC: &str = "apiVersion: v1
-kind: Namespace
-metadata: {name: agents}
----
-apiVersion: v1
 kind: ServiceAccount
 metadata: {name: runner, namespace: agents}
 ---
@@ -187,58 +186,48 @@ spec:
   tool_rules: [{tool: fs_write, action: ask}]
 ";
 
-fn request(name: &str) -> String {
+fn request(ns: &str, name: &str) -> String {
     format!(
-        "apiVersion: aip.io/v1alpha1\nkind: ApprovalRequest\nmetadata: {{name: {name}, namespace: agents}}\nspec:\n  policy: p\n  pod: agent-1\n  podUid: u1\n  serviceAccount: runner\n  connection: fs\n  tool: fs_write\n  arguments: '{{}}'\n  argumentsHash: sha256:00\n  expiresAt: '2099-01-01T00:00:00Z'\n"
+        "apiVersion: aip.io/v1alpha1\nkind: ApprovalRequest\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  policy: p\n  pod: agent-1\n  podUid: u1\n  serviceAccount: runner\n  connection: fs\n  tool: fs_write\n  arguments: '{{}}'\n  argumentsHash: sha256:00\n  expiresAt: '2099-01-01T00:00:00Z'\n"
     )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn only_the_right_people_decide_and_a_decision_is_final() {
     let dir = tempdir();
-    let cluster = Cluster::with_users(APPROVERS).await;
-    let admin = Kubectl {
-        kubeconfig: cluster.kubeconfig(&dir, aip_fake_apiserver::ADMIN_TOKEN),
-    };
-    let (addr, cert_pem, _stop) = start_webhooks(&cluster).await;
-    let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/aip.io.yaml");
-    admin.ok(&["apply", "-f", crds], None);
-    admin.apply(APPROVER_RBAC);
+    let cluster = Cluster::shared().await;
+    common::install_crds(&cluster.admin).await;
+    let ns = cluster.fresh_namespace("decide").await;
+    let admin = cluster.kubectl(User::Admin, &ns);
+    let hooks = start_webhooks(&cluster).await;
+    admin.apply(&in_ns(APPROVER_RBAC, &ns));
     let resources = "approvalrequests, approvalrequests/status";
+    let mut configurations = Vec::new();
     for (kind, name, path) in [
         ("Mutating", "stamp", "mutate"),
         ("Validating", "guard", "validate"),
     ] {
-        let url = format!("https://{addr}/{path}");
+        let url = format!("https://{}/{path}", hooks.addr);
+        let name = format!("{ns}-{name}");
         admin.apply(&webhook_configuration(
-            kind, name, &url, &cert_pem, resources,
+            kind,
+            &name,
+            &url,
+            &hooks.cert_pem,
+            resources,
+            &[&ns],
         ));
+        configurations.push((kind, name));
     }
-    let alice = Kubectl {
-        kubeconfig: cluster.kubeconfig(&dir, "alice-token"),
-    };
-    let carol = Kubectl {
-        kubeconfig: cluster.kubeconfig(&dir, "carol-token"),
-    };
+    let alice = cluster.kubectl(User::Alice, &ns);
+    let carol = cluster.kubectl(User::Carol, &ns);
     let sa = |name: &'static str| {
-        let cluster = &cluster;
-        let dir = &dir;
+        let (cluster, dir, ns) = (&cluster, &dir, &ns);
         async move {
-            let accounts: kube::Api<k8s_openapi::api::core::v1::ServiceAccount> =
-                kube::Api::namespaced(cluster.admin.clone(), "agents");
-            let request: k8s_openapi::api::authentication::v1::TokenRequest =
-                serde_json::from_value(serde_json::json!({"spec": {"expirationSeconds": 3600}}))
-                    .unwrap();
-            let token = accounts
-                .create_token_request(name, &Default::default(), &request)
-                .await
-                .unwrap()
-                .status
-                .unwrap()
-                .token
-                .unwrap();
-            Kubectl {
+            let token = cluster.account_token(ns, name).await;
+            common::kubectl::Kubectl {
                 kubeconfig: cluster.kubeconfig(dir, &token),
+                namespace: ns.clone(),
             }
         }
     };
@@ -246,15 +235,17 @@ async fn only_the_right_people_decide_and_a_decision_is_final() {
     let helper = sa("helper").await;
 
     // Only the operator creates requests.
-    let (ok, _, err) = alice.run(&["apply", "-f", "-"], Some(&request("forged")));
+    let (ok, _, err) = alice.run(&["apply", "-f", "-"], Some(&request(&ns, "forged")));
     assert!(!ok);
-    admin.apply(&request("r1"));
-    admin.apply(&request("r2"));
+    admin.apply(&request(&ns, "r1"));
+    admin.apply(&request(&ns, "r2"));
 
     let (ok, out) = runner.decide("r1", "Approved", "");
     assert!(!ok);
     assert!(
-        out.contains("system:serviceaccount:agents:runner is the asking pod's own service account"),
+        out.contains(&format!(
+            "system:serviceaccount:{ns}:runner is the asking pod's own service account"
+        )),
         "{out}"
     );
     let (ok, out) = helper.decide("r1", "Approved", "");
@@ -263,13 +254,16 @@ async fn only_the_right_people_decide_and_a_decision_is_final() {
     let (ok, out) = admin.decide("r1", "Approved", "");
     assert!(!ok);
     assert!(
-        out.contains("the operator (admin) may only set Expired or Withdrawn, not Approved"),
+        out.contains(&format!(
+            "the operator ({}) may only set Expired or Withdrawn, not Approved",
+            hooks.operator
+        )),
         "{out}"
     );
     let (ok, out) = carol.decide("r1", "Approved", "");
     assert!(!ok);
     assert!(
-        out.contains("Forbidden") || out.contains("forbidden"),
+        out.contains(&format!("User \"carol\" cannot get resource \"approvalrequests/status\" in API group \"aip.io\" in the namespace \"{ns}\"")),
         "{out}"
     );
 
@@ -291,16 +285,21 @@ async fn only_the_right_people_decide_and_a_decision_is_final() {
         "{out}"
     );
 
-    // The operator may withdraw; the spec never changes.
+    // The operator may withdraw; the spec never changes. The CRD's CEL
+    // rule refuses a changed spec before any webhook is asked (the
+    // webhook's own refusal, "the spec of an ApprovalRequest cannot
+    // change", is the second line of defence).
     let (ok, out) = admin.decide("r2", "Withdrawn", "");
     assert!(ok, "{out}");
     let (ok, _, err2) = admin.run(
         &["apply", "-f", "-"],
-        Some(&request("r2").replace("fs_write", "fs_delete")),
+        Some(&request(&ns, "r2").replace("fs_write", "fs_delete")),
     );
     assert!(!ok);
     assert!(
-        err2.contains("the spec of an ApprovalRequest cannot change"),
+        err2.contains(
+            "The ApprovalRequest \"r2\" is invalid: spec: Invalid value: spec is immutable"
+        ),
         "{err2}"
     );
     // RBAC stops alice before the webhook would (it refuses creates by anyone
@@ -309,14 +308,22 @@ async fn only_the_right_people_decide_and_a_decision_is_final() {
         err.contains("cannot create resource \"approvalrequests\""),
         "{err}"
     );
+    for (kind, name) in configurations {
+        let kind = format!("{}webhookconfiguration", kind.to_lowercase());
+        admin.ok(&["delete", &kind, &name], None);
+    }
 }
 
 /// How the chart registers injection: pods of namespaces labelled
 /// `aip.io/inject: enabled` (unless the pod says disabled), and pods
-/// labelled so anywhere else.
-fn injection_webhooks(url: &str, ca_pem: &str) -> String {
+/// labelled so anywhere else; here only in the test's `namespaces`.
+fn injection_webhooks(name: &str, url: &str, ca_pem: &str, namespaces: &[&str]) -> String {
     use base64::Engine;
     let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    let only = format!(
+        "{{key: kubernetes.io/metadata.name, operator: In, values: {}}}",
+        serde_json::json!(namespaces)
+    );
     let hook = |name: &str, namespaces: &str, objects: &str| {
         format!(
             "  - name: {name}
@@ -327,20 +334,22 @@ fn injection_webhooks(url: &str, ca_pem: &str) -> String {
     sideEffects: None
     admissionReviewVersions: [v1]
     failurePolicy: Fail
-    reinvocationPolicy: IfNeeded
+    reinvocationPolicy: Never
 "
         )
     };
     format!(
-        "apiVersion: admissionregistration.k8s.io/v1\nkind: MutatingWebhookConfiguration\nmetadata: {{name: aip-inject}}\nwebhooks:\n{}{}",
+        "apiVersion: admissionregistration.k8s.io/v1\nkind: MutatingWebhookConfiguration\nmetadata: {{name: {name}}}\nwebhooks:\n{}{}",
         hook(
             "namespaces.inject.aip.io",
-            "{matchLabels: {aip.io/inject: enabled}}",
+            &format!("{{matchLabels: {{aip.io/inject: enabled}}, matchExpressions: [{only}]}}"),
             "{matchExpressions: [{key: aip.io/inject, operator: NotIn, values: [disabled]}]}"
         ),
         hook(
             "pods.inject.aip.io",
-            "{matchExpressions: [{key: aip.io/inject, operator: NotIn, values: [enabled]}]}",
+            &format!(
+                "{{matchExpressions: [{{key: aip.io/inject, operator: NotIn, values: [enabled]}}, {only}]}}"
+            ),
             "{matchLabels: {aip.io/inject: enabled}}"
         ),
     )
@@ -354,16 +363,21 @@ fn agent_pod(namespace: &str, name: &str, extra: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn opted_in_pods_come_back_with_their_gateway() {
-    let dir = tempdir();
-    let cluster = Cluster::start().await;
-    let admin = Kubectl {
-        kubeconfig: cluster.kubeconfig(&dir, aip_fake_apiserver::ADMIN_TOKEN),
-    };
-    let (addr, cert_pem, _stop) = start_webhooks(&cluster).await;
-    admin.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: agents, labels: {aip.io/inject: enabled}}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: other}\n");
+    let cluster = Cluster::shared().await;
+    let agents = cluster.fresh_namespace("inject").await;
+    let other = cluster.fresh_namespace("plain").await;
+    let admin = cluster.kubectl(User::Admin, &agents);
+    let hooks = start_webhooks(&cluster).await;
+    admin.ok(
+        &["label", "namespace", &agents, "aip.io/inject=enabled"],
+        None,
+    );
+    let configuration = format!("{agents}-inject");
     admin.apply(&injection_webhooks(
-        &format!("https://{addr}/inject"),
-        &cert_pem,
+        &configuration,
+        &format!("https://{}/inject", hooks.addr),
+        &hooks.cert_pem,
+        &[&agents, &other],
     ));
     let get = |ns: &str, pod: &str| -> serde_json::Value {
         let out = admin.ok(&["get", "pod", pod, "-n", ns, "-o", "json"], None);
@@ -375,8 +389,8 @@ async fn opted_in_pods_come_back_with_their_gateway() {
         })
     };
 
-    admin.apply(&agent_pod("agents", "agent-1", ""));
-    let pod = get("agents", "agent-1");
+    admin.apply(&agent_pod(&agents, "agent-1", ""));
+    let pod = get(&agents, "agent-1");
     assert_eq!(sidecars(&pod), 1, "{pod}");
     let sidecar = &pod["spec"]["initContainers"][0];
     assert_eq!(sidecar["restartPolicy"], "Always");
@@ -407,44 +421,82 @@ async fn opted_in_pods_come_back_with_their_gateway() {
     // The injected pod admitted again (say, recreated from its own YAML)
     // still has one gateway.
     let mut again = pod.clone();
-    again["metadata"] = serde_json::json!({"name": "agent-2", "namespace": "agents", "annotations": pod["metadata"]["annotations"]});
+    again["metadata"] = serde_json::json!({"name": "agent-2", "namespace": agents, "annotations": pod["metadata"]["annotations"]});
     admin.apply(&again.to_string());
-    assert_eq!(sidecars(&get("agents", "agent-2")), 1);
+    assert_eq!(sidecars(&get(&agents, "agent-2")), 1);
+
+    // A strategic-merge patch (what `kubectl patch` sends by default)
+    // merges containers by name: the agent's new image leaves the gateway
+    // and the agent's AIP_MCP_URL where they were.
+    admin.ok(
+        &[
+            "patch",
+            "pod",
+            "agent-1",
+            "-n",
+            &agents,
+            "-p",
+            r#"{"metadata":{"labels":{"team":"research"}},"spec":{"containers":[{"name":"agent","image":"agent:v2"}]}}"#,
+        ],
+        None,
+    );
+    let patched = get(&agents, "agent-1");
+    assert_eq!(sidecars(&patched), 1, "{patched}");
+    assert_eq!(patched["spec"]["containers"][0]["image"], "agent:v2");
+    assert_eq!(
+        patched["spec"]["containers"][0]["env"],
+        pod["spec"]["containers"][0]["env"]
+    );
+    assert_eq!(
+        patched["spec"]["initContainers"],
+        pod["spec"]["initContainers"]
+    );
+    assert_eq!(patched["metadata"]["labels"]["team"], "research");
 
     // Not opted in: untouched; a pod's own label opts it in anywhere.
-    admin.apply(&agent_pod("other", "plain", ""));
-    assert_eq!(sidecars(&get("other", "plain")), 0);
+    admin.apply(&agent_pod(&other, "plain", ""));
+    assert_eq!(sidecars(&get(&other, "plain")), 0);
     admin.apply(&agent_pod(
-        "other",
+        &other,
         "labelled",
         ", labels: {aip.io/inject: enabled}",
     ));
-    assert_eq!(sidecars(&get("other", "labelled")), 1);
+    assert_eq!(sidecars(&get(&other, "labelled")), 1);
     admin.apply(&agent_pod(
-        "agents",
+        &agents,
         "opted-out",
         ", labels: {aip.io/inject: disabled}",
     ));
-    assert_eq!(sidecars(&get("agents", "opted-out")), 0);
+    assert_eq!(sidecars(&get(&agents, "opted-out")), 0);
 
     // Sharing the node's network is refused, and kubectl says why.
     let (ok, _, err) = admin.run(
         &["apply", "-f", "-"],
-        Some("apiVersion: v1\nkind: Pod\nmetadata: {name: host, namespace: agents}\nspec:\n  hostNetwork: true\n  containers: [{name: agent, image: agent}]\n"),
+        Some(&format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: host, namespace: {agents}}}\nspec:\n  hostNetwork: true\n  containers: [{{name: agent, image: agent}}]\n")),
     );
     assert!(!ok);
     assert!(
-        err.contains("denied the request: pod host sets hostNetwork"),
+        err.contains("admission webhook \"namespaces.inject.aip.io\" denied the request: pod host sets hostNetwork"),
         "{err}"
+    );
+    admin.ok(
+        &["delete", "mutatingwebhookconfiguration", &configuration],
+        None,
     );
 }
 
+/// The operator's webhook server, in this process.
+struct Hooks {
+    addr: std::net::SocketAddr,
+    cert_pem: String,
+    /// The identity it takes for the operator's: the administrator's.
+    operator: String,
+    _stop: tokio_util::sync::DropGuard,
+}
+
 /// The operator's webhook server in this process, with a certificate for
-/// 127.0.0.1, acting as if the operator were the bootstrap administrator;
-/// its address and certificate, and a guard that stops it.
-async fn start_webhooks(
-    cluster: &Cluster,
-) -> (std::net::SocketAddr, String, tokio_util::sync::DropGuard) {
+/// 127.0.0.1, acting as if the operator were the administrator.
+async fn start_webhooks(cluster: &Cluster) -> Hooks {
     let key = rcgen::KeyPair::generate().unwrap();
     let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
         .unwrap()
@@ -454,10 +506,11 @@ async fn start_webhooks(
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
+    let operator = cluster.admin_name().await;
     let hooks = Arc::new(Webhooks {
         client: cluster.admin.clone(),
         metrics: Arc::new(Metrics::new()),
-        operator: "admin".to_owned(),
+        operator: operator.clone(),
         injection: Some(Injection::new(
             "aip-sidecar:test",
             "https://aip-operator.aip-system.svc:8443",
@@ -465,7 +518,12 @@ async fn start_webhooks(
         )),
     });
     tokio::spawn(webhooks::serve(hooks, listener, tls, shutdown.clone()));
-    (addr, cert.pem(), shutdown.drop_guard())
+    Hooks {
+        addr,
+        cert_pem: cert.pem(),
+        operator,
+        _stop: shutdown.drop_guard(),
+    }
 }
 
 /// Two replicas starting at once make one certificate between them, and
@@ -473,32 +531,30 @@ async fn start_webhooks(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_operator_makes_one_certificate_and_fills_the_ca_bundles() {
     use aip_operator::certs;
-    let dir = tempdir();
-    let cluster = Cluster::start().await;
-    let admin = Kubectl {
-        kubeconfig: cluster.kubeconfig(&dir, aip_fake_apiserver::ADMIN_TOKEN),
-    };
-    admin.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: aip-system}\n");
+    let cluster = Cluster::shared().await;
+    let ns = cluster.fresh_namespace("certs").await;
+    let admin = cluster.kubectl(User::Admin, &ns);
+    let (mutating, validating) = (format!("{ns}-mutate"), format!("{ns}-validate"));
     let unset = |kind: &str, name: &str| {
         format!(
             "apiVersion: admissionregistration.k8s.io/v1\nkind: {kind}WebhookConfiguration\nmetadata: {{name: {name}}}\nwebhooks:\n{}",
             ["a", "b"]
-                .map(|w| format!("  - name: {w}.{name}.aip.io\n    clientConfig: {{url: 'https://127.0.0.1:1/x'}}\n    rules: [{{operations: [CREATE], apiGroups: [aip.io], apiVersions: [v1alpha1], resources: [toolconnections]}}]\n    sideEffects: None\n    admissionReviewVersions: [v1]\n    failurePolicy: Ignore\n"))
+                .map(|w| format!("  - name: {w}.{name}.aip.io\n    clientConfig: {{url: 'https://127.0.0.1:1/x'}}\n    rules: [{{operations: [CREATE], apiGroups: [aip.io], apiVersions: [v1alpha1], resources: [toolconnections]}}]\n    namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: {ns}}}}}\n    sideEffects: None\n    admissionReviewVersions: [v1]\n    failurePolicy: Ignore\n"))
                 .join("")
         )
     };
-    admin.apply(&unset("Mutating", "aip-mutate"));
-    admin.apply(&unset("Validating", "aip-validate"));
+    admin.apply(&unset("Mutating", &mutating));
+    admin.apply(&unset("Validating", &validating));
 
-    let names = ["aip-operator.aip-system.svc".to_owned()];
+    let names = [format!("aip-operator.{ns}.svc")];
     let (one, two) = tokio::join!(
-        certs::ensure(&cluster.admin, "aip-system", "aip-tls", &names),
-        certs::ensure(&cluster.admin, "aip-system", "aip-tls", &names),
+        certs::ensure(&cluster.admin, &ns, "aip-tls", &names),
+        certs::ensure(&cluster.admin, &ns, "aip-tls", &names),
     );
     let (one, two) = (one.unwrap(), two.unwrap());
     assert_eq!(one.tls.cert_pem, two.tls.cert_pem, "one certificate");
     assert_eq!(one.ca_pem, two.ca_pem);
-    let again = certs::ensure(&cluster.admin, "aip-system", "aip-tls", &names)
+    let again = certs::ensure(&cluster.admin, &ns, "aip-tls", &names)
         .await
         .unwrap();
     assert_eq!(again.tls.cert_pem, one.tls.cert_pem, "kept across restarts");
@@ -509,7 +565,7 @@ async fn the_operator_makes_one_certificate_and_fills_the_ca_bundles() {
                 "secret",
                 "aip-tls",
                 "-n",
-                "aip-system",
+                &ns,
                 "-o",
                 "jsonpath={.type}"
             ],
@@ -521,20 +577,20 @@ async fn the_operator_makes_one_certificate_and_fills_the_ca_bundles() {
     certs::patch_ca_bundles(
         &cluster.admin,
         &one.ca_pem,
-        &["aip-mutate".to_owned()],
-        &["aip-validate".to_owned()],
+        std::slice::from_ref(&mutating),
+        std::slice::from_ref(&validating),
     )
     .await
     .unwrap();
     use base64::Engine;
     for object in [
-        "mutatingwebhookconfiguration/aip-mutate",
-        "validatingwebhookconfiguration/aip-validate",
+        format!("mutatingwebhookconfiguration/{mutating}"),
+        format!("validatingwebhookconfiguration/{validating}"),
     ] {
         let bundles = admin.ok(
             &[
                 "get",
-                object,
+                &object,
                 "-o",
                 "jsonpath={.webhooks[*].clientConfig.caBundle}",
             ],
@@ -546,5 +602,6 @@ async fn the_operator_makes_one_certificate_and_fills_the_ca_bundles() {
             let pem = base64::engine::general_purpose::STANDARD.decode(b).unwrap();
             assert_eq!(String::from_utf8(pem).unwrap(), one.ca_pem, "{object}");
         }
+        admin.ok(&["delete", &object], None);
     }
 }

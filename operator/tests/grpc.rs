@@ -1,7 +1,9 @@
 //! The Config service over real gRPC and TLS on loopback, authenticating
-//! sidecars by TokenReview against the fake API server: a pod gets its own
-//! configuration and every change to it, acks count as synced, and a token
-//! for the wrong audience, no token, or a pod that is gone get nothing.
+//! sidecars by TokenReview against the genuine kube-apiserver: a pod gets
+//! its own configuration and every change to it, acks count as synced, and
+//! a token for the wrong audience, no token, an expired token or a pod that
+//! is gone get nothing. Each test has a namespace of its own on the test
+//! binary's control plane.
 
 #![allow(clippy::unwrap_used)]
 
@@ -32,6 +34,8 @@ const PATIENCE: Duration = Duration::from_secs(10);
 
 struct Harness {
     cluster: Cluster,
+    /// The test's namespace, with ServiceAccount `runner`.
+    ns: String,
     index: Arc<Mutex<Index>>,
     channel: Channel,
     policies: mpsc::UnboundedReceiver<ObjectKey>,
@@ -55,7 +59,9 @@ fn policy(tools: &[&str]) -> AgentPolicySpec {
 }
 
 async fn harness() -> Harness {
-    let cluster = Cluster::start().await;
+    let cluster = Cluster::shared().await;
+    let ns = cluster.fresh_namespace("grpc").await;
+    cluster.service_account(&ns, "runner").await;
     let index = Arc::new(Mutex::new(Index::new()));
     let (ptx, policies) = mpsc::unbounded_channel();
     let (etx, evidence) = mpsc::unbounded_channel();
@@ -70,6 +76,7 @@ async fn harness() -> Harness {
     let channel = serve(&index, auth, approvals, signals, &metrics, &shutdown).await;
     Harness {
         cluster,
+        ns,
         index,
         channel,
         policies,
@@ -125,16 +132,31 @@ impl Harness {
     async fn pod(&self, name: &str, app: &str) -> String {
         let uid = self
             .cluster
-            .pod("agents", name, "runner", json!({"app": app}))
+            .pod(&self.ns, name, "runner", json!({"app": app}))
             .await;
         self.index.lock().unwrap().apply_pod(PodMeta {
-            namespace: "agents".to_owned(),
+            namespace: self.ns.clone(),
             name: name.to_owned(),
             uid: uid.clone(),
             labels: BTreeMap::from([("app".to_owned(), app.to_owned())]),
             injected: true,
         });
         uid
+    }
+
+    /// A token for pod `pod` (uid) for `audiences`, as the kubelet
+    /// projects it.
+    async fn token(&self, pod: &str, uid: &str, audiences: &[&str]) -> String {
+        self.cluster
+            .token(&self.ns, "runner", pod, uid, audiences)
+            .await
+    }
+
+    fn apply_policy(&self, generation: i64, spec: &AgentPolicySpec) {
+        self.index
+            .lock()
+            .unwrap()
+            .apply_policy(&self.ns, "p", Some(generation), spec);
     }
 
     async fn watch(&self, token: Option<&str>) -> Result<Streaming<Snapshot>, tonic::Status> {
@@ -163,28 +185,20 @@ async fn next(stream: &mut Streaming<Snapshot>) -> Result<Option<Snapshot>, toni
 #[tokio::test]
 async fn a_sidecar_gets_its_pods_config_and_every_change() {
     let mut h = harness().await;
-    h.cluster.namespace("agents").await;
-    h.cluster.service_account("agents", "runner").await;
     let uid = h.pod("agent-1", "a").await;
-    h.index
-        .lock()
-        .unwrap()
-        .apply_policy("agents", "p", Some(1), &policy(&["read_file"]));
-    let token = h
-        .cluster
-        .token("agents", "runner", "agent-1", &uid, &[AUDIENCE])
-        .await;
+    h.apply_policy(1, &policy(&["read_file"]));
+    let token = h.token("agent-1", &uid, &[AUDIENCE]).await;
 
     let mut stream = h.watch(Some(&token)).await.unwrap();
     let first = next(&mut stream).await.unwrap().unwrap();
     let p = first.policy.as_ref().unwrap();
-    assert_eq!((p.namespace.as_str(), p.name.as_str()), ("agents", "p"));
+    assert_eq!(
+        (p.namespace.as_str(), p.name.as_str()),
+        (h.ns.as_str(), "p")
+    );
     assert!(p.document_json.contains("read_file"));
 
-    h.index
-        .lock()
-        .unwrap()
-        .apply_policy("agents", "p", Some(2), &policy(&["read_file", "ls"]));
+    h.apply_policy(2, &policy(&["read_file", "ls"]));
     let second = next(&mut stream).await.unwrap().unwrap();
     assert!(second.version > first.version);
     assert!(
@@ -216,11 +230,11 @@ async fn a_sidecar_gets_its_pods_config_and_every_change() {
         .report(report)
         .await
         .unwrap();
-    assert_eq!(h.policies.recv().await, Some(ObjectKey::new("agents", "p")));
-    let view = h.index.lock().unwrap().policy_view("agents", "p").unwrap();
+    assert_eq!(h.policies.recv().await, Some(ObjectKey::new(&h.ns, "p")));
+    let view = h.index.lock().unwrap().policy_view(&h.ns, "p").unwrap();
     assert_eq!((view.governed_pods, view.synced_pods), (1, 1));
     let evidence = h.evidence.recv().await.unwrap();
-    assert_eq!(evidence.connection, ObjectKey::new("agents", "gh"));
+    assert_eq!(evidence.connection, ObjectKey::new(&h.ns, "gh"));
     assert_eq!(
         (evidence.pod.as_str(), evidence.http_status),
         ("agent-1", 401)
@@ -237,7 +251,7 @@ async fn a_sidecar_gets_its_pods_config_and_every_change() {
     );
 
     // The pod goes away: its stream ends.
-    h.index.lock().unwrap().delete_pod("agents", "agent-1");
+    h.index.lock().unwrap().delete_pod(&h.ns, "agent-1");
     let end = next(&mut stream).await.unwrap_err();
     assert_eq!(end.code(), Code::NotFound, "{end:?}");
 }
@@ -245,41 +259,36 @@ async fn a_sidecar_gets_its_pods_config_and_every_change() {
 #[tokio::test]
 async fn each_token_gets_its_own_pods_config_only() {
     let h = harness().await;
-    h.cluster.namespace("agents").await;
-    h.cluster.service_account("agents", "runner").await;
     h.pod("agent-a", "a").await;
     let uid_b = h.pod("agent-b", "b").await;
-    h.index
-        .lock()
-        .unwrap()
-        .apply_policy("agents", "p", Some(1), &policy(&["read_file"]));
-    let token_b = h
-        .cluster
-        .token("agents", "runner", "agent-b", &uid_b, &[AUDIENCE])
-        .await;
+    h.apply_policy(1, &policy(&["read_file"]));
+    let token_b = h.token("agent-b", &uid_b, &[AUDIENCE]).await;
     let mut stream = h.watch(Some(&token_b)).await.unwrap();
     let snapshot = next(&mut stream).await.unwrap().unwrap();
     assert!(snapshot.policy.is_none(), "agent-b is not governed by p");
     assert_eq!(
         snapshot.deny_reason,
-        "no AgentPolicy in namespace agents selects this pod"
+        format!("no AgentPolicy in namespace {} selects this pod", h.ns)
     );
 }
 
 #[tokio::test]
 async fn wrong_audience_missing_token_and_unknown_pods_get_nothing() {
     let h = harness().await;
-    h.cluster.namespace("agents").await;
-    h.cluster.service_account("agents", "runner").await;
     let uid = h.pod("agent-1", "a").await;
 
     // The API server's own audience: what a pod's default token carries.
-    let default = h
-        .cluster
-        .token("agents", "runner", "agent-1", &uid, &[])
-        .await;
+    let default = h.token("agent-1", &uid, &[]).await;
     let refused = h.watch(Some(&default)).await.unwrap_err();
     assert_eq!(refused.code(), Code::Unauthenticated);
+    assert!(
+        refused.message().starts_with(&format!(
+            "the API server did not accept the token: [invalid bearer token, token audiences [\"{}\"] is invalid for the target audiences [\"aip.io/sidecar\"]",
+            h.cluster.control_plane().url()
+        )) || !h.cluster.control_plane().is_local(),
+        "{}",
+        refused.message()
+    );
     assert!(
         refused.message().contains("audience"),
         "{}",
@@ -298,32 +307,24 @@ async fn wrong_audience_missing_token_and_unknown_pods_get_nothing() {
     assert_eq!(refused.code(), Code::Unauthenticated);
 
     // A valid token for a pod the index has not seen (yet): retryable.
-    let uid2 = h
-        .cluster
-        .pod("agents", "agent-2", "runner", json!({}))
-        .await;
-    let token2 = h
-        .cluster
-        .token("agents", "runner", "agent-2", &uid2, &[AUDIENCE])
-        .await;
+    let uid2 = h.cluster.pod(&h.ns, "agent-2", "runner", json!({})).await;
+    let token2 = h.token("agent-2", &uid2, &[AUDIENCE]).await;
     let refused = h.watch(Some(&token2)).await.unwrap_err();
     assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
 
     // A token for a pod that is gone, though the index still lists it.
+    // (Never reviewed before: the API server caches a successful review
+    // for 10 s.) An unscheduled pod is deleted at once.
     let uid3 = h.pod("agent-3", "a").await;
-    let token3 = h
-        .cluster
-        .token("agents", "runner", "agent-3", &uid3, &[AUDIENCE])
-        .await;
+    let token3 = h.token("agent-3", &uid3, &[AUDIENCE]).await;
     let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
-        kube::Api::namespaced(h.cluster.admin.clone(), "agents");
+        kube::Api::namespaced(h.cluster.admin.clone(), &h.ns);
     pods.delete("agent-3", &Default::default()).await.unwrap();
     let refused = h.watch(Some(&token3)).await.unwrap_err();
     assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
-    assert!(
-        refused.message().contains("no longer exists"),
-        "{}",
-        refused.message()
+    assert_eq!(
+        refused.message(),
+        "the API server did not accept the token: [invalid bearer token, service account token has been invalidated]"
     );
 
     let metrics = h.metrics.encode();
@@ -331,6 +332,66 @@ async fn wrong_audience_missing_token_and_unknown_pods_get_nothing() {
         metrics.contains("aip_operator_sidecar_auth_failures_total{reason=\"missing\"} 1"),
         "{metrics}"
     );
+}
+
+/// A pod's sidecar token re-signed with the control plane's own
+/// service-account key, its validity moved an hour into the past: the API
+/// server refuses it as expired, and so does the operator.
+#[tokio::test]
+async fn an_expired_token_is_refused_by_the_api_server() {
+    let h = harness().await;
+    let Some(dir) = h.cluster.control_plane().dir() else {
+        eprintln!("skipped: the signing key of a given cluster is not ours to read");
+        return;
+    };
+    let uid = h.pod("agent-1", "a").await;
+    let fresh = h.token("agent-1", &uid, &[AUDIENCE]).await;
+    let expired = resigned_in_the_past(&fresh, &dir.join("service-account.key"));
+    let refused = h.watch(Some(&expired)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    assert_eq!(
+        refused.message(),
+        "the API server did not accept the token: [invalid bearer token, service account token has expired]"
+    );
+    // The same claims within their validity are accepted: only the times differ.
+    assert!(h.watch(Some(&fresh)).await.is_ok());
+}
+
+/// `token` with `iat`, `nbf` and `exp` an hour earlier, signed (ES256,
+/// the same key id) with the PKCS#8 key at `key`.
+fn resigned_in_the_past(token: &str, key: &std::path::Path) -> String {
+    use base64::Engine;
+    let part = |i: usize| -> serde_json::Value {
+        let text = token.split('.').nth(i).unwrap();
+        let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(text)
+            .unwrap();
+        serde_json::from_slice(&bytes).unwrap()
+    };
+    let (header, mut claims) = (part(0), part(1));
+    let hour = 3600;
+    for time in ["iat", "nbf", "exp"] {
+        let t = claims[time].as_i64().unwrap();
+        claims[time] = json!(t - hour - 600);
+    }
+    assert!(claims["exp"].as_i64().unwrap() < time_now(), "{claims}");
+    let mut signed = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
+    signed.typ = None;
+    signed.kid = header["kid"].as_str().map(str::to_owned);
+    let pem = std::fs::read_to_string(key).unwrap();
+    let der: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
+    let der = base64::engine::general_purpose::STANDARD
+        .decode(der)
+        .unwrap();
+    let key = jsonwebtoken::EncodingKey::from_ec_der(&der);
+    jsonwebtoken::encode(&signed, &claims, &key).unwrap()
+}
+
+fn time_now() -> i64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    i64::try_from(now.as_secs()).unwrap()
 }
 
 /// Vouches for one pod whatever the token, with a given expiry.
@@ -398,32 +459,20 @@ mod approvals {
     use aip_api::{ApprovalRequest as ApprovalObject, approval_request::Decision};
     use aip_proto::v1::approval_update::Decision as Wire;
     use aip_proto::v1::{ApprovalRequest, ApprovalUpdate};
-    use kube::api::{Api, Patch, PatchParams, PostParams};
+    use kube::api::{Api, Patch, PatchParams};
     use kube::runtime::wait::await_condition;
 
     async fn setup(timeout_seconds: u32) -> (Harness, String) {
         let h = harness().await;
-        let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
-            Api::all(h.cluster.admin.clone());
-        for crd in aip_api::crds() {
-            crds.create(&PostParams::default(), &crd).await.unwrap();
-        }
-        h.cluster.namespace("agents").await;
-        h.cluster.service_account("agents", "runner").await;
+        common::install_crds(&h.cluster.admin).await;
         let uid = h.pod("agent-1", "a").await;
         let mut spec = policy(&["write_file"]);
         spec.approval = Some(aip_api::agent_policy::ApprovalSettings {
             timeout_seconds: Some(timeout_seconds),
             allowed_service_accounts: Vec::new(),
         });
-        h.index
-            .lock()
-            .unwrap()
-            .apply_policy("agents", "p", Some(1), &spec);
-        let token = h
-            .cluster
-            .token("agents", "runner", "agent-1", &uid, &[AUDIENCE])
-            .await;
+        h.apply_policy(1, &spec);
+        let token = h.token("agent-1", &uid, &[AUDIENCE]).await;
         (h, token)
     }
 
@@ -460,7 +509,7 @@ mod approvals {
         let mut stream = ask(&h, &token).await;
         let pending = update(&mut stream).await;
         assert_eq!(pending.decision, Wire::Pending as i32);
-        let api: Api<ApprovalObject> = Api::namespaced(h.cluster.admin.clone(), "agents");
+        let api: Api<ApprovalObject> = Api::namespaced(h.cluster.admin.clone(), &h.ns);
         let object = api.get(&pending.name).await.unwrap();
         assert!(
             pending.name.starts_with("fs-write-file-"),
@@ -519,7 +568,7 @@ mod approvals {
         let mut stream = ask(&h, &token).await;
         let pending = update(&mut stream).await;
         drop(stream);
-        let api: Api<ApprovalObject> = Api::namespaced(h.cluster.admin.clone(), "agents");
+        let api: Api<ApprovalObject> = Api::namespaced(h.cluster.admin.clone(), &h.ns);
         let withdrawn = await_condition(api, &pending.name, |o: Option<&ApprovalObject>| {
             o.and_then(|o| o.status.as_ref())
                 .is_some_and(|s| s.decision == Decision::Withdrawn)
@@ -537,7 +586,7 @@ mod approvals {
         let pending = update(&mut stream).await;
         let expired = update(&mut stream).await;
         assert_eq!(expired.decision, Wire::Expired as i32);
-        let api: Api<ApprovalObject> = Api::namespaced(h.cluster.admin.clone(), "agents");
+        let api: Api<ApprovalObject> = Api::namespaced(h.cluster.admin.clone(), &h.ns);
         let object = api.get(&pending.name).await.unwrap();
         assert_eq!(object.status.unwrap().decision, Decision::Expired);
     }

@@ -36,5 +36,5 @@ service:
   name: aip-operator
   namespace: {{ .root.Release.Namespace }}
   path: {{ .path }}
-  port: 443
+  port: {{ .root.Values.service.webhookPort }}
 {{- end -}}

@@ -6,8 +6,11 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+#[derive(Clone)]
 pub struct Kubectl {
     pub kubeconfig: PathBuf,
+    /// What `wait`, `get` and `decide` look in.
+    pub namespace: String,
 }
 
 impl Kubectl {
@@ -64,6 +67,14 @@ impl Kubectl {
         )
     }
 
+    /// The same user in namespace `ns`.
+    pub fn in_namespace(&self, ns: &str) -> Kubectl {
+        Kubectl {
+            kubeconfig: self.kubeconfig.clone(),
+            namespace: ns.to_owned(),
+        }
+    }
+
     pub fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {
         let (ok, out, err) = self.run(args, stdin);
         assert!(ok, "kubectl {args:?} failed:\n{out}{err}");
@@ -78,7 +89,14 @@ impl Kubectl {
     pub fn wait(&self, object: &str, jsonpath: &str, value: &str) {
         let condition = format!("--for=jsonpath={jsonpath}={value}");
         self.ok(
-            &["wait", "-n", "agents", object, &condition, "--timeout=30s"],
+            &[
+                "wait",
+                "-n",
+                &self.namespace,
+                object,
+                &condition,
+                "--timeout=30s",
+            ],
             None,
         );
     }
@@ -88,7 +106,7 @@ impl Kubectl {
             &[
                 "get",
                 "-n",
-                "agents",
+                &self.namespace,
                 object,
                 "-o",
                 &format!("jsonpath={jsonpath}"),
@@ -134,7 +152,7 @@ impl Kubectl {
             &[
                 "patch",
                 "-n",
-                "agents",
+                &self.namespace,
                 &object,
                 "--subresource=status",
                 "--type=merge",
@@ -149,16 +167,19 @@ impl Kubectl {
 
 /// A Validating- or MutatingWebhookConfiguration (`kind`) with one webhook
 /// at `url`, trusting `ca_pem`, for CREATE and UPDATE of `resources` in
-/// aip.io/v1alpha1; failurePolicy Fail.
+/// aip.io/v1alpha1 in `namespaces` only (so that tests sharing a control
+/// plane do not meet each other's webhooks); failurePolicy Fail.
 pub fn webhook_configuration(
     kind: &str,
     name: &str,
     url: &str,
     ca_pem: &str,
     resources: &str,
+    namespaces: &[&str],
 ) -> String {
     use base64::Engine;
     let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    let namespaces = serde_json::json!(namespaces);
     format!(
         "apiVersion: admissionregistration.k8s.io/v1
 kind: {kind}WebhookConfiguration
@@ -167,6 +188,7 @@ webhooks:
   - name: {name}.aip.io
     clientConfig: {{url: '{url}', caBundle: {ca}}}
     rules: [{{operations: [CREATE, UPDATE], apiGroups: [aip.io], apiVersions: [v1alpha1], resources: [{resources}]}}]
+    namespaceSelector: {{matchExpressions: [{{key: kubernetes.io/metadata.name, operator: In, values: {namespaces}}}]}}
     sideEffects: None
     admissionReviewVersions: [v1]
     failurePolicy: Fail

@@ -1,5 +1,6 @@
-//! Shared by the operator's integration tests: a fake API server with an
-//! admin client, pods and their minted service-account tokens.
+//! Shared by the operator's integration tests: the genuine control plane
+//! (aip-kube-test) with an admin client, the project's CRDs, pods and their
+//! service-account tokens.
 
 #![allow(dead_code, clippy::unwrap_used)]
 
@@ -7,35 +8,61 @@ pub mod agent;
 pub mod kubectl;
 pub mod local;
 
-use aip_fake_apiserver::{ADMIN_TOKEN, Options, Running};
-use k8s_openapi::api::authentication::v1::TokenRequest;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use aip_kube_test::{ControlPlane, Dedicated, User};
+use k8s_openapi::api::authentication::v1::{SelfSubjectReview, TokenRequest};
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
-use kube::api::{Api, PostParams};
-use kube::{Client, Config};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::wait::{await_condition, conditions};
 use serde_json::json;
 
+use kubectl::Kubectl;
+
+/// The field manager this suite installs the CRDs with.
+const TEST_MANAGER: &str = "aip-operator-tests";
+
+/// A control plane and its administrator: the test binary's shared one
+/// (each test in namespaces of its own), or one a test has to itself
+/// (it installs the cluster-wide chart).
 pub struct Cluster {
-    pub running: Running,
+    pub plane: Dedicated,
     pub admin: Client,
 }
 
 impl Cluster {
-    pub async fn start() -> Cluster {
-        Cluster::with_users("").await
+    /// The test binary's control plane.
+    pub async fn shared() -> Cluster {
+        let plane = Dedicated::Given(aip_kube_test::shared().await);
+        let admin = plane.client(User::Admin).await;
+        Cluster { plane, admin }
     }
 
-    /// A server that also knows the users of `token_file` (kube-apiserver's
-    /// token file format: `token,user,uid,"group1,group2"` per line).
-    pub async fn with_users(token_file: &str) -> Cluster {
-        let options = Options {
-            tokens: aip_fake_apiserver::auth::Tokens::parse(token_file).unwrap(),
-            ..Options::default()
-        };
-        let running = aip_fake_apiserver::start(options).await.unwrap();
-        let admin = client(&running, ADMIN_TOKEN).await;
-        Cluster { running, admin }
+    /// A control plane for this test alone.
+    pub async fn dedicated() -> Cluster {
+        let plane = aip_kube_test::dedicated().await;
+        let admin = plane.client(User::Admin).await;
+        Cluster { plane, admin }
     }
 
+    pub fn control_plane(&self) -> &ControlPlane {
+        &self.plane
+    }
+
+    /// A namespace of the test's own, `PREFIX-xxxxx`, once its `default`
+    /// ServiceAccount exists.
+    pub async fn fresh_namespace(&self, prefix: &str) -> String {
+        match self.plane.fresh_namespace(prefix).await {
+            Ok(name) => name,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// A namespace named `name` (on a dedicated control plane), once the
+    /// service-account controller has made its `default` ServiceAccount.
     pub async fn namespace(&self, name: &str) {
         let namespaces: Api<Namespace> = Api::all(self.admin.clone());
         namespaces
@@ -44,6 +71,17 @@ impl Cluster {
                 &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap(),
             )
             .await
+            .unwrap();
+        self.account_exists(name, "default").await;
+    }
+
+    /// Waits for ServiceAccount `ns/name` (watched).
+    pub async fn account_exists(&self, ns: &str, name: &str) {
+        let accounts: Api<ServiceAccount> = Api::namespaced(self.admin.clone(), ns);
+        let exists = await_condition(accounts, name, |sa: Option<&ServiceAccount>| sa.is_some());
+        tokio::time::timeout(Duration::from_secs(60), exists)
+            .await
+            .unwrap_or_else(|_| panic!("ServiceAccount {ns}/{name} never appeared"))
             .unwrap();
     }
 
@@ -58,7 +96,8 @@ impl Cluster {
             .unwrap();
     }
 
-    /// Creates a pod running as `account`; returns its uid.
+    /// Creates a pod running as `account`; returns its uid. (No kubelet:
+    /// it stays Pending, which is all the operator looks at.)
     pub async fn pod(
         &self,
         ns: &str,
@@ -94,7 +133,7 @@ impl Cluster {
     }
 
     /// A token for `account` bound to pod `pod` (uid), for `audiences`
-    /// (empty: the API server's own).
+    /// (empty: the API server's own), as the kubelet projects one.
     pub async fn token(
         &self,
         ns: &str,
@@ -116,23 +155,57 @@ impl Cluster {
             .unwrap();
         minted.status.unwrap().token.unwrap()
     }
-}
 
-impl Cluster {
-    /// A kubeconfig file for the user of `token`.
-    pub fn kubeconfig(&self, dir: &std::path::Path, token: &str) -> std::path::PathBuf {
+    /// A kubeconfig file in `dir` for the bearer `token`.
+    pub fn kubeconfig(&self, dir: &Path, token: &str) -> PathBuf {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let path = dir.join(format!("user-{n}.kubeconfig"));
-        std::fs::write(&path, self.running.kubeconfig(token)).unwrap();
+        let path = dir.join(format!("token-{n}.kubeconfig"));
+        std::fs::write(&path, self.plane.kubeconfig_with_token(token)).unwrap();
         path
+    }
+
+    /// kubectl as `user`, in namespace `ns`.
+    pub fn kubectl(&self, user: User, ns: &str) -> Kubectl {
+        Kubectl {
+            kubeconfig: self.plane.kubeconfig_file(user),
+            namespace: ns.to_owned(),
+        }
+    }
+
+    /// A kube-rs client for the bearer `token`.
+    pub async fn client_with_token(&self, token: &str) -> Client {
+        self.plane.client_with_token(token).await.unwrap()
+    }
+
+    /// The administrator's user name as the API server knows it (`admin`
+    /// locally; a given cluster's own otherwise).
+    pub async fn admin_name(&self) -> String {
+        let api: Api<SelfSubjectReview> = Api::all(self.admin.clone());
+        let review: SelfSubjectReview = serde_json::from_value(json!({})).unwrap();
+        let answered = api.create(&PostParams::default(), &review).await.unwrap();
+        answered
+            .status
+            .and_then(|s| s.user_info)
+            .and_then(|u| u.username)
+            .unwrap()
     }
 }
 
-pub async fn client(running: &Running, token: &str) -> Client {
-    let kubeconfig = kube::config::Kubeconfig::from_yaml(&running.kubeconfig(token)).unwrap();
-    let config = Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-        .await
-        .unwrap();
-    Client::try_from(config).unwrap()
+/// The project's CRDs on `client`'s cluster (server-side applied, so that
+/// concurrent tests may all ask), once each is Established.
+pub async fn install_crds(client: &Client) {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let apply = PatchParams::apply(TEST_MANAGER).force();
+    for crd in aip_api::crds() {
+        let name = crd.metadata.name.clone().unwrap();
+        api.patch(&name, &apply, &Patch::Apply(&crd))
+            .await
+            .unwrap_or_else(|e| panic!("the API server refused CRD {name}: {e}"));
+        let established = await_condition(api.clone(), &name, conditions::is_crd_established());
+        tokio::time::timeout(Duration::from_secs(30), established)
+            .await
+            .unwrap_or_else(|_| panic!("CRD {name} never became Established"))
+            .unwrap();
+    }
 }

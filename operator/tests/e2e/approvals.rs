@@ -14,17 +14,12 @@
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use aip_kube_test::User;
+
 use crate::common::Cluster;
 use crate::common::agent::Agent;
 use crate::common::kubectl::{Kubectl, tempdir};
 use crate::support::*;
-
-/// alice the approver, victor who may only look, carol with no rights at
-/// all.
-const USERS: &str = "alice-token,alice,u-alice,\"approvers\"
-victor-token,victor,u-victor,\"viewers\"
-carol-token,carol,u-carol
-";
 
 /// What a platform team grants with the chart's roles: approvers decide,
 /// viewers look; and (a mistake the webhook catches) the approver role for
@@ -95,10 +90,10 @@ async fn answer(call: tokio::task::JoinHandle<Value>) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_person_decides_each_held_call_with_kubectl() {
     let dir = tempdir();
-    let cluster = Cluster::with_users(USERS).await;
-    let admin = Kubectl {
-        kubeconfig: cluster.kubeconfig(&dir, aip_fake_apiserver::ADMIN_TOKEN),
-    };
+    // alice the approver (group approvers), victor who may only look
+    // (viewers), carol with no rights at all.
+    let cluster = Cluster::dedicated().await;
+    let admin = cluster.kubectl(User::Admin, "agents");
     let shutdown = CancellationToken::new();
     let _stop = shutdown.clone().drop_guard();
     let (fault_url, attempts) = start_fault_server(&dir, &shutdown).await;
@@ -108,6 +103,7 @@ async fn a_person_decides_each_held_call_with_kubectl() {
     let (ports, op_kubeconfig) = (installed.ports, installed.kubeconfig.clone());
     let operator_identity = Kubectl {
         kubeconfig: op_kubeconfig.clone(),
+        namespace: "agents".to_owned(),
     };
     let operator_ca = installed.ca.clone();
 
@@ -131,10 +127,11 @@ async fn a_person_decides_each_held_call_with_kubectl() {
     // The people, and the tokens a compromised pod could use.
     let as_user = |token: &str| Kubectl {
         kubeconfig: cluster.kubeconfig(&dir, token),
+        namespace: "agents".to_owned(),
     };
-    let alice = as_user("alice-token");
-    let carol = as_user("carol-token");
-    let victor = as_user("victor-token");
+    let alice = cluster.kubectl(User::Alice, "agents");
+    let carol = cluster.kubectl(User::Carol, "agents");
+    let victor = cluster.kubectl(User::Victor, "agents");
     let pod_token = cluster.token("agents", "agent", "agent-1", &uid, &[]).await;
     let the_pod = as_user(&pod_token);
     let helper_token = cluster
@@ -154,7 +151,7 @@ async fn a_person_decides_each_held_call_with_kubectl() {
 
     // The call waits; the agent's other calls do not.
     let held = story.call(10, json!({"path": "held"}));
-    let name = pending_request(&admin.kubeconfig).await;
+    let name = pending_request(admin).await;
     assert!(name.starts_with("fs-delete-file-"), "{name}");
     let mut reader = clone_agent(&story.agent);
     let other = reader
@@ -222,9 +219,7 @@ async fn a_person_decides_each_held_call_with_kubectl() {
         "{said}"
     );
     let events = eventually("the request and the pod carry Events", || {
-        let kubectl = Kubectl {
-            kubeconfig: admin.kubeconfig.clone(),
-        };
+        let kubectl = admin.clone();
         let name = name.clone();
         async move {
             let events = events(&kubectl);
@@ -242,7 +237,7 @@ async fn a_person_decides_each_held_call_with_kubectl() {
 
     // Cancelled by the agent: withdrawn, and no later decision sends it.
     let cancelled = story.call(777, json!({"path": "cancelled"}));
-    let withdrawn = pending_request(&admin.kubeconfig).await;
+    let withdrawn = pending_request(admin).await;
     story
         .agent
         .notify("notifications/cancelled", json!({"requestId": 777}))
@@ -264,9 +259,7 @@ async fn a_person_decides_each_held_call_with_kubectl() {
     let first = story.call(21, json!({"path": "twice"}));
     let second = story.call(22, json!({"path": "twice"}));
     let both = eventually("two requests are pending", || {
-        let kubectl = Kubectl {
-            kubeconfig: admin.kubeconfig.clone(),
-        };
+        let kubectl = admin.clone();
         async move {
             let names = pending(&kubectl);
             (names.len() == 2).then_some(names)
@@ -297,7 +290,7 @@ async fn a_person_decides_each_held_call_with_kubectl() {
 
     // A denial: -32004, nothing sent, the reason recorded.
     let denied_call = story.call(30, json!({"path": "denied"}));
-    let denied = pending_request(&admin.kubeconfig).await;
+    let denied = pending_request(admin).await;
     let said = story.alice_says(&["deny", &denied, "-n", "agents", "--reason", "not today"]);
     assert!(said.contains("denied"), "{said}");
     let refused_answer = answer(denied_call).await;
@@ -306,7 +299,7 @@ async fn a_person_decides_each_held_call_with_kubectl() {
 
     // The operator restarts while a call waits: nothing is lost.
     let waiting = story.call(40, json!({"path": "across a restart"}));
-    let across = pending_request(&admin.kubeconfig).await;
+    let across = pending_request(admin).await;
     operator.terminate();
     let mut operator = installed.restart(&["--approval-retention", RETENTION]);
     operator.line("cluster state loaded").await;
@@ -339,7 +332,7 @@ async fn a_person_decides_each_held_call_with_kubectl() {
     // A sidecar that restarts while the operator is away has lost the
     // call: its request is withdrawn when it comes back.
     let orphan = story.call(50, json!({"path": "orphan"}));
-    let orphaned = pending_request(&admin.kubeconfig).await;
+    let orphaned = pending_request(admin).await;
     operator.terminate();
     drop(sidecar);
     let _ = answer(orphan).await;
@@ -386,7 +379,7 @@ async fn a_person_decides_each_held_call_with_kubectl() {
         &generation,
     );
     let doomed = story.call(70, json!({"path": "doomed"}));
-    let doomed_request = pending_request(&admin.kubeconfig).await;
+    let doomed_request = pending_request(admin).await;
     admin.ok(&["delete", "pod", "agent-1", "-n", "agents"], None);
     admin.wait(
         &format!("approvalrequest/{doomed_request}"),

@@ -1,7 +1,8 @@
-//! The platform engineer's story, end to end, against the fake API server:
-//! kubectl installs the Helm chart's rendered manifests, and the real
-//! aip-operator binary runs with the chart's arguments as the chart's service
-//! account, under exactly the chart's RBAC (which these flows prove
+//! The platform engineer's story, end to end, on a control plane of its own
+//! (the genuine kube-apiserver): `helm install` installs the chart, and the
+//! real aip-operator binary runs with the chart's arguments as the chart's
+//! service account, under exactly the chart's RBAC, the API server calling
+//! its webhooks through the chart's Service (which these flows prove
 //! sufficient, and checks below prove minimal: no Secret it was not granted,
 //! no write it does not need). kubectl applies a Secret, a ToolConnection
 //! pointing at the fault server (unreadable to the operator until `kubectl
@@ -15,12 +16,16 @@
 //! stopping the operator leaves the sidecar enforcing; rotating the Secret
 //! makes the next call use the new credential, and the upstream's 401 hides
 //! the connection's tools. A ToolConnection naming a Secret its author
-//! cannot read is refused, and a sidecar with the pod's default token (the
-//! wrong audience) gets nothing.
+//! cannot read is refused, and so is his `kubectl aip grant` of it (the API
+//! server's RBAC escalation check); a sidecar with the pod's default token
+//! (the wrong audience) gets nothing. Statuses are server-side applied by
+//! the operator's field manager alone.
 
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
+
+use aip_kube_test::User;
 
 use crate::common::Cluster;
 use crate::common::kubectl::{Kubectl, tempdir};
@@ -30,18 +35,10 @@ use crate::support::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kubectl_to_sidecar_enforcement() {
     let dir = tempdir();
-    // bob is a platform engineer who may edit aip objects but not read the
-    // Secret the connection uses.
-    let cluster = Cluster::with_users("bob-token,bob,u-bob,\"platform\"\n").await;
-    let kubeconfig = dir.join("admin.kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        cluster.running.kubeconfig(aip_fake_apiserver::ADMIN_TOKEN),
-    )
-    .unwrap();
-    let kubectl = Kubectl {
-        kubeconfig: kubeconfig.clone(),
-    };
+    // bob (group platform) is a platform engineer who may edit aip objects
+    // but not read the Secret the connection uses.
+    let cluster = Cluster::dedicated().await;
+    let kubectl = cluster.kubectl(User::Admin, "agents");
 
     // The upstream: a fault server that takes only tok-A.
     let shutdown = CancellationToken::new();
@@ -63,9 +60,7 @@ async fn kubectl_to_sidecar_enforcement() {
     kubectl.apply(&connection(&fault_url));
     kubectl.apply(&policy(&["fs_read_file"]));
     let ungranted = eventually("the ungranted Secret is reported", || {
-        let kubectl = Kubectl {
-            kubeconfig: kubeconfig.clone(),
-        };
+        let kubectl = kubectl.clone();
         async move {
             let message = kubectl.get(
                 "toolconnection/fs",
@@ -79,6 +74,19 @@ async fn kubectl_to_sidecar_enforcement() {
         ungranted.contains("the operator may not read Secret fs-token: grant it with `kubectl aip grant fs -n agents`"),
         "{ungranted}"
     );
+    // bob may write RBAC in agents but not read the Secret: the API
+    // server's escalation check refuses his grant (a Role may not give
+    // more than its author holds), and nothing is written.
+    kubectl.apply("apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {name: rbac-writer, namespace: agents}\nrules:\n- {apiGroups: [rbac.authorization.k8s.io], resources: [roles, rolebindings], verbs: [get, create, patch, update]}\n- {apiGroups: [aip.io], resources: [toolconnections], verbs: [get]}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {name: bob-writes-rbac, namespace: agents}\nsubjects: [{kind: User, name: bob, apiGroup: rbac.authorization.k8s.io}]\nroleRef: {kind: Role, name: rbac-writer, apiGroup: rbac.authorization.k8s.io}\n");
+    let bob = cluster.kubectl(User::Bob, "agents");
+    let (ok, said, err) = bob.aip(&["grant", "fs", "-n", "agents"]);
+    assert!(!ok, "{said}");
+    assert!(
+        err.contains("error: Error from server (Forbidden): roles.rbac.authorization.k8s.io \"aip-credentials-fs\" is forbidden: user \"bob\" (groups=[\"platform\" \"system:authenticated\"]) is attempting to grant RBAC permissions not currently held:\n{APIGroups:[\"\"], Resources:[\"secrets\"], ResourceNames:[\"fs-token\"], Verbs:[\"get\" \"list\" \"watch\"]}"),
+        "{err}"
+    );
+    let (exists, _, _) = kubectl.run(&["get", "role", "aip-credentials-fs", "-n", "agents"], None);
+    assert!(!exists, "a refused grant writes nothing");
     let (ok, said, err) = kubectl.aip(&["grant", "fs", "-n", "agents"]);
     assert!(ok, "{said}{err}");
     assert!(
@@ -97,9 +105,6 @@ async fn kubectl_to_sidecar_enforcement() {
 
     // bob may not aim a Secret he cannot read at a host of his choosing.
     kubectl.apply("apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {name: aip-editor, namespace: agents}\nrules:\n- {apiGroups: [aip.io], resources: [agentpolicies, toolconnections], verbs: [get, list, create, update, patch]}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {name: bob-edits-aip, namespace: agents}\nsubjects: [{kind: User, name: bob, apiGroup: rbac.authorization.k8s.io}]\nroleRef: {kind: Role, name: aip-editor, apiGroup: rbac.authorization.k8s.io}\n");
-    let bob = Kubectl {
-        kubeconfig: cluster.kubeconfig(&dir, "bob-token"),
-    };
     let (ok, _, err) = bob.run(
         &["apply", "-f", "-"],
         Some("apiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {name: exfil, namespace: agents}\nspec:\n  url: https://bob.example.net/mcp\n  bearerToken: {valueFrom: {secretKeyRef: {name: fs-token, key: token}}}\n"),
@@ -146,6 +151,8 @@ async fn kubectl_to_sidecar_enforcement() {
         listed.contains("Healthy") && listed.contains("1/1"),
         "{listed}"
     );
+    status_is_the_operators(&kubectl, "agentpolicy/files");
+    status_is_the_operators(&kubectl, "toolconnection/fs");
     let first_hash = kubectl.get("agentpolicy/files", "{.status.policyHash}");
     assert!(first_hash.starts_with("sha256:"));
 
@@ -322,6 +329,51 @@ async fn kubectl_to_sidecar_enforcement() {
     drop(sidecar);
 }
 
+/// `object`'s status is written by server-side apply, by the operator's
+/// field manager alone (the API server's managedFields say so), and its
+/// spec by whoever applied it.
+fn status_is_the_operators(kubectl: &Kubectl, object: &str) {
+    let got: serde_json::Value = serde_json::from_str(&kubectl.ok(
+        &[
+            "get",
+            object,
+            "-n",
+            "agents",
+            "-o",
+            "json",
+            "--show-managed-fields",
+        ],
+        None,
+    ))
+    .unwrap();
+    let managed = got["metadata"]["managedFields"].as_array().unwrap();
+    let status: Vec<&serde_json::Value> = managed
+        .iter()
+        .filter(|m| m["subresource"] == "status")
+        .collect();
+    assert_eq!(
+        status.len(),
+        1,
+        "one manager owns {object}'s status: {managed:?}"
+    );
+    assert_eq!(status[0]["manager"], "aip-operator", "{managed:?}");
+    assert_eq!(status[0]["operation"], "Apply", "{managed:?}");
+    let owned = status[0]["fieldsV1"]["f:status"].as_object().unwrap();
+    assert!(
+        owned.contains_key("f:conditions") && owned.contains_key("f:observedGeneration"),
+        "{owned:?}"
+    );
+    let spec_owner = managed
+        .iter()
+        .find(|m| m["fieldsV1"]["f:spec"].is_object())
+        .unwrap();
+    assert_eq!(
+        spec_owner["manager"], "kubectl-client-side-apply",
+        "{managed:?}"
+    );
+    assert!(spec_owner["subresource"].is_null(), "{managed:?}");
+}
+
 /// What the chart's RBAC lets the operator do, asked of the API server: the
 /// granted Secret and nothing else of Secrets; none of the writes it has no
 /// use for.
@@ -434,9 +486,14 @@ async fn injection_through_the_chart(kubectl: &Kubectl) {
     assert_eq!(sidecar["restartPolicy"], "Always");
     assert!(sidecar["image"].as_str().unwrap().contains("aip-sidecar"));
     assert_eq!(sidecar["volumeMounts"][0]["name"], "aip-token");
+    // (The API server's ServiceAccount admission mounts the pod's default
+    // token into the agent, as in every pod; the sidecar's is not there.)
+    let mounts = &spec["containers"][0]["volumeMounts"];
     assert!(
-        spec["containers"][0]["volumeMounts"].is_null(),
-        "the token is the sidecar's only"
+        mounts
+            .as_array()
+            .is_some_and(|m| m.iter().all(|m| m["name"] != "aip-token")),
+        "the sidecar's token is the sidecar's only: {mounts}"
     );
     assert_eq!(
         spec["containers"][0]["env"][0]["value"],
@@ -498,9 +555,7 @@ async fn injection_through_the_chart(kubectl: &Kubectl) {
     );
     assert_eq!(reason, "PodsWithoutSidecar");
     eventually("the stray pod gets a NoSidecar Event", || {
-        let kubectl = Kubectl {
-            kubeconfig: kubectl.kubeconfig.clone(),
-        };
+        let kubectl = kubectl.clone();
         async move {
             let events = kubectl.ok(
                 &["get", "events.events.k8s.io", "-n", "team", "-o",

@@ -1,5 +1,8 @@
-//! End-to-end stories against the fake API server, with the real kubectl
-//! and the real aip-operator, aip-sidecar and kubectl-aip binaries.
+//! End-to-end stories against the genuine kube-apiserver, each on a
+//! control plane of its own (the chart it installs is once per cluster),
+//! with the real helm, kubectl and the real aip-operator, aip-sidecar and
+//! kubectl-aip binaries. No kubelet: each story plays it for its agent pod
+//! (it starts the sidecar with a token bound to the pod).
 
 #![allow(clippy::unwrap_used)]
 
@@ -7,5 +10,6 @@
 mod common;
 
 mod approvals;
+mod chart;
 mod enforcement;
 mod support;

@@ -18,7 +18,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::common::agent::Agent;
 use crate::common::kubectl::Kubectl;
-use crate::common::local::TlsFiles;
 
 pub const PATIENCE: Duration = Duration::from_secs(30);
 
@@ -75,7 +74,8 @@ impl Proc {
 
 impl Drop for Proc {
     fn drop(&mut self) {
-        if std::thread::panicking() {
+        // AIP_E2E_LOGS=1 shows every process's stderr, passing or not.
+        if std::thread::panicking() || std::env::var_os("AIP_E2E_LOGS").is_some() {
             eprintln!(
                 "--- {} said:\n{}",
                 self.name,
@@ -139,11 +139,9 @@ pub fn error_code(response: &Value) -> Option<i64> {
 }
 
 /// The name of the one ApprovalRequest that is pending, once there is one.
-pub async fn pending_request(kubeconfig: &Path) -> String {
+pub async fn pending_request(kubectl: &Kubectl) -> String {
     eventually("an ApprovalRequest is pending", || {
-        let kubectl = Kubectl {
-            kubeconfig: kubeconfig.to_owned(),
-        };
+        let kubectl = kubectl.clone();
         async move {
             let names = kubectl.get(
                 "approvalrequests",
@@ -181,7 +179,9 @@ pub fn start_sidecar(ca: &Path, grpc: u16, token_file: &Path) -> Proc {
         .arg(format!("https://127.0.0.1:{grpc}"))
         .arg("--operator-ca")
         .arg(ca)
-        .args(["--operator-server-name", "localhost"])
+        // The name the operator's certificate carries (it is made for the
+        // chart's Service).
+        .args(["--operator-server-name", "aip-operator.aip-system.svc"])
         .arg("--token-file")
         .arg(token_file);
     Proc::start("aip-sidecar", c)
@@ -192,23 +192,6 @@ pub fn start_sidecar(ca: &Path, grpc: u16, token_file: &Path) -> Proc {
 pub struct Ports {
     pub grpc: u16,
     pub webhook: u16,
-}
-
-/// The operator binary as `kubeconfig`'s user; `extra` flags last.
-pub fn start_operator(kubeconfig: &Path, tls: &TlsFiles, ports: Ports, extra: &[&str]) -> Proc {
-    let mut c = Command::new(binary("aip-operator"));
-    c.env("KUBECONFIG", kubeconfig)
-        .args(["--grpc-listen", &format!("127.0.0.1:{}", ports.grpc)])
-        .args(["--webhook-listen", &format!("127.0.0.1:{}", ports.webhook)])
-        .args(["--admin-listen", "127.0.0.1:0"])
-        .args(["--log-format", "json"])
-        .args(["--namespace", "aip-system", "--pod-name", "operator-0"])
-        .arg("--tls-cert")
-        .arg(&tls.cert)
-        .arg("--tls-key")
-        .arg(&tls.key)
-        .args(extra);
-    Proc::start("aip-operator", c)
 }
 
 /// The fault server on loopback as the upstream `files`: `read_file` and
@@ -278,74 +261,105 @@ pub async fn lists(agent: &Agent, tool: &str) {
     .await;
 }
 
-/// The chart as `helm template --include-crds` renders it for namespace
-/// aip-system, each webhook's Service reference replaced by
-/// `https://localhost:PORT/PATH` (the fake API server calls URLs only).
-pub fn rendered_chart(webhook_port: u16) -> Vec<Value> {
-    let chart = concat!(env!("CARGO_MANIFEST_DIR"), "/../charts/aip");
-    let out = Command::new("helm")
-        .args([
-            "template",
-            "aip",
-            chart,
-            "--namespace",
-            "aip-system",
-            "--include-crds",
-        ])
-        .output()
-        .expect("helm on PATH (make helm puts one in target/bin)");
-    assert!(
-        out.status.success(),
-        "helm template: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
-    let mut objects = Vec::new();
-    for doc in text.split("\n---") {
-        let Ok(mut object) = serde_saphyr::from_str::<Value>(doc) else {
-            panic!("helm rendered YAML that does not parse:\n{doc}");
-        };
-        if object.is_null() {
-            continue;
-        }
-        for hook in object["webhooks"].as_array_mut().into_iter().flatten() {
-            let path = hook["clientConfig"]["service"]["path"]
-                .as_str()
-                .unwrap()
-                .to_owned();
-            hook["clientConfig"] =
-                json!({"url": format!("https://localhost:{webhook_port}{path}")});
-        }
-        objects.push(object);
-    }
-    objects
+/// Helm (target/bin/helm on PATH) as the administrator of a cluster, with
+/// its own cache and configuration directories.
+pub struct Helm {
+    kubeconfig: PathBuf,
+    home: PathBuf,
 }
 
-/// Installs the rendered chart with kubectl (namespace aip-system first);
-/// the operator's arguments, as the chart's Deployment gives them.
-pub fn install_chart(admin: &Kubectl, webhook_port: u16) -> Vec<String> {
-    admin.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: aip-system}\n");
-    let objects = rendered_chart(webhook_port);
-    let deployment = objects
+impl Helm {
+    pub fn new(kubeconfig: &Path, dir: &Path) -> Helm {
+        let home = dir.join("helm");
+        std::fs::create_dir_all(&home).unwrap();
+        Helm {
+            kubeconfig: kubeconfig.to_owned(),
+            home,
+        }
+    }
+
+    /// `helm ARGS --kubeconfig ...`: whether it succeeded, and what it said.
+    pub fn run(&self, args: &[&str]) -> (bool, String) {
+        let out = Command::new("helm")
+            .args(args)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .env("HELM_CACHE_HOME", self.home.join("cache"))
+            .env("HELM_CONFIG_HOME", self.home.join("config"))
+            .env("HELM_DATA_HOME", self.home.join("data"))
+            .output()
+            .expect("helm on PATH (make helm puts one in target/bin)");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), said)
+    }
+
+    pub fn ok(&self, args: &[&str]) -> String {
+        let (ok, said) = self.run(args);
+        assert!(ok, "helm {args:?} failed:\n{said}");
+        said
+    }
+
+    /// The objects of release `aip` in aip-system as Helm applied them.
+    pub fn manifest(&self) -> Vec<Value> {
+        let text = self.ok(&["get", "manifest", "aip", "--namespace", "aip-system"]);
+        text.split("\n---")
+            .filter_map(|doc| {
+                let object = serde_saphyr::from_str::<Value>(doc)
+                    .unwrap_or_else(|e| panic!("helm's manifest does not parse ({e}):\n{doc}"));
+                (!object.is_null()).then_some(object)
+            })
+            .collect()
+    }
+}
+
+/// The chart's path in the workspace.
+pub const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../charts/aip");
+
+/// `helm install aip charts/aip` into aip-system, its Service pointing at
+/// this host (type ExternalName, `localhost`) and the webhooks on
+/// `webhook_port`: the API server calls the operator running here through
+/// the chart's own Service and webhook configurations. `extra`: more
+/// `helm install` flags. (No `--wait`: with no kubelet the Deployment's
+/// pods never run; this test runs the operator itself.)
+pub fn helm_install(helm: &Helm, webhook_port: u16, extra: &[&str]) -> String {
+    let port = format!("service.webhookPort={webhook_port}");
+    let mut args = vec![
+        "install",
+        "aip",
+        CHART,
+        "--namespace",
+        "aip-system",
+        "--create-namespace",
+        "--set",
+        "service.externalName=localhost",
+        "--set",
+        &port,
+    ];
+    args.extend_from_slice(extra);
+    helm.ok(&args)
+}
+
+/// The operator's arguments as the chart's Deployment gives them.
+pub fn operator_args(manifest: &[Value]) -> Vec<String> {
+    let deployment = manifest
         .iter()
         .find(|o| o["kind"] == "Deployment")
         .expect("the chart has the operator's Deployment");
-    let args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    deployment["spec"]["template"]["spec"]["containers"][0]["args"]
         .as_array()
         .unwrap()
         .iter()
         .map(|a| a.as_str().unwrap().to_owned())
-        .collect();
-    let documents: Vec<String> = objects.iter().map(Value::to_string).collect();
-    // A stream of JSON objects, which kubectl reads one after another.
-    admin.apply(&documents.join("\n"));
-    args
+        .collect()
 }
 
 /// The operator binary as the chart runs it (`args` from the chart's
 /// Deployment, each flag in `extra` replacing the chart's), as the user of
-/// `kubeconfig`, listening on `ports` of loopback; its certificate also
-/// names localhost.
+/// `kubeconfig`, listening on `ports` of loopback.
 pub fn start_chart_operator(
     kubeconfig: &Path,
     args: &[String],
@@ -364,8 +378,9 @@ pub fn start_chart_operator(
         .args(["--grpc-listen", &format!("127.0.0.1:{}", ports.grpc)])
         .args(["--webhook-listen", &format!("127.0.0.1:{}", ports.webhook)])
         .args(["--admin-listen", "127.0.0.1:0"])
-        .args(["--namespace", "aip-system", "--pod-name", "operator-0"])
-        .args(["--tls-extra-names", "localhost"])
+        // What the Deployment's fieldRefs would give it.
+        .env("POD_NAMESPACE", "aip-system")
+        .env("POD_NAME", "aip-operator-0")
         .args(extra);
     Proc::start("aip-operator", c)
 }
@@ -393,10 +408,11 @@ pub fn operator_ca(admin: &Kubectl, dir: &Path) -> PathBuf {
     path
 }
 
-/// The chart installed with kubectl, and how its operator runs: as the
+/// The chart installed with Helm, and how its operator runs: as the
 /// chart's service account, on fixed ports (so it can come back where
-/// sidecars expect it).
+/// sidecars and the API server expect it).
 pub struct Installed {
+    pub helm: Helm,
     /// The operator's identity: its service account's token.
     pub kubeconfig: PathBuf,
     /// The operator's arguments, from the chart's Deployment.
@@ -418,7 +434,9 @@ impl Installed {
             grpc: crate::common::local::free_port(),
             webhook: crate::common::local::free_port(),
         };
-        let args = install_chart(admin, ports.webhook);
+        let helm = Helm::new(&admin.kubeconfig, dir);
+        helm_install(&helm, ports.webhook, &[]);
+        let args = operator_args(&helm.manifest());
         let token = cluster.account_token("aip-system", "aip-operator").await;
         let kubeconfig = cluster.kubeconfig(dir, &token);
         let operator = start_chart_operator(&kubeconfig, &args, ports, &[]);
@@ -426,6 +444,7 @@ impl Installed {
         operator.line("cluster state loaded").await;
         let ca = operator_ca(admin, dir);
         let installed = Installed {
+            helm,
             kubeconfig,
             args,
             ca,
