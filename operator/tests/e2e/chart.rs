@@ -6,8 +6,8 @@
 //! aggregated into `admin` on purpose), `helm upgrade` with a changed value
 //! (`rbac.approverAggregatesToAdmin=true`: namespace admins may decide, and
 //! the webhooks keep their caBundle), and `helm uninstall`, which removes
-//! the chart's objects and keeps the CRDs and everything people made with
-//! them.
+//! the chart's objects and keeps the CRDs, everything people made with them
+//! and the operator's own TLS Secret.
 
 use aip_kube_test::User;
 use k8s_openapi::api::rbac::v1::ClusterRole;
@@ -255,6 +255,12 @@ async fn helm_installs_upgrades_and_uninstalls_the_chart() {
     ] {
         admin.ok(&["get", kept], None);
     }
+    // The operator made its TLS Secret, not Helm: it stays (a reinstall
+    // serves the same CA).
+    admin.ok(
+        &["get", "secret", "aip-operator-tls", "-n", "aip-system"],
+        None,
+    );
     assert_eq!(
         admin.get("agentpolicy/files", "{.spec.allowed_tools[0]}"),
         "fs_read_file"
