@@ -168,8 +168,11 @@ pub struct ApprovalSettings {
 #[serde(rename_all = "camelCase")]
 pub struct AgentPolicyStatus {
     /// Accepted (the policy validates), Ready (every governed pod runs it)
-    /// and Conflict (a pod is also selected by another policy).
+    /// and Conflict (a pod is also selected by another policy). Keyed by
+    /// type: other controllers may add conditions of their own, which the
+    /// operator's status writes leave alone.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
     /// The metadata.generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]

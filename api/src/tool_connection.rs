@@ -242,8 +242,9 @@ pub struct ToolConnectionStatus {
     /// How many tools the last successful probe listed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_count: Option<u32>,
-    /// CredentialsResolved and Healthy.
+    /// CredentialsResolved and Healthy. Keyed by type, as on AgentPolicy.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
     /// The metadata.generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]

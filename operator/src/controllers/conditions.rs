@@ -1,5 +1,8 @@
 //! Status conditions as Kubernetes API conventions describe them: a
-//! condition keeps its lastTransitionTime while its status stays the same.
+//! condition keeps its lastTransitionTime while its status stays the same,
+//! and the list is keyed by type, so each writer owns only its own types.
+//! The operator server-side applies its types and leaves other writers'
+//! alone; whether a write is needed is judged on its own types only.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
@@ -9,6 +12,15 @@ pub struct Conditions<'a> {
     pub before: &'a [Condition],
     pub generation: Option<i64>,
     pub now: Time,
+}
+
+/// `conditions` without those of types the operator does not write.
+pub fn ours(conditions: &[Condition], types: &[&str]) -> Vec<Condition> {
+    conditions
+        .iter()
+        .filter(|c| types.contains(&c.type_.as_str()))
+        .cloned()
+        .collect()
 }
 
 impl Conditions<'_> {

@@ -29,8 +29,11 @@ use crate::events::publish;
 use crate::grpc::Evidence;
 use crate::index::{ObjectKey, ResolvedConnection};
 
-use super::conditions::Conditions;
+use super::conditions::{Conditions, ours};
 use super::{Context, FIELD_MANAGER};
+
+/// The condition types this writer owns.
+const CONDITIONS: &[&str] = &["CredentialsResolved", "Healthy"];
 
 /// Network failures reported since the last probe that bring the next one
 /// forward.
@@ -360,7 +363,11 @@ async fn write(ctx: &Context, key: &ObjectKey, resolved: &ResolvedConnection, ou
         conditions: vec![credentials, healthy],
         observed_generation: current.metadata.generation,
     };
-    if same_but_check_time(&before, &desired) {
+    let ours_before = ToolConnectionStatus {
+        conditions: ours(&before.conditions, CONDITIONS),
+        ..before.clone()
+    };
+    if same_but_check_time(&ours_before, &desired) {
         return;
     }
     let patch =

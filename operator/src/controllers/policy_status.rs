@@ -18,10 +18,13 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use super::conditions::Conditions;
+use super::conditions::{Conditions, ours};
 use super::{Context, FIELD_MANAGER, LIST_PAGE};
 use crate::events::{pod_reference, publish};
 use crate::index::{ObjectKey, PolicyView};
+
+/// The condition types this writer owns.
+const CONDITIONS: &[&str] = &["Accepted", "Ready", "Conflict"];
 
 /// Status writes in flight at once.
 const STATUS_WRITERS: u16 = 16;
@@ -95,7 +98,13 @@ async fn reconcile(policy: Arc<AgentPolicy>, ctx: Arc<Context>) -> Result<Action
     }
     let current = policy.status.clone().unwrap_or_default();
     let desired = desired(&view, &current, Time(jiff_now()));
-    if desired == current {
+    // Other writers' conditions are theirs: they neither call for a write
+    // nor go with one.
+    let ours_now = AgentPolicyStatus {
+        conditions: ours(&current.conditions, CONDITIONS),
+        ..current.clone()
+    };
+    if desired == ours_now {
         return Ok(Action::requeue(Duration::from_secs(300)));
     }
     let api: Api<AgentPolicy> = Api::namespaced(ctx.client.clone(), &ns);

@@ -156,6 +156,23 @@ async fn kubectl_to_sidecar_enforcement() {
     let first_hash = kubectl.get("agentpolicy/files", "{.status.policyHash}");
     assert!(first_hash.starts_with("sha256:"));
 
+    // Another controller's condition: the list is keyed by type, so the
+    // operator's next status write leaves it where it is.
+    let reviewed = json!({"apiVersion": "aip.io/v1alpha1", "kind": "AgentPolicy",
+        "status": {"conditions": [{"type": "example.com/Reviewed", "status": "True",
+            "reason": "Reviewed", "message": "seen by the security team",
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+    let policies: kube::Api<aip_api::AgentPolicy> =
+        kube::Api::namespaced(cluster.admin.clone(), "agents");
+    policies
+        .patch_status(
+            "files",
+            &kube::api::PatchParams::apply("reviewer"),
+            &kube::api::Patch::Apply(&reviewed),
+        )
+        .await
+        .unwrap();
+
     // Editing the policy changes enforcement; the status follows.
     kubectl.apply(&policy(&["fs_read_file", "fs_delete_file"]));
     let deleted = succeeds(
@@ -170,6 +187,18 @@ async fn kubectl_to_sidecar_enforcement() {
     let second_hash = kubectl.get("agentpolicy/files", "{.status.policyHash}");
     assert_ne!(second_hash, first_hash);
     kubectl.wait("agentpolicy/files", "{.status.observedGeneration}", "2");
+    let theirs = "{.status.conditions[?(@.type==\"example.com/Reviewed\")].message}";
+    assert_eq!(
+        kubectl.get("agentpolicy/files", theirs),
+        "seen by the security team"
+    );
+    let types = kubectl.get("agentpolicy/files", "{.status.conditions[*].type}");
+    let mut types: Vec<&str> = types.split_whitespace().collect();
+    types.sort_unstable();
+    assert_eq!(
+        types,
+        ["Accepted", "Conflict", "Ready", "example.com/Reviewed"]
+    );
 
     // An invalid edit is refused at apply time by the operator's webhook...
     let invalid = format!(
