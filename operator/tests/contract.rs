@@ -45,7 +45,10 @@ async fn status_writes_keep_the_generation_and_spec_writes_move_it() {
         .await
         .unwrap();
     assert_eq!(applied.metadata.generation, Some(1));
-    assert_eq!(applied.status.as_ref().unwrap().observed_generation, Some(1));
+    assert_eq!(
+        applied.status.as_ref().unwrap().observed_generation,
+        Some(1)
+    );
 
     // A spec write through the main resource moves the generation and
     // leaves the status alone, even when it names one.
