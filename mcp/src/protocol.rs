@@ -8,6 +8,12 @@ use tokio::sync::mpsc;
 use crate::connection::Connection;
 use crate::failure::Failure;
 
+/// A request's `params._meta.progressToken`, if it asked for progress
+/// (looked up by key: `Value::pointer` parses its path on every call).
+pub fn progress_token(request: &Value) -> Option<&Value> {
+    request.get("params")?.get("_meta")?.get("progressToken")
+}
+
 /// The protocol version the gateway asks for, and those it accepts back.
 pub const PROTOCOL_VERSION: &str = "2025-11-25";
 pub const ACCEPTED_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26"];

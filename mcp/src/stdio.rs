@@ -32,7 +32,8 @@ pub struct StdioUpstream {
 
 struct Process {
     to_server: mpsc::UnboundedSender<String>,
-    pending: Mutex<HashMap<String, Waiter>>,
+    /// Callers by request id (JSON text); a fast hasher, seeded per process.
+    pending: Mutex<Pending>,
     /// Cancelled when the server's stdout ends: the process is gone.
     ended: CancellationToken,
     /// Cancelled to stop the server: its stdin is closed and it is given
@@ -42,6 +43,8 @@ struct Process {
     exited: CancellationToken,
     list_changed: Arc<Notify>,
 }
+
+type Pending = HashMap<String, Waiter, foldhash::fast::RandomState>;
 
 /// A caller waiting for its response, and where the server messages
 /// attributed to its request go meanwhile.
@@ -112,17 +115,14 @@ impl StdioUpstream {
         if let (Err(Failure::Timeout), Some(p)) = (&outcome, &used) {
             let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
                                 "params": {"requestId": id, "reason": "the gateway's deadline passed"}});
-            let _ = p.to_server.send(cancel.to_string());
+            let _ = p.to_server.send(text(&cancel));
         }
         outcome
     }
 
     pub async fn notify(&self, message: &Value) -> Result<(), Failure> {
         let process = self.process().await?;
-        process
-            .to_server
-            .send(message.to_string())
-            .map_err(|_| ended())
+        process.to_server.send(text(message)).map_err(|_| ended())
     }
 
     /// Starts the server if it is not running, then lists its tools (all
@@ -188,7 +188,7 @@ impl StdioUpstream {
         let (to_server, mut lines) = mpsc::unbounded_channel::<String>();
         let process = Arc::new(Process {
             to_server,
-            pending: Mutex::new(HashMap::new()),
+            pending: Mutex::new(Pending::default()),
             ended: CancellationToken::new(),
             stop: CancellationToken::new(),
             exited: CancellationToken::new(),
@@ -201,21 +201,32 @@ impl StdioUpstream {
         ));
         let stop = process.stop.clone();
         tokio::spawn(async move {
+            // Whatever is queued goes out in one write: a pipelining caller
+            // costs one system call per batch, not per line.
+            const BATCH: usize = 256 * 1024;
+            let mut buf = Vec::with_capacity(16 * 1024);
             loop {
-                let mut line = tokio::select! {
+                let line = tokio::select! {
                     line = lines.recv() => match line { Some(l) => l, None => return },
                     // Returning drops stdin: the server sees end of input.
                     () = stop.cancelled() => return,
                 };
-                line.push('\n');
+                buf.extend_from_slice(line.as_bytes());
+                buf.push(b'\n');
+                while buf.len() < BATCH {
+                    let Ok(more) = lines.try_recv() else { break };
+                    buf.extend_from_slice(more.as_bytes());
+                    buf.push(b'\n');
+                }
                 if stdin
-                    .write_all(line.as_bytes())
+                    .write_all(&buf)
                     .await
                     .and(stdin.flush().await)
                     .is_err()
                 {
                     return;
                 }
+                buf.clear();
                 // The server's answer usually follows within microseconds.
                 aip_service::busy_poll::touch();
             }
@@ -253,11 +264,11 @@ impl StdioUpstream {
         message: &Value,
         related: Option<&Related>,
     ) -> Result<Exchange, Failure> {
-        let key = message.get("id").map(Value::to_string).unwrap_or_default();
+        let key = message.get("id").map(text).unwrap_or_default();
         let (tx, rx) = oneshot::channel();
         let waiter = Waiter {
             reply: tx,
-            progress_token: message.pointer("/params/_meta/progressToken").cloned(),
+            progress_token: crate::protocol::progress_token(message).cloned(),
             related: related.cloned(),
         };
         lock(&process.pending).insert(key.clone(), waiter);
@@ -267,10 +278,7 @@ impl StdioUpstream {
             pending: &process.pending,
             key,
         };
-        process
-            .to_server
-            .send(message.to_string())
-            .map_err(|_| ended())?;
+        process.to_server.send(text(message)).map_err(|_| ended())?;
         let response = tokio::select! {
             r = rx => r.map_err(|_| ended())?,
             () = process.ended.cancelled() => return Err(ended()),
@@ -294,7 +302,7 @@ impl StdioUpstream {
 
 /// Removes a waiter from the pending map when its caller goes away.
 struct Forget<'a> {
-    pending: &'a Mutex<HashMap<String, Waiter>>,
+    pending: &'a Mutex<Pending>,
     key: String,
 }
 
@@ -337,7 +345,7 @@ impl Process {
             self.attribute_request(value);
             return;
         }
-        if let Some(waiter) = lock(&self.pending).remove(&id.to_string()) {
+        if let Some(waiter) = lock(&self.pending).remove(&text(id)) {
             let delivered = if line.len() > limit {
                 json!({"aip_too_large": line.len()})
             } else {
@@ -360,7 +368,7 @@ impl Process {
         if note.get("method").and_then(Value::as_str) != Some("notifications/progress") {
             return;
         }
-        let Some(token) = note.pointer("/params/progressToken") else {
+        let Some(token) = note.get("params").and_then(|p| p.get("progressToken")) else {
             return;
         };
         let pending = lock(&self.pending);
@@ -388,7 +396,7 @@ impl Process {
         drop(pending);
         let refusal = json!({"jsonrpc": "2.0", "id": request["id"], "error": {"code": -32601,
             "message": "Method not found", "data": "no single call of this server is in progress to relay it for"}});
-        let _ = self.to_server.send(refusal.to_string());
+        let _ = self.to_server.send(text(&refusal));
     }
 }
 
@@ -452,6 +460,12 @@ async fn supervise(
         }
     }
     let _ = child.kill().await;
+}
+
+/// A value as one line's JSON text: serde's writer straight into the
+/// string, without the `Display` adapter's per-piece overhead.
+fn text(value: &Value) -> String {
+    serde_json::to_string(value).unwrap_or_default()
 }
 
 fn ended() -> Failure {

@@ -449,7 +449,7 @@ fn stdio_figures() -> Value {
         command
             .arg("stdio")
             .args(extra)
-            .arg("--config")
+            .arg("--policy")
             .arg(&policy)
             .args(["--audit", "/dev/null", "--"])
             .arg(&me)

@@ -8,11 +8,13 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+/// The decision and mode are the engine's own words: borrowed, so counting
+/// a decision allocates only the tool's name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct DecisionLabels {
-    pub decision: String,
+    pub decision: &'static str,
     pub tool: String,
-    pub mode: String,
+    pub mode: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]

@@ -633,3 +633,64 @@ async fn case_variant_keys_are_refused_before_the_policy() {
         .count();
     assert_eq!(refusals, 4, "each refusal is audited");
 }
+
+/// A server that echoes the connection's own bearer token (raw, base64,
+/// percent-encoded) in results, errors and descriptions never hands it to
+/// the agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_echoing_the_connections_credentials_never_reaches_the_agent() {
+    use base64::Engine;
+    let token = "tok-3c4o-ref1ected-9f7";
+    let dir = std::env::temp_dir().join(format!("aip-reflect-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, token).unwrap();
+    let b64 = base64::engine::general_purpose::STANDARD.encode(token);
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let (echo, echo_b64) = (token.to_owned(), b64.clone());
+    let url = common::scripted_server(
+        move |m| match m["method"].as_str() {
+            Some("initialize") => (
+                200,
+                json!({"protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
+                    "serverInfo": {"name": "s", "version": "1"}}),
+            ),
+            Some("tools/list") => (
+                200,
+                json!({"tools": [{"name": "echo", "description": format!("called with Bearer {echo}"),
+                    "inputSchema": {"type": "object"}}]}),
+            ),
+            Some("tools/call") => (
+                200,
+                json!({"content": [{"type": "text", "text": format!("you sent Authorization: Bearer {echo}")}],
+                    "structuredContent": {"seen": echo_b64, "url": format!("https://x/?t={}", echo.replace('-', "%2D"))}}),
+            ),
+            _ => (200, json!({})),
+        },
+        shutdown.clone(),
+    )
+    .await;
+    let s = Stack::start(Setup {
+        policy: "  allowed_tools: [up_echo]\n",
+        url: Some(url),
+        connection: &format!(
+            "  bearerToken:\n    valueFrom: {{file: {}}}\n",
+            token_file.display()
+        ),
+        ..Setup::default()
+    })
+    .await;
+    let session = s.session().await;
+    let list = s.request(&session, json!(1), "tools/list").await;
+    let reply = s.call(&session, json!(2), "up_echo", json!({})).await;
+    for shown in [list.to_string(), reply.to_string()] {
+        assert!(!shown.contains(token) && !shown.contains(&b64), "{shown}");
+        assert!(shown.contains("[REDACTED:credential]"), "{shown}");
+    }
+    assert!(
+        !reply["result"]["structuredContent"]["url"]
+            .to_string()
+            .contains("3c4o")
+    );
+    shutdown.cancel();
+}

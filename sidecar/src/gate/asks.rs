@@ -42,7 +42,7 @@ impl Gateway {
             arguments_hash,
         };
         let tracked = self.in_flight.track_ask(&caller.session, message.id());
-        let token = message.value.pointer("/params/_meta/progressToken");
+        let token = aip_mcp::protocol::progress_token(&message.value);
         tokio::select! {
             a = self.approvals.ask(held, self.options.approval_timeout) => Some(verdict.resolve(a)),
             // Dropping the ask withdraws it: a later decision releases nothing.

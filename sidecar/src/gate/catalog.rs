@@ -59,6 +59,11 @@ impl Catalog {
         })
     }
 
+    /// Whether `name` is an agent-facing tool name of this catalog.
+    pub fn knows(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
+    }
+
     pub fn is_ambiguous(&self, agent_name: &str) -> bool {
         !self.ambiguous.is_empty() && self.ambiguous.contains(normalize_name(agent_name).as_ref())
     }

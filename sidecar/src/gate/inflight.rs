@@ -10,7 +10,9 @@ use tokio_util::sync::CancellationToken;
 use aip_service::sync::lock;
 
 /// (agent session, request id as JSON text) -> what cancels the request.
-type Requests = Mutex<HashMap<(String, String), CancellationToken>>;
+/// A pipelining agent can have many; the hasher is a fast one (seeded per
+/// process, so ids an agent chooses cannot aim at one bucket).
+type Requests = Mutex<HashMap<(String, String), CancellationToken, foldhash::fast::RandomState>>;
 
 /// Requests being served, and asks being held (apart: an agent that stops
 /// sending withdraws its asks, while its calls may still be answered).

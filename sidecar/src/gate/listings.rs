@@ -189,6 +189,7 @@ impl Gateway {
     /// An upstream item as the agent sees it, its route remembered: a
     /// prompt gets its connection's prefix, a resource's URI its connection.
     fn adopt(&self, method: &str, connection: &Arc<ConnectionState>, mut item: Value) -> Value {
+        connection.redact_credentials(&mut item);
         match method {
             "prompts/list" => {
                 if let Some(name) = item.get("name").and_then(Value::as_str).map(str::to_owned) {

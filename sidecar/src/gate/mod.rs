@@ -320,12 +320,19 @@ impl Gateway {
             // notification gets no reply.
             return verdict.response().map_or(Reply::Nothing, Reply::Message);
         }
-        self.serve(&message, &evaluator, caller).await
+        self.serve(message, &evaluator, caller).await
     }
 
     /// What an allowed message gets: the gateway's own answer, or the
     /// upstream's through the route its name or URI leads to.
-    async fn serve(&self, message: &Message, evaluator: &Evaluator, caller: &Caller) -> Reply {
+    async fn serve(&self, message: Message, evaluator: &Evaluator, caller: &Caller) -> Reply {
+        if let Kind::Request { method, .. } = &message.kind
+            && method == "tools/call"
+        {
+            // Nearly every message: it is forwarded as it was parsed.
+            return self.tools_call(message, evaluator, caller).await;
+        }
+        let message = &message;
         let id = match &message.kind {
             Kind::Request { id, .. } => id,
             Kind::Notification { method } => {
@@ -347,7 +354,6 @@ impl Gateway {
                 self.connections.settled().await;
                 Reply::Message(result(id, self.tools_list(evaluator)))
             }
-            "tools/call" => self.tools_call(message, evaluator, caller).await,
             "prompts/list" | "resources/list" | "resources/templates/list" => {
                 self.list_page(message, evaluator).await
             }
@@ -395,7 +401,7 @@ impl Gateway {
             .flatten();
         // Only catalogued names become label values.
         let tool = match called {
-            Some(t) if self.route(t).is_some() => t.to_owned(),
+            Some(t) if self.routes.catalog(&self.connections).knows(t) => t.to_owned(),
             Some(_) => "other".to_owned(),
             None => String::new(),
         };
@@ -405,9 +411,9 @@ impl Gateway {
             span.record("mcp.tool", tool.as_str());
         }
         let labels = DecisionLabels {
-            decision: verdict.audit_decision().to_owned(),
+            decision: verdict.audit_decision(),
             tool,
-            mode: verdict.mode.as_str().to_owned(),
+            mode: verdict.mode.as_str(),
         };
         self.metrics.decisions.get_or_create(&labels).inc();
     }
@@ -428,19 +434,15 @@ impl Gateway {
         (all.len() == 1).then(|| all.remove(0))
     }
 
-    async fn tools_call(&self, message: &Message, evaluator: &Evaluator, caller: &Caller) -> Reply {
+    async fn tools_call(&self, message: Message, evaluator: &Evaluator, caller: &Caller) -> Reply {
         let id = message.id().cloned().unwrap_or(Value::Null);
-        let params = message
-            .params()
-            .and_then(Value::as_object)
-            .cloned()
-            .unwrap_or_default();
+        let params = message.params();
         let name = params
-            .get("name")
+            .and_then(|p| p.get("name"))
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_owned();
-        if params.contains_key("task") {
+        if params.is_some_and(|p| p.get("task").is_some()) {
             let why = "Task-augmented calls are not supported by this gateway";
             return Reply::Message(error(Some(&id), codes::INVALID_PARAMS, why, None));
         }
@@ -460,10 +462,17 @@ impl Gateway {
         if let Some(refusal) = refuse_by_state(&route, &connection, &name) {
             return Reply::Message(json!({"jsonrpc": "2.0", "id": id, "error": refusal}));
         }
-        let mut upstream_params = params;
-        upstream_params.insert("name".into(), json!(route.upstream_name));
-        let upstream_call = json!({"jsonrpc": "2.0", "id": self.fresh_id(), "method": "tools/call", "params": upstream_params});
-        let tracked = self.in_flight.track(&caller.session, message.id());
+        // The agent's message as it was checked, under a gateway id and the
+        // tool's upstream name (nothing of the envelope beyond JSON-RPC's).
+        let mut upstream_call = message.value;
+        if let Value::Object(envelope) = &mut upstream_call {
+            envelope.retain(|k, _| matches!(k.as_str(), "jsonrpc" | "method" | "params"));
+            envelope.insert("id".into(), Value::String(self.fresh_id()));
+        }
+        if let Some(Value::Object(params)) = upstream_call.get_mut("params") {
+            params.insert("name".into(), Value::String(route.upstream_name.clone()));
+        }
+        let tracked = self.in_flight.track(&caller.session, Some(&id));
         let started = Instant::now();
         let outcome = self
             .call_upstream(
@@ -489,6 +498,7 @@ impl Gateway {
             Ok(exchange) => {
                 route.connection.record_success();
                 let mut response = exchange.response;
+                route.connection.redact_credentials(&mut response);
                 response["id"] = id;
                 present::redact_tool_response(&mut response, evaluator, &name, &self.audit);
                 Reply::Message(response)
@@ -529,6 +539,7 @@ impl Gateway {
             Some(Ok(x)) => {
                 connection.record_success();
                 let mut response = x.response;
+                connection.redact_credentials(&mut response);
                 response["id"] = id;
                 present::redact_all(&mut response, evaluator);
                 Reply::Message(response)

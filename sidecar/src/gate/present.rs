@@ -28,6 +28,7 @@ pub(super) fn tools_list(catalog: &Catalog, evaluator: &Evaluator) -> Value {
             continue;
         }
         let mut definition = entry.definition.clone();
+        connection.redact_credentials(&mut definition);
         match evaluator.listing(agent_name) {
             Listing::Hidden => continue,
             Listing::Ask => mark_ask(&mut definition),

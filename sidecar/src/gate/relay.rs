@@ -86,9 +86,10 @@ impl Gateway {
         evaluator: &Evaluator,
         cancel: &CancellationToken,
     ) -> Option<Result<Exchange, Failure>> {
-        let agent_token = request.pointer("/params/_meta/progressToken").cloned();
+        let agent_token = aip_mcp::protocol::progress_token(&request).cloned();
         let upstream_token = agent_token.as_ref().map(|_| json!(self.fresh_id()));
-        if let (Some(token), Some(meta)) = (&upstream_token, request.pointer_mut("/params/_meta")) {
+        let meta = request.get_mut("params").and_then(|p| p.get_mut("_meta"));
+        if let (Some(token), Some(meta)) = (&upstream_token, meta) {
             meta["progressToken"] = token.clone();
         }
         let mut call = CallRelay {
@@ -191,7 +192,7 @@ impl CallRelay<'_> {
     fn notification(&mut self, mut note: Value) {
         match note["method"].as_str().unwrap_or_default() {
             "notifications/progress" => {
-                let token = note.pointer("/params/progressToken");
+                let token = note.get("params").and_then(|p| p.get("progressToken"));
                 match &self.agent_token {
                     Some(agent) if token == self.upstream_token.as_ref() => {
                         note["params"]["progressToken"] = agent.clone();
@@ -200,7 +201,7 @@ impl CallRelay<'_> {
                 }
             }
             "notifications/cancelled" => {
-                let upstream_id = note.pointer("/params/requestId").cloned();
+                let upstream_id = note.get("params").and_then(|p| p.get("requestId")).cloned();
                 let Some(agent_id) = self.take_relayed(upstream_id.as_ref()) else {
                     return; // about nothing the agent knows of
                 };
@@ -209,6 +210,7 @@ impl CallRelay<'_> {
             _ => {}
         }
         if let Some(params) = note.get_mut("params") {
+            self.connection.redact_credentials(params);
             self.gateway
                 .redact_audited(params, self.evaluator, Direction::Downstream);
         }
@@ -247,6 +249,7 @@ impl CallRelay<'_> {
         let upstream_id = request["id"].clone();
         let agent_id = json!(format!("aip-s-{}", self.gateway.fresh_id()));
         if let Some(params) = request.get_mut("params") {
+            self.connection.redact_credentials(params);
             self.gateway
                 .redact_audited(params, self.evaluator, Direction::Downstream);
         }

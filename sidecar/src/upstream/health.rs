@@ -5,7 +5,7 @@
 
 use aip_service::sync::lock;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -14,6 +14,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::credentials::Credentials;
 use crate::config::Connection;
 use aip_mcp::Upstream;
 use aip_mcp::http::StreamState;
@@ -53,6 +54,8 @@ pub struct Gate {
 
 pub struct ConnectionState {
     pub upstream: Upstream,
+    /// The connection's credential values, kept out of what its server says.
+    credentials: Credentials,
     health: Mutex<Health>,
     /// Publishes the state on every change, for anything that must wait
     /// for one (tests, readiness).
@@ -73,19 +76,23 @@ pub struct ConnectionState {
     /// connections.
     changes: Arc<watch::Sender<u64>>,
     /// Requests in flight on this connection, so that a connection a reload
-    /// removed is closed only once nothing uses it.
-    busy: watch::Sender<usize>,
+    /// removed is closed only once nothing uses it; `idle` is told when the
+    /// count drops to zero.
+    busy: AtomicUsize,
+    idle: tokio::sync::Notify,
 }
 
 /// The least time between two checks prompted by list-changed notices.
 const MIN_REFRESH_GAP: Duration = Duration::from_secs(1);
 
 /// Counts one request in flight on a connection while it lives.
-pub struct Busy<'a>(&'a watch::Sender<usize>);
+pub struct Busy<'a>(&'a ConnectionState);
 
 impl Drop for Busy<'_> {
     fn drop(&mut self) {
-        self.0.send_modify(|n| *n -= 1);
+        if self.0.busy.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
     }
 }
 
@@ -106,7 +113,12 @@ impl ConnectionState {
                 Some(format!("credentials_unresolved: {e}")),
             ),
         };
+        let credentials = match &connection.credentials {
+            Ok(headers) => Credentials::new(headers),
+            Err(_) => Credentials::new(&[]),
+        };
         Ok(ConnectionState {
+            credentials,
             state: watch::Sender::new(initial.0),
             upstream: Upstream::new(connection)?,
             health: Mutex::new(Health {
@@ -122,7 +134,8 @@ impl ConnectionState {
             evidence_ok: AtomicU64::new(0),
             evidence_network: AtomicU64::new(0),
             changes,
-            busy: watch::Sender::new(0),
+            busy: AtomicUsize::new(0),
+            idle: tokio::sync::Notify::new(),
         })
     }
 
@@ -130,15 +143,33 @@ impl ConnectionState {
         self.upstream.connection()
     }
 
+    /// Removes the connection's own credentials, in any spelling, from what
+    /// its server sent (before anything of it is relayed); how many.
+    pub fn redact_credentials(&self, value: &mut Value) -> usize {
+        let found = self.credentials.redact(value);
+        if found > 0 {
+            tracing::warn!(connection = %self.connection().name, found, "the server echoed the connection's credentials; redacted");
+        }
+        found
+    }
+
     /// Marks a request in flight until the guard drops.
     pub fn busy(&self) -> Busy<'_> {
-        self.busy.send_modify(|n| *n += 1);
-        Busy(&self.busy)
+        self.busy.fetch_add(1, Ordering::AcqRel);
+        Busy(self)
     }
 
     /// Waits until no request is in flight.
     pub async fn idle(&self) {
-        let _ = self.busy.subscribe().wait_for(|n| *n == 0).await;
+        loop {
+            // Registered before the count is read, so a drop to zero in
+            // between is not missed.
+            let idle = self.idle.notified();
+            if self.busy.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            idle.await;
+        }
     }
 
     pub fn health(&self) -> Health {

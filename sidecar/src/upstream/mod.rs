@@ -1,4 +1,5 @@
 //! The gateway's side of its upstream connections: each connection's
 //! health, catalog and gates (the MCP client itself is `aip_mcp`).
 
+pub mod credentials;
 pub mod health;
