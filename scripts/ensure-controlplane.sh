@@ -48,4 +48,6 @@ build kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager
 echo "$key" > "$out/.key"
 echo "control plane $version built in $(( $(date +%s) - started ))s:"
 "$out/kube-apiserver" --version
-"$out/etcd" --version | head -1
+# sed reads everything: with `head -1` etcd could die of SIGPIPE and, with
+# pipefail, fail a build that succeeded.
+"$out/etcd" --version | sed -n 1p
