@@ -47,9 +47,11 @@ impl Upstream {
         message: &Value,
         related: Option<&Related>,
     ) -> Result<Exchange, Failure> {
+        // Boxed: the HTTP transport's future is several kilobytes, and a
+        // caller's state would carry (and move) it on every message.
         let exchange = match self {
-            Upstream::Http(u) => u.request(message, related).await,
-            Upstream::Stdio(u) => u.request(message, related).await,
+            Upstream::Http(u) => Box::pin(u.request(message, related)).await,
+            Upstream::Stdio(u) => Box::pin(u.request(message, related)).await,
         }?;
         if message.get("method").and_then(Value::as_str) == Some("tools/call") {
             crate::protocol::check_call_result(&exchange.response)?;

@@ -288,7 +288,7 @@ impl Gateway {
         if let Kind::Response { .. } = message.kind {
             // The agent answering a request a server made of it: matched to
             // the relayed request and passed on, never blocked.
-            self.agent_reply(message, &evaluator, caller).await;
+            Box::pin(self.agent_reply(message, &evaluator, caller)).await;
             return Reply::Nothing;
         }
         if let Some(spelled) = misspelled_method(message.method().unwrap_or_default()) {
@@ -303,7 +303,10 @@ impl Gateway {
         };
         let mut verdict = evaluator.evaluate(&request);
         if verdict.decision == Decision::Ask {
-            match self.hold(&message, &evaluator, verdict, caller).await {
+            // Boxed, as every rare branch is: a future's size is its
+            // largest branch's, and it is moved whole when a message is
+            // handed to its task.
+            match Box::pin(self.hold(&message, &evaluator, verdict, caller)).await {
                 Some(decided) => verdict = decided,
                 None => return Reply::Nothing, // withdrawn: never forwarded
             }
@@ -351,25 +354,19 @@ impl Gateway {
             }
             "ping" => Reply::Message(result(id, json!({}))),
             "tools/list" => {
-                self.connections.settled().await;
+                Box::pin(self.connections.settled()).await;
                 Reply::Message(result(id, self.tools_list(evaluator)))
             }
             "prompts/list" | "resources/list" | "resources/templates/list" => {
-                self.list_page(message, evaluator).await
+                Box::pin(self.list_page(message, evaluator)).await
             }
-            "prompts/get" => self.prompts_get(message, evaluator, caller).await,
-            "resources/read" => self.resources_read(message, evaluator, caller).await,
+            "prompts/get" => Box::pin(self.prompts_get(message, evaluator, caller)).await,
+            "resources/read" => Box::pin(self.resources_read(message, evaluator, caller)).await,
             other => match self.sole_connection() {
                 // With one server there is only one place a method can mean.
                 Some(connection) => {
-                    self.forward(
-                        &connection,
-                        message.value.clone(),
-                        message,
-                        evaluator,
-                        caller,
-                    )
-                    .await
+                    let request = message.value.clone();
+                    Box::pin(self.forward(&connection, request, message, evaluator, caller)).await
                 }
                 None => Reply::Message(method_not_found(id, other)),
             },
@@ -450,7 +447,7 @@ impl Gateway {
             Some(route) => route,
             None => {
                 // A connection still starting may hold it.
-                self.connections.settled().await;
+                Box::pin(self.connections.settled()).await;
                 let Some(route) = self.route(&name) else {
                     let unknown = format!("Unknown tool: {name}");
                     return Reply::Message(error(Some(&id), codes::INVALID_PARAMS, &unknown, None));

@@ -111,7 +111,7 @@ impl Gateway {
             loop {
                 tokio::select! {
                     biased;
-                    Some(message) = heard.recv() => call.relay(message).await,
+                    Some(message) = heard.recv() => Box::pin(call.relay(message)).await,
                     outcome = &mut upstream => break Some(outcome),
                     () = cancel.cancelled() => break None,
                 }
@@ -121,13 +121,13 @@ impl Gateway {
             // What came just before the response goes out before it.
             Some(_) => {
                 while let Ok(message) = heard.try_recv() {
-                    call.relay(message).await;
+                    Box::pin(call.relay(message)).await;
                 }
             }
             None => {
                 let notice = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
                     "params": {"requestId": request["id"], "reason": "canceled by the agent"}});
-                let _ = connection.upstream.notify(&notice).await;
+                let _ = Box::pin(connection.upstream.notify(&notice)).await;
             }
         }
         call.forget();
