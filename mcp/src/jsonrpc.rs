@@ -17,6 +17,7 @@
 //!   while an exact-match reader (the policy's) sees no arguments at all;
 //! - whole numbers beyond ±(2^53 − 1), where parsers disagree (Python keeps
 //!   them exact, JavaScript rounds them);
+//! - more JSON values than the size limit allows ([`Limits::max_values`]);
 //! - nesting deeper than the limit; batches; anything that is not a JSON-RPC
 //!   2.0 request, notification or response.
 
@@ -33,6 +34,17 @@ pub const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
 pub struct Limits {
     pub max_bytes: usize,
     pub max_depth: usize,
+}
+
+impl Limits {
+    /// The most JSON values (every string, number, array, object, ...) a
+    /// message may hold: one per 32 bytes of the size limit (131,072 for
+    /// 4 MiB). A parsed value costs 32 bytes or more, so a message of tiny
+    /// numbers would otherwise need far more memory than its size; with
+    /// this bound, at most a few times its size.
+    pub fn max_values(&self) -> usize {
+        (self.max_bytes / 32).max(4096)
+    }
 }
 
 impl Default for Limits {
@@ -71,6 +83,8 @@ pub enum Refusal {
     },
     #[error("number at {path} is beyond ±(2^53 − 1), where JSON parsers disagree")]
     UnsafeNumber { path: String },
+    #[error("the message holds more than {limit} JSON values")]
+    TooManyValues { limit: usize },
     #[error("nesting deeper than {limit} at {path}")]
     TooDeep { path: String, limit: usize },
     #[error("batches are not supported")]
@@ -89,7 +103,8 @@ impl Refusal {
             | Refusal::Syntax { .. }
             | Refusal::DuplicateKey { .. }
             | Refusal::UnsafeNumber { .. }
-            | Refusal::TooDeep { .. } => -32700,
+            | Refusal::TooDeep { .. }
+            | Refusal::TooManyValues { .. } => -32700,
             Refusal::ConfusableKey { path, .. } if path != "$" => -32602,
             Refusal::Batch | Refusal::Invalid(_) | Refusal::ConfusableKey { .. } => -32600,
         }
@@ -184,11 +199,13 @@ pub fn parse_value(bytes: &[u8], limits: Limits) -> Result<Value, Refusal> {
     }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let mut error = None;
+    let values = std::cell::Cell::new(0);
     let value = StrictSeed {
         depth: 0,
         limits,
         path: Path::Root,
         error: &mut error,
+        values: &values,
     }
     .deserialize(&mut de)
     .and_then(|v| de.end().map(|()| v));
@@ -295,8 +312,15 @@ fn recover_id(bytes: &[u8], refusal: &Refusal) -> Option<Value> {
     ) {
         return None;
     }
-    let value: Value = serde_json::from_slice(bytes).ok()?;
-    value.get("id").filter(|id| is_valid_id(id)).cloned()
+    // Everything but the id is skipped, not built: the memory a refused
+    // message costs stays bounded.
+    #[derive(serde::Deserialize)]
+    struct IdOnly {
+        #[serde(default)]
+        id: Option<Value>,
+    }
+    let only: IdOnly = serde_json::from_slice(bytes).ok()?;
+    only.id.filter(is_valid_id)
 }
 
 /// The keys the gateway and the policy read in a message's envelope.
@@ -412,6 +436,8 @@ struct StrictSeed<'a, 'p> {
     limits: Limits,
     path: Path<'p>,
     error: &'a mut Option<Refusal>,
+    /// Values read so far in the whole message.
+    values: &'a std::cell::Cell<usize>,
 }
 
 impl StrictSeed<'_, '_> {
@@ -436,6 +462,15 @@ impl<'de> DeserializeSeed<'de> for StrictSeed<'_, '_> {
     type Value = Value;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        let seen = self.values.get() + 1;
+        self.values.set(seen);
+        if seen > self.limits.max_values() {
+            let limit = self.limits.max_values();
+            let refusal = Refusal::TooManyValues { limit };
+            let message = refusal.to_string();
+            *self.error = Some(refusal);
+            return Err(de::Error::custom(message));
+        }
         deserializer.deserialize_any(self)
     }
 }
@@ -495,6 +530,7 @@ impl<'de> Visitor<'de> for StrictSeed<'_, '_> {
                 limits: self.limits,
                 path,
                 error: &mut *self.error,
+                values: self.values,
             };
             match seq.next_element_seed(seed)? {
                 Some(v) => items.push(v),
@@ -522,6 +558,7 @@ impl<'de> Visitor<'de> for StrictSeed<'_, '_> {
                 limits: self.limits,
                 path,
                 error: &mut *self.error,
+                values: self.values,
             };
             let value = map.next_value_seed(seed)?;
             out.insert(key, value);

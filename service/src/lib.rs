@@ -2,10 +2,12 @@
 //! and trace export, shutdown on SIGTERM/SIGINT, the one HTTP/1 accept loop
 //! (bounded: a connection cap, a header deadline, accept errors that never
 //! end the process), a lock that survives a panicked holder, and a sleep
-//! until an optional deadline, and busy polling for a stdio relay.
+//! until an optional deadline, busy polling for a stdio relay, and a memory
+//! budget for the requests in flight.
 //!
 //! Nothing here knows about MCP, policy or Kubernetes.
 
+pub mod budget;
 pub mod busy_poll;
 pub mod serve;
 pub mod sync;

@@ -290,6 +290,7 @@ async fn over_http() -> Run {
     tokio::spawn(agent_http::serve(
         gateway.clone(),
         listener,
+        agent_http::default_limits(),
         shutdown.clone(),
         TaskTracker::new(),
     ));

@@ -15,10 +15,12 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
+use aip_policy::codes;
+use aip_service::budget::{Budget, Reserved};
 use aip_service::serve::{Limits, accept_loop, http1};
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::{Frame, Incoming};
 use hyper::header::HeaderValue;
 use hyper::service::service_fn;
@@ -36,6 +38,30 @@ pub const MCP_PATH: &str = "/mcp";
 /// Sessions kept at once; past this the least recently used one ends.
 pub const MAX_SESSIONS: usize = 256;
 const MAX_BODY: usize = 4 * 1024 * 1024;
+/// What all the requests in flight may hold together, and what a request
+/// reserves per byte of its body: the body, its parsed value (at most a few
+/// times its size, see `Limits::max_values`) and the bytes forwarded. Past
+/// it a request is answered 503 with Retry-After, before its body is read.
+const IN_FLIGHT_BUDGET: usize = 40 * 1024 * 1024;
+const EXPANSION: usize = 4;
+/// Requests of at most this many bytes have a lane of their own (8 MiB of
+/// the budget), so a burst of large ones never turns ordinary calls away.
+const SMALL_REQUEST: usize = 64 * 1024;
+const SMALL_LANE: usize = 8 * 1024 * 1024;
+/// What a body of unknown length reserves to begin with; it grows as the
+/// body comes.
+const FIRST_CHUNK: usize = 64 * 1024;
+/// How long a client may take to send a request's body.
+const BODY_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+/// The agent listener's bounds by default: connections served at once (the
+/// agent's own loopback; idle and slow ones are closed by the header
+/// deadline), and that deadline.
+pub fn default_limits() -> Limits {
+    Limits {
+        max_connections: 2048,
+        ..Limits::default()
+    }
+}
 /// Messages about one request queued for the agent, at most (past this,
 /// notifications are dropped and relayed requests refused).
 const MAX_QUEUED_EVENTS: usize = 256;
@@ -44,6 +70,10 @@ type Body = UnsyncBoxBody<Bytes, Infallible>;
 
 struct State {
     gateway: Arc<Gateway>,
+    /// Bodies of unknown length or over `SMALL_REQUEST` ...
+    budget: Budget,
+    /// ... and the small ones.
+    small: Budget,
     sessions: Mutex<Sessions>,
     shutdown: CancellationToken,
 }
@@ -110,15 +140,17 @@ impl Sessions {
 pub async fn serve(
     gateway: Arc<Gateway>,
     listener: TcpListener,
+    limits: Limits,
     shutdown: CancellationToken,
     tracker: TaskTracker,
 ) -> std::io::Result<()> {
     let state = Arc::new(State {
         gateway,
+        budget: Budget::new(IN_FLIGHT_BUDGET - SMALL_LANE),
+        small: Budget::new(SMALL_LANE),
         sessions: Mutex::new(Sessions::default()),
         shutdown: shutdown.clone(),
     });
-    let limits = Limits::default();
     accept_loop(listener, limits, shutdown, tracker, move |stream| {
         let state = state.clone();
         async move {
@@ -179,14 +211,32 @@ async fn post(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
             "unsupported MCP-Protocol-Version\n",
         );
     }
-    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-        Ok(b) => b.to_bytes(),
+    let declared = header("content-length").and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY) {
+        return too_large();
+    }
+    let lane = match declared {
+        Some(n) if n <= SMALL_REQUEST => &state.small,
+        _ => &state.budget,
+    };
+    let Some(mut reserved) = lane.try_reserve(EXPANSION * declared.unwrap_or(FIRST_CHUNK)) else {
+        return busy();
+    };
+    let reading = read_body(req.into_body(), lane, &mut reserved, declared);
+    let body = match tokio::time::timeout(BODY_DEADLINE, reading).await {
+        Ok(Ok(body)) => body,
+        Ok(Err(BodyError::TooLarge)) => return too_large(),
+        Ok(Err(BodyError::Busy)) => return busy(),
+        Ok(Err(BodyError::Broken)) => {
+            return text(
+                StatusCode::BAD_REQUEST,
+                "the request body could not be read\n",
+            );
+        }
         Err(_) => {
-            return rpc(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                &json!({"jsonrpc": "2.0", "id": null,
-            "error": {"code": -32700, "message": format!("message is larger than {MAX_BODY} bytes")}}),
-                false,
+            return text(
+                StatusCode::REQUEST_TIMEOUT,
+                "the request body did not arrive in time\n",
             );
         }
     };
@@ -213,7 +263,7 @@ async fn post(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
         Some("tools/call" | "prompts/get" | "resources/read")
     );
     if may_stream && accepts && message.id().is_some() {
-        return answer_live(state, message, session, sse).await;
+        return answer_live(state, message, session, sse, reserved).await;
     }
     let caller = Caller::new(session.clone());
     let outcome = state.gateway.handle_message(message, &caller).await;
@@ -233,6 +283,64 @@ async fn post(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
         return response;
     }
     reply(outcome, sse)
+}
+
+enum BodyError {
+    TooLarge,
+    Busy,
+    Broken,
+}
+
+/// Reads a request body of at most `MAX_BODY` bytes, growing `reserved`
+/// as a body of unknown length comes (503 when the budget is spent).
+async fn read_body(
+    mut body: Incoming,
+    budget: &Budget,
+    reserved: &mut Reserved,
+    declared: Option<usize>,
+) -> Result<Bytes, BodyError> {
+    let mut data = Vec::with_capacity(declared.unwrap_or(0).min(MAX_BODY));
+    let mut covered = declared.unwrap_or(FIRST_CHUNK);
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|_| BodyError::Broken)?;
+        let Ok(chunk) = frame.into_data() else {
+            continue; // trailers
+        };
+        if data.len() + chunk.len() > MAX_BODY {
+            return Err(BodyError::TooLarge);
+        }
+        data.extend_from_slice(&chunk);
+        if data.len() > covered {
+            let more = (data.len() - covered).max(FIRST_CHUNK);
+            if !budget.try_grow(reserved, EXPANSION * more) {
+                return Err(BodyError::Busy);
+            }
+            covered += more;
+        }
+    }
+    Ok(Bytes::from(data))
+}
+
+fn too_large() -> Response<Body> {
+    rpc(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        &json!({"jsonrpc": "2.0", "id": null,
+            "error": {"code": codes::PARSE_ERROR, "message": format!("message is larger than {MAX_BODY} bytes")}}),
+        false,
+    )
+}
+
+/// Past the in-flight budget: come back in a moment.
+fn busy() -> Response<Body> {
+    let mut r = rpc(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &json!({"jsonrpc": "2.0", "id": null,
+            "error": {"code": codes::INTERNAL_ERROR, "message": "the gateway is holding as many large requests as it may; retry in a second"}}),
+        false,
+    );
+    r.headers_mut()
+        .insert("retry-after", HeaderValue::from_static("1"));
+    r
 }
 
 fn delete(state: &State, req: &Request<Incoming>) -> Response<Body> {
@@ -260,6 +368,7 @@ async fn answer_live(
     message: aip_mcp::jsonrpc::Message,
     session: String,
     sse: bool,
+    reserved: Reserved,
 ) -> Response<Body> {
     let (events, mut heard) = mpsc::channel(MAX_QUEUED_EVENTS);
     let caller = Caller {
@@ -267,8 +376,11 @@ async fn answer_live(
         events: Some(events),
     };
     let gateway = state.gateway.clone();
-    let mut handling: Handling =
-        Box::pin(async move { gateway.handle_message(message, &caller).await });
+    let mut handling: Handling = Box::pin(async move {
+        // The request's memory is held as long as its handling.
+        let _reserved = reserved;
+        gateway.handle_message(message, &caller).await
+    });
     let first = tokio::select! {
         biased;
         outcome = &mut handling => return reply(outcome, sse),

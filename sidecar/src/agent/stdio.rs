@@ -2,9 +2,10 @@
 //! JSON-RPC message per line on stdin, replies and messages for the agent on
 //! stdout. Each line runs the gateway's pipeline — the same one HTTP agents
 //! get — in its own task, so an ask waits without holding up what follows.
-//! At most [`MAX_IN_FLIGHT`] messages are handled at once: past that, stdin
-//! is not read until one finishes, so a client that pipelines faster than
-//! its servers answer is slowed down instead of queued without bound.
+//! At most [`MAX_IN_FLIGHT`] messages, holding at most a memory budget
+//! together, are handled at once: past that, stdin is not read until one
+//! finishes, so a client that pipelines faster than its servers answer is
+//! slowed down instead of queued without bound.
 //!
 //! The agent is one session. Its stream for messages about a request is
 //! stdout itself, so progress, logging and relayed server requests reach it
@@ -22,6 +23,7 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 
 use crate::gate::{Caller, Gateway, Reply};
+use aip_service::budget::Budget;
 
 /// The agent's session name at the gateway.
 pub const SESSION: &str = "stdio";
@@ -30,6 +32,10 @@ pub const MAX_IN_FLIGHT: usize = 256;
 /// Messages queued for stdout, at most (a reply waits for room; progress
 /// and relayed requests are dropped or refused past it, as over HTTP).
 const MAX_QUEUED: usize = 1024;
+/// What the messages in flight may hold together (as over HTTP: each
+/// reserves four times its size); past it, stdin is not read.
+const IN_FLIGHT_BUDGET: usize = 32 * 1024 * 1024;
+const EXPANSION: usize = 4;
 /// How long calls still in flight when stdin ends may take to be answered.
 const DRAIN: Duration = Duration::from_secs(5);
 
@@ -47,6 +53,7 @@ where
         events: Some(to_agent.clone()),
     };
     let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    let budget = Budget::new(IN_FLIGHT_BUDGET);
     let mut handling = JoinSet::new();
     let initialized = Arc::new(watch::Sender::new(false));
     let announcing = tokio::spawn(announce_tool_changes(
@@ -66,6 +73,11 @@ where
             Ok(None) | Err(_) => break,
         };
         while handling.try_join_next().is_some() {}
+        let size = match &line {
+            Line::Complete(bytes) => bytes.len(),
+            Line::TooLong { .. } => 0, // not held: refused as it is
+        };
+        let reserved = budget.reserve(EXPANSION * size).await;
         let (gateway, caller, to_agent) = (gateway.clone(), caller.clone(), to_agent.clone());
         let initialized = initialized.clone();
         handling.spawn(async move {
@@ -85,7 +97,7 @@ where
             if let Reply::Message(reply) = reply {
                 let _ = to_agent.send(reply).await;
             }
-            drop(permit);
+            drop((permit, reserved));
         });
     }
     // The agent is done sending: nobody is left to decide for the asks it

@@ -141,6 +141,10 @@ pub struct RunArgs {
     /// How often to look for configuration changes.
     #[arg(long, default_value = "1000")]
     pub reload_ms: u64,
+    /// How long an agent may take to send a request's headers (also how
+    /// long an idle keep-alive connection is kept).
+    #[arg(long, default_value = "10", value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=300))]
+    pub header_timeout_seconds: u64,
     /// How long in-flight calls may take to finish after SIGTERM.
     #[arg(long, default_value = "10")]
     pub drain_seconds: u64,

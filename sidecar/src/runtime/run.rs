@@ -90,9 +90,14 @@ pub(super) async fn run(args: RunArgs) -> anyhow::Result<()> {
     });
     tokio::spawn(admin::serve(admin, admin_listener, shutdown.clone()));
     let tracker = TaskTracker::new();
+    let limits = aip_service::serve::Limits {
+        header_timeout: Duration::from_secs(args.header_timeout_seconds),
+        ..agent_http::default_limits()
+    };
     agent_http::serve(
         gateway.clone(),
         agent_listener,
+        limits,
         shutdown.clone(),
         tracker.clone(),
     )

@@ -170,6 +170,7 @@ impl Stack {
         tokio::spawn(agent_http::serve(
             gateway.clone(),
             listener,
+            agent_http::default_limits(),
             shutdown.clone(),
             TaskTracker::new(),
         ));

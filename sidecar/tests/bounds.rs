@@ -1,0 +1,243 @@
+//! The agent listener's bounds, on the real binary: running out of file
+//! descriptors does not end the process, a client that trickles its headers
+//! (or idles on keep-alive) is disconnected, large requests past the
+//! in-flight budget are answered 503 with Retry-After before their bodies
+//! are read, and a message of a million tiny values is refused by count,
+//! not built.
+
+#![allow(clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, ChildStderr, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// `aip-sidecar run` with a policy and no connections, started under
+/// `prefix` (e.g. prlimit); stderr lines arrive on `lines`.
+struct Sidecar {
+    child: Child,
+    addr: SocketAddr,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Sidecar {
+    fn start(prefix: &[&str], name: &str) -> Sidecar {
+        let dir = std::env::temp_dir().join(format!("aip-bounds-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("config.yaml");
+        std::fs::write(
+            &config,
+            "apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {name: p}\nspec: {}\n",
+        )
+        .unwrap();
+        let bin = env!("CARGO_BIN_EXE_aip-sidecar");
+        let mut command = match prefix.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
+        let mut child = command
+            .args(["run", "--config"])
+            .arg(&config)
+            .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+            .args(["--header-timeout-seconds", "1", "--audit", "/dev/null"])
+            .arg("--approval-token-file")
+            .arg(dir.join("token"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = follow(child.stderr.take().unwrap());
+        let addr = loop {
+            let line = lines.recv_timeout(PATIENCE).expect("the sidecar starts");
+            if let Some(rest) = line.split("agents at http://").nth(1) {
+                break rest.split('/').next().unwrap().parse().unwrap();
+            }
+        };
+        Sidecar { child, addr, lines }
+    }
+
+    fn ping(&self) -> Option<String> {
+        let mut s = TcpStream::connect(self.addr).ok()?;
+        s.set_read_timeout(Some(PATIENCE)).unwrap();
+        let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+        write!(
+            s,
+            "POST /mcp HTTP/1.1\r\nhost: {}\r\nconnection: close\r\ncontent-type: application/json\r\naccept: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            self.addr,
+            body.len()
+        )
+        .ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        Some(out)
+    }
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn follow(stderr: ChildStderr) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// Reads until the server closes the connection; true if it did.
+fn closed_by_server(mut s: TcpStream) -> bool {
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+#[test]
+fn running_out_of_file_descriptors_does_not_end_the_process() {
+    let mut sidecar = Sidecar::start(&["prlimit", "--nofile=48:48"], "fds");
+    // More connections than the process has descriptors for.
+    let held: Vec<TcpStream> = (0..80)
+        .filter_map(|_| TcpStream::connect(sidecar.addr).ok())
+        .collect();
+    assert!(held.len() > 48, "the backlog took them");
+    loop {
+        let line = sidecar
+            .lines
+            .recv_timeout(PATIENCE)
+            .expect("the sidecar says accepting failed");
+        if line.contains("accept failed") {
+            break;
+        }
+    }
+    assert!(sidecar.child.try_wait().unwrap().is_none(), "still running");
+    drop(held);
+    // The descriptors come back as the connections close (the header
+    // deadline closes the ones it had accepted): it serves again.
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let served = loop {
+        match sidecar.ping() {
+            Some(reply) if reply.starts_with("HTTP/1.1 200") => break true,
+            _ if std::time::Instant::now() > deadline => break false,
+            // Each attempt is an event of its own; the listener's backoff
+            // is at most a second.
+            _ => std::thread::yield_now(),
+        }
+    };
+    assert!(served);
+    assert!(sidecar.child.try_wait().unwrap().is_none());
+}
+
+#[test]
+fn trickled_headers_and_idle_connections_are_closed() {
+    let sidecar = Sidecar::start(&[], "slow");
+    let mut trickle = TcpStream::connect(sidecar.addr).unwrap();
+    trickle
+        .write_all(b"POST /mcp HTTP/1.1\r\nhost: localhost\r\n")
+        .unwrap();
+    assert!(closed_by_server(trickle), "half a request's headers");
+
+    let mut idle = TcpStream::connect(sidecar.addr).unwrap();
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+    write!(
+        idle,
+        "POST /mcp HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\naccept: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut first = [0u8; 12];
+    idle.read_exact(&mut first).unwrap();
+    assert_eq!(&first, b"HTTP/1.1 200");
+    assert!(closed_by_server(idle), "an idle keep-alive connection");
+    assert!(sidecar.ping().unwrap().starts_with("HTTP/1.1 200"));
+}
+
+#[test]
+fn large_requests_past_the_budget_get_503_before_their_bodies_are_read() {
+    let sidecar = Sidecar::start(&[], "budget");
+    let pad = "a".repeat(4 * 1024 * 1024 - 100);
+    let body = format!(r#"{{"jsonrpc":"2.0","id":1,"method":"ping","params":{{"pad":"{pad}"}}}}"#);
+    let head = |addr: SocketAddr| {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(PATIENCE)).unwrap();
+        write!(
+            s,
+            "POST /mcp HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\naccept: application/json\r\nmcp-session-id: x\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        )
+        .unwrap();
+        s
+    };
+    // Two 4 MiB requests reserve the whole budget (4 x their size each)...
+    let mut first = head(sidecar.addr);
+    let second = head(sidecar.addr);
+    // ... so a third is refused as soon as they are reserved. Connections
+    // are served concurrently: a third whose headers were read first is
+    // served in full (it sends its body too), and another is tried.
+    let refused = loop {
+        let mut third = head(sidecar.addr);
+        let _ = third.write_all(body.as_bytes());
+        let mut reply = vec![0u8; 4096];
+        let n = third.read(&mut reply).unwrap();
+        let reply = String::from_utf8_lossy(&reply[..n]).into_owned();
+        if reply.starts_with("HTTP/1.1 503") {
+            break reply;
+        }
+    };
+    assert!(
+        refused.to_lowercase().contains("retry-after: 1"),
+        "{refused}"
+    );
+    assert!(refused.contains("retry in a second"), "{refused}");
+    // The first body arrives: it is served (404: its session is unknown,
+    // which is decided after the body is read).
+    first.write_all(body.as_bytes()).unwrap();
+    let mut status = [0u8; 12];
+    first.read_exact(&mut status).unwrap();
+    assert_eq!(&status, b"HTTP/1.1 404");
+    drop((first, second));
+    assert!(sidecar.ping().unwrap().starts_with("HTTP/1.1 200"));
+}
+
+#[test]
+fn a_message_of_a_million_tiny_values_is_refused_by_count() {
+    let sidecar = Sidecar::start(&[], "values");
+    let numbers = vec!["1"; 1_500_000].join(",");
+    let body =
+        format!(r#"{{"jsonrpc":"2.0","id":9,"method":"initialize","params":{{"x":[{numbers}]}}}}"#);
+    let mut s = TcpStream::connect(sidecar.addr).unwrap();
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    write!(
+        s,
+        "POST /mcp HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\ncontent-type: application/json\r\naccept: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(
+        out.contains("more than 131072 JSON values"),
+        "{}",
+        &out[..out.len().min(400)]
+    );
+    assert!(out.contains(r#""id":9"#), "the id is still known");
+}
