@@ -6,16 +6,26 @@ AIP    := target/debug/aip
 PYENV  := target/pyenv
 NPMENV := target/npm
 
-.PHONY: all build test lint fmt clippy chart-lint unit conformance pyenv npmenv go-peers interop-deps kubectl helm controlplane bench demo demo-cluster demo-policy clean
+.PHONY: all build test fuzz fuzz-smoke lint fmt clippy chart-lint unit conformance pyenv npmenv go-peers interop-deps kubectl helm controlplane bench demo demo-cluster demo-policy clean
 
 all: build
 
 build:
 	$(CARGO) build --workspace --all-targets --locked
 
-## test: formatting, clippy, every unit/integration/property test, then the
-## AIP conformance vectors (the shared Basic level and the project's own).
-test: lint unit conformance
+## test: formatting, clippy, every unit/integration/property test, the AIP
+## conformance vectors (the shared Basic level and the project's own), and
+## a short run of every fuzz target.
+test: lint unit conformance fuzz-smoke
+
+## fuzz: every fuzz target for FUZZ_SECONDS each (cargo-fuzz is installed
+## into target/tools on first use); fuzz-smoke: 10 s each.
+FUZZ_SECONDS ?= 60
+fuzz:
+	@scripts/fuzz.sh $(FUZZ_SECONDS)
+
+fuzz-smoke:
+	@scripts/fuzz.sh 10
 
 lint: fmt clippy chart-lint
 
@@ -85,6 +95,7 @@ conformance: build
 bench: kubectl controlplane
 	$(CARGO) bench --locked -p aip-policy --bench engine
 	$(CARGO) bench --locked -p aip-sidecar --bench gateway
+	$(CARGO) bench --locked -p aip-sidecar --bench resources
 	PATH="$(CURDIR)/target/bin:$$PATH" $(CARGO) bench --locked -p aip-operator --bench scale
 	python3 scripts/bench-table.py target/criterion
 

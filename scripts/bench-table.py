@@ -58,16 +58,16 @@ def sidecar_rows(path):
     def row(label, ref, target_text, got_text, ratio, ok):
         return (label, ref, target_text, got_text, ratio, "", "meets" if ok else "MISSES")
     return [
-        row("added latency per tools/call, stdio wrap, p50", "65-85 us", "<= 25.0 us",
+        row("added latency per tools/call, stdio mode, p50", "65-85 us", "<= 25.0 us",
             f"{stdio['added_p50_us']:.1f} us", f"{stdio['added_p50_us'] / 25:.2f}x", stdio["added_p50_us"] <= 25),
-        ("  - the wrap with busy polling off, p50 (same run)", "", "",
+        ("  - stdio mode with busy polling off, p50 (same run)", "", "",
          f"{stdio['no_busy_poll_added_p50_us']:.1f} us", "", "", ""),
         ("  - a do-nothing line relay in its place, p50 (same run)", "", "",
          f"{stdio['relay_added_p50_us']:.1f} us", "", "", ""),
-        row("pipelined calls through the gateway (stdio wrap)", "30-43k/s", ">= 100k/s",
+        row("pipelined calls through the gateway (stdio mode)", "30-43k/s", ">= 100k/s",
             f"{stdio['wrapped_calls_per_s'] / 1000:.1f}k/s", f"{stdio['wrapped_calls_per_s'] / 100000:.2f}x",
             stdio["wrapped_calls_per_s"] >= 100000),
-        ("  - the wrap with busy polling off (same run)", "", "",
+        ("  - stdio mode with busy polling off (same run)", "", "",
          f"{stdio['no_busy_poll_calls_per_s'] / 1000:.1f}k/s", "", "", ""),
         ("  - a do-nothing line relay in its place (same run)", "", "",
          f"{stdio['relay_calls_per_s'] / 1000:.1f}k/s", "", "", ""),
@@ -80,6 +80,27 @@ def sidecar_rows(path):
         ("  - added latency over HTTP, p50 / p99", "", "", f"{http['added_p50_us']:.0f} us / {http['gateway_p99_us'] - http['direct_p99_us']:.0f} us", "", "", ""),
         ("  - calls through the gateway over HTTP (direct)", "", "",
          f"{http['gateway_calls_per_s'] / 1000:.1f}k/s ({http['direct_calls_per_s'] / 1000:.1f}k/s)", "", "", ""),
+    ]
+
+
+def resource_rows(path):
+    """Rows from target/bench/resources.json (the hostile-load benchmark)."""
+    try:
+        r = json.loads(pathlib.Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    first, second = r["first"], r["second"]
+    peak = max(first["peak_kib"], second["peak_kib"]) / 1024
+    return [
+        (f"peak RSS, {first['flood_connections']} trickling connections + {first['large_requests']} x 4 MiB requests", "-",
+         f"<= {r['bound_mb']:.0f} MB", f"{peak:.1f} MB", f"{peak / r['bound_mb']:.2f}x", "",
+         "meets" if peak <= r["bound_mb"] else "MISSES"),
+        ("  - large requests served / 503 (first load; second)", "", "",
+         f"{first['large_served']} / {first['large_refused_503']}; {second['large_served']} / {second['large_refused_503']}", "", "", ""),
+        ("  - calls of an agent meanwhile: served, failed, p50 / p99", "", "",
+         f"{r['legit_calls_served']}, {r['legit_calls_failed']}, {r['legit_p50_ms']} / {r['legit_p99_ms']} ms", "", "", ""),
+        ("  - RSS idle / peak first load / peak second / after", "", "",
+         f"{r['idle_kib'] / 1024:.1f} / {first['peak_kib'] / 1024:.1f} / {second['peak_kib'] / 1024:.1f} / {r['after_kib'] / 1024:.1f} MB", "", "", ""),
     ]
 
 
@@ -120,6 +141,12 @@ def main():
         lines.append(("gateway rows", "", "", "not run", "", "", "cargo bench -p aip-sidecar --bench gateway"))
     else:
         lines.extend(gateway)
+    resources = resource_rows(root.parent / "bench" / "resources.json")
+    if resources is None:
+        missing = True
+        lines.append(("resource rows", "", "", "not run", "", "", "cargo bench -p aip-sidecar --bench resources"))
+    else:
+        lines.extend(resources)
     operator = operator_rows(root.parent / "bench" / "operator.json")
     if operator is None:
         missing = True

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Runs every coverage-guided fuzz target (fuzz/fuzz_targets) for SECONDS
+# each (default 60) with cargo-fuzz and libFuzzer (coverage-guided; no
+# sanitizer, so the stable toolchain builds it: the fuzzed crates forbid
+# unsafe code, which is what a sanitizer would watch), starting from the seed corpus in fuzz/corpus/TARGET (never modified: what
+# a run finds goes to target/fuzz-corpus/TARGET). Prints the executions per
+# target; exits 1 if any target found a crash (its input is kept in
+# fuzz/artifacts/TARGET). cargo-fuzz is installed into target/tools on
+# first use.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-60}
+fuzz_version=0.13.1
+tools=target/tools
+if ! "$tools/bin/cargo-fuzz" --version 2>/dev/null | grep -q "$fuzz_version"; then
+  echo "installing cargo-fuzz $fuzz_version into $tools (first use, about 2 minutes) ..."
+  cargo install --quiet --locked --root "$tools" --version "$fuzz_version" cargo-fuzz
+fi
+targets=$(sed -n 's/^name = "\(.*\)"$/\1/p' fuzz/Cargo.toml | grep -v '^aip-fuzz$')
+status=0
+summary=()
+for target in $targets; do
+  work=target/fuzz-corpus/$target
+  mkdir -p "$work"
+  echo "fuzzing $target for ${seconds}s ..."
+  log=$(mktemp)
+  if PATH="$tools/bin:$PATH" cargo fuzz run --sanitizer none --fuzz-dir fuzz "$target" "$work" "fuzz/corpus/$target" \
+      -- -max_total_time="$seconds" -print_final_stats=1 >"$log" 2>&1; then
+    outcome=ok
+  else
+    outcome="FOUND A CRASH (see fuzz/artifacts/$target)"
+    status=1
+    tail -n 40 "$log"
+  fi
+  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
+  summary+=("$target: ${runs:-?} executions in ${seconds}s, $outcome")
+  rm -f "$log"
+done
+printf '%s\n' "${summary[@]}"
+exit "$status"
