@@ -5,6 +5,7 @@
 //! `auth`.
 
 pub mod auth;
+mod incoming;
 pub mod snapshot;
 pub mod tls;
 
@@ -273,14 +274,18 @@ pub async fn serve<A: Authenticate>(
     let shutdown = service.shutdown.clone();
     let addr: Option<SocketAddr> = listener.local_addr().ok();
     tracing::info!(address = ?addr, "gRPC config service listening");
+    // Each sidecar holds one Watch and at most a few approval streams; dead
+    // peers are found by keepalive; headers are small.
     tonic::transport::Server::builder()
         .tls_config(tls.config())?
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .tcp_keepalive(Some(Duration::from_secs(60)))
+        .max_concurrent_streams(Some(64))
+        .concurrency_limit_per_connection(64)
+        .http2_max_header_list_size(Some(16 * 1024))
         .add_service(ConfigServer::new(service))
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener),
-            shutdown.cancelled_owned(),
-        )
+        .serve_with_incoming_shutdown(incoming::incoming(listener), shutdown.cancelled_owned())
         .await?;
     Ok(())
 }
