@@ -312,14 +312,24 @@ async fn wrong_audience_missing_token_and_unknown_pods_get_nothing() {
     let refused = h.watch(Some(&token2)).await.unwrap_err();
     assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
 
-    // A token for a pod that is gone, though the index still lists it.
-    // (Never reviewed before: the API server caches a successful review
-    // for 10 s.) An unscheduled pod is deleted at once.
+    // A token for a pod that is gone, though the index still lists it. An
+    // unscheduled pod is deleted at once, but the API server looks the
+    // bound pod up in its own informer's cache first: until that has seen
+    // the deletion the token still passes (and a passing review is then
+    // cached for 10 s, by the API server and by the operator for up to
+    // 60 s). So the review waits until a watch of ours has seen the pod go,
+    // which comes from the same watch cache as the API server's informer.
     let uid3 = h.pod("agent-3", "a").await;
     let token3 = h.token("agent-3", &uid3, &[AUDIENCE]).await;
     let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
         kube::Api::namespaced(h.cluster.admin.clone(), &h.ns);
     pods.delete("agent-3", &Default::default()).await.unwrap();
+    let gone = kube::runtime::wait::await_condition(
+        pods,
+        "agent-3",
+        kube::runtime::wait::conditions::is_deleted(&uid3),
+    );
+    tokio::time::timeout(PATIENCE, gone).await.unwrap().unwrap();
     let refused = h.watch(Some(&token3)).await.unwrap_err();
     assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
     assert_eq!(

@@ -178,6 +178,21 @@ impl Cluster {
         self.plane.client_with_token(token).await.unwrap()
     }
 
+    /// Whether the API server can call webhooks this test serves on the
+    /// host's loopback: only a control plane started here can. On a
+    /// cluster given by `AIP_TEST_KUBECONFIG` (kind, a cloud) it cannot,
+    /// and the test says so and stops.
+    pub fn calls_back_here(&self, test: &str) -> bool {
+        let local = self.plane.is_local();
+        if !local {
+            eprintln!(
+                "{test}: skipped on {}: its API server cannot reach webhooks on this host's loopback",
+                self.plane.url()
+            );
+        }
+        local
+    }
+
     /// The administrator's user name as the API server knows it (`admin`
     /// locally; a given cluster's own otherwise).
     pub async fn admin_name(&self) -> String {

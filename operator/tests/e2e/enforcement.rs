@@ -38,6 +38,9 @@ async fn kubectl_to_sidecar_enforcement() {
     // bob (group platform) is a platform engineer who may edit aip objects
     // but not read the Secret the connection uses.
     let cluster = Cluster::dedicated().await;
+    if !cluster.calls_back_here("kubectl_to_sidecar_enforcement") {
+        return;
+    }
     let kubectl = cluster.kubectl(User::Admin, "agents");
 
     // The upstream: a fault server that takes only tok-A.
