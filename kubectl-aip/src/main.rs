@@ -49,12 +49,15 @@ enum Command {
     },
     /// Approve one request: the call it holds runs once.
     Approve {
+        /// The ApprovalRequest's name (as `kubectl aip approvals` lists it).
         name: String,
+        /// Why, recorded in the request's status beside who decided.
         #[arg(long)]
         reason: Option<String>,
     },
     /// Deny one request: the agent gets an error saying so.
     Deny {
+        /// The ApprovalRequest's name (as `kubectl aip approvals` lists it).
         name: String,
         /// Required: the agent's operator will want to know why.
         #[arg(long)]

@@ -37,6 +37,7 @@ pub struct Args {
     /// The gRPC server's certificate (PEM); with --tls-key.
     #[arg(long, env = "AIP_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
+    /// The gRPC server's private key (PEM), with --tls-cert.
     #[arg(long, env = "AIP_TLS_KEY")]
     pub tls_key: Option<PathBuf>,
     /// Dev mode: serve a self-signed certificate for these names (comma
@@ -83,8 +84,11 @@ pub struct Args {
     /// This replica's identity in the Lease (its pod name).
     #[arg(long, env = "POD_NAME")]
     pub pod_name: Option<String>,
+    /// The leader-election Lease the replicas share (one writes statuses).
     #[arg(long, default_value = "aip-operator")]
     pub lease_name: String,
+    /// How long a lease holder that stops renewing keeps the Lease (renewed
+    /// every third of it).
     #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
     pub lease_duration: Duration,
     /// How long a decided ApprovalRequest is kept (the record of who
@@ -105,6 +109,7 @@ pub struct InjectionArgs {
     /// with a message saying injection is not configured.
     #[arg(long, env = "AIP_SIDECAR_IMAGE")]
     pub sidecar_image: Option<String>,
+    /// The injected sidecar's imagePullPolicy.
     #[arg(long, env = "AIP_SIDECAR_PULL_POLICY", default_value = inject::DEFAULT_PULL_POLICY)]
     pub sidecar_pull_policy: String,
     /// The operator's gRPC URL as pods reach it (default
@@ -115,16 +120,24 @@ pub struct InjectionArgs {
     /// --tls-secret certificate).
     #[arg(long, env = "AIP_SERVICE_NAME", default_value = "aip-operator")]
     pub service_name: String,
+    /// The loopback port the injected sidecar serves agents on
+    /// (AIP_MCP_URL in the pod's other containers points there).
     #[arg(long, default_value_t = inject::DEFAULT_PORT)]
     pub sidecar_port: u16,
+    /// The loopback port of the injected sidecar's health, readiness and
+    /// metrics.
     #[arg(long, default_value_t = inject::DEFAULT_ADMIN_PORT)]
     pub sidecar_admin_port: u16,
+    /// The user id the injected sidecar runs as (non-root).
     #[arg(long, default_value_t = inject::DEFAULT_USER)]
     pub sidecar_user: i64,
+    /// The injected sidecar's CPU request.
     #[arg(long, default_value = inject::DEFAULT_CPU_REQUEST)]
     pub sidecar_cpu_request: String,
+    /// The injected sidecar's memory request.
     #[arg(long, default_value = inject::DEFAULT_MEMORY_REQUEST)]
     pub sidecar_memory_request: String,
+    /// The injected sidecar's memory limit.
     #[arg(long, default_value = inject::DEFAULT_MEMORY_LIMIT)]
     pub sidecar_memory_limit: String,
 }

@@ -383,3 +383,42 @@ fn credentials_in_urls_and_broken_header_values_are_refused_without_their_values
     );
     assert!(parse(&ok).is_ok());
 }
+
+/// A configuration the binary cannot use stops it at start with the errors,
+/// for `stdio` and `run` alike: it never serves without a policy.
+#[test]
+fn an_unusable_configuration_stops_stdio_and_run_at_start() {
+    let dir = std::env::temp_dir().join(format!("aip-sidecar-unusable-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.yaml");
+    std::fs::write(
+        &bad,
+        format!("{POLICY}{}", connection("x", "  url: ftp://nowhere\n")),
+    )
+    .unwrap();
+    let bin = env!("CARGO_BIN_EXE_aip-sidecar");
+    for args in [
+        vec!["stdio", "--config", bad.to_str().unwrap(), "--", "cat"],
+        vec![
+            "run",
+            "--config",
+            bad.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+        ],
+    ] {
+        let out = std::process::Command::new(bin)
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains("the configuration cannot be used") && err.contains("spec.url"),
+            "{args:?}: {err}"
+        );
+    }
+}

@@ -31,7 +31,11 @@ pub enum Command {
     /// Validate a `run` configuration file and exit (1 if it is refused).
     Check {
         /// The file `run --config` would read.
-        config: PathBuf,
+        #[arg(value_name = "FILE", required_unless_present = "config_flag")]
+        file: Option<PathBuf>,
+        /// The same file, given as `run` and `stdio` take it.
+        #[arg(long = "config", value_name = "FILE", conflicts_with = "file")]
+        config_flag: Option<PathBuf>,
     },
 }
 

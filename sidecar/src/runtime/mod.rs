@@ -19,8 +19,11 @@ pub use args::{Cli, Command};
 
 /// Runs the command `cli` names and says how the process should exit.
 pub fn main(cli: Cli) -> ExitCode {
-    if let Command::Check { config } = &cli.command {
+    if let Command::Check { file, config_flag } = &cli.command {
         aip_service::init_tracing(cli.log_format, "info");
+        let Some(config) = file.as_ref().or(config_flag.as_ref()) else {
+            unreachable!("clap requires one of them");
+        };
         return check::check(config);
     }
     // The HTTP gateway uses every core; one stdio agent is served on one
