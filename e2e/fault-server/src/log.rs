@@ -175,6 +175,6 @@ impl AttemptLog {
     }
 }
 
-fn humantime_now() -> String {
+pub(crate) fn humantime_now() -> String {
     humantime::format_rfc3339_millis(SystemTime::now()).to_string()
 }

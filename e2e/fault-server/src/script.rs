@@ -323,7 +323,10 @@ impl fmt::Display for ScriptError {
     }
 }
 
-fn fail<T>(path: impl Into<String>, message: impl Into<String>) -> Result<T, ScriptError> {
+pub(crate) fn fail<T>(
+    path: impl Into<String>,
+    message: impl Into<String>,
+) -> Result<T, ScriptError> {
     Err(ScriptError {
         path: path.into(),
         message: message.into(),
@@ -333,17 +336,7 @@ fn fail<T>(path: impl Into<String>, message: impl Into<String>) -> Result<T, Scr
 impl Script {
     /// Parses and validates a YAML (or JSON) document for `transport`.
     pub fn from_yaml(text: &str, transport: Transport) -> Result<Script, ScriptError> {
-        let options = serde_saphyr::options! { strict_booleans: true };
-        let value: Value =
-            serde_saphyr::from_str_with_options(text, options).map_err(|e| ScriptError {
-                path: String::new(),
-                message: format!("invalid YAML: {e}"),
-            })?;
-        let doc: Document = serde_path_to_error::deserialize(&value).map_err(|e| ScriptError {
-            path: e.path().to_string().trim_start_matches('.').to_owned(),
-            message: e.into_inner().to_string(),
-        })?;
-        Script::validate(doc, transport)
+        Script::validate(deserialize_document(&parse_yaml(text)?)?, transport)
     }
 
     fn validate(doc: Document, transport: Transport) -> Result<Script, ScriptError> {
@@ -429,6 +422,44 @@ impl Script {
     }
 }
 
+/// A YAML (or JSON) document as a JSON value; booleans are only
+/// `true`/`false`, so `yes` and `on` stay strings.
+pub(crate) fn parse_yaml(text: &str) -> Result<Value, ScriptError> {
+    let options = serde_saphyr::options! { strict_booleans: true };
+    serde_saphyr::from_str_with_options(text, options).map_err(|e| ScriptError {
+        path: String::new(),
+        message: format!("invalid YAML: {e}"),
+    })
+}
+
+/// The document's `kind`, when it has a string one: which validator applies.
+pub fn document_kind(text: &str) -> Option<String> {
+    let value = parse_yaml(text).ok()?;
+    value.get("kind")?.as_str().map(str::to_owned)
+}
+
+/// Deserializes a parsed document, naming the path of the first field that
+/// does not fit (unknown keys included).
+pub(crate) fn deserialize_document<T: serde::de::DeserializeOwned>(
+    value: &Value,
+) -> Result<T, ScriptError> {
+    serde_path_to_error::deserialize(value).map_err(|e| ScriptError {
+        path: e.path().to_string().trim_start_matches('.').to_owned(),
+        message: e.into_inner().to_string(),
+    })
+}
+
+/// A matcher's regex, bounded in size; the error names `path`.
+pub(crate) fn compile_regex(pattern: &str, path: &str) -> Result<Regex, ScriptError> {
+    regex::RegexBuilder::new(pattern)
+        .size_limit(1 << 20)
+        .build()
+        .or_else(|e| {
+            let message = format!("bad regex: {}", e.to_string().replace('\n', " "));
+            fail(path, message)
+        })
+}
+
 fn validate_tool(tool: Tool, path: &str, transport: Transport) -> Result<ScriptTool, ScriptError> {
     if tool.responses.is_empty() {
         return fail(
@@ -481,14 +512,8 @@ fn compile_fields(
     fields
         .into_iter()
         .map(|(field, pattern)| {
-            regex::RegexBuilder::new(&pattern)
-                .size_limit(1 << 20)
-                .build()
-                .map(|re| (field.clone(), re))
-                .or_else(|e| {
-                    let message = format!("bad regex: {}", e.to_string().replace('\n', " "));
-                    fail(format!("{path}.matchRegex.{field}"), message)
-                })
+            let re = compile_regex(&pattern, &format!("{path}.matchRegex.{field}"))?;
+            Ok((field, re))
         })
         .collect()
 }
