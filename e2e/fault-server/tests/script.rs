@@ -167,6 +167,10 @@ fn check_accepts_every_example() {
     let mut count = 0;
     for entry in std::fs::read_dir(examples).unwrap() {
         let path = entry.unwrap().path();
+        // Documents only: the CLI rehearsal's caller script sits beside them.
+        if path.extension().is_none_or(|e| e != "yaml") {
+            continue;
+        }
         let out = Command::new(env!("CARGO_BIN_EXE_aip-fault-server"))
             .arg("--config")
             .arg(&path)
@@ -181,5 +185,6 @@ fn check_accepts_every_example() {
         );
         count += 1;
     }
-    assert_eq!(count, 8);
+    // Eight FaultServer documents and one FaultCli document.
+    assert_eq!(count, 9);
 }

@@ -132,7 +132,17 @@ pub struct CliStep {
 impl CliScript {
     /// Parses and validates a FaultCli YAML (or JSON) document.
     pub fn from_yaml(text: &str) -> Result<CliScript, ScriptError> {
-        CliScript::validate(deserialize_document(&parse_yaml(text)?)?)
+        let value = parse_yaml(text)?;
+        // The version and kind decide the schema: name them first, not a
+        // field some other kind's document was right to have.
+        for (key, expected) in [("apiVersion", API_VERSION), ("kind", CLI_KIND)] {
+            if let Some(found) = value.get(key).and_then(Value::as_str)
+                && found != expected
+            {
+                return fail(key, format!("must be {expected:?}, found {found:?}"));
+            }
+        }
+        CliScript::validate(deserialize_document(&value)?)
     }
 
     fn validate(doc: Document) -> Result<CliScript, ScriptError> {
