@@ -54,8 +54,9 @@ pub async fn run(invocation: Invocation, started: Instant) -> u8 {
         session.info.log_args,
     );
     let session_deadline = session.info.deadline_ms;
-    let selected = session
-        .transact(|state| select(&script, state, &invocation, base, session_deadline, started));
+    let selected = session.transact(|state| {
+        choose_step(&script, state, &invocation, base, session_deadline, started)
+    });
     let (step, mut line) = match selected {
         Err(e) => return fail_closed(&name, &format!("cannot record the attempt: {e}")),
         Ok(Selected::Refused(message)) => return fail_closed(&name, &message),
@@ -131,7 +132,7 @@ fn open(invocation: &Invocation) -> Result<(Session, CliScript), String> {
 }
 
 /// Under the lock: the first matching response's next step, consumed.
-fn select(
+fn choose_step(
     script: &CliScript,
     state: &mut crate::cli::session::State,
     invocation: &Invocation,

@@ -166,14 +166,10 @@ impl Session {
         line.ts = humantime_now();
         // The step counts as consumed once the state says so; the line
         // follows at once, and both happen before the lock is released.
-        self.write_state(&state)?;
+        write_state(&self.paths, &state)?;
         append_line(&self.info.log, &line)?;
         drop(lock);
         Ok(value)
-    }
-
-    fn write_state(&self, state: &State) -> Result<(), SessionError> {
-        write_state(&self.paths, state)
     }
 }
 
