@@ -1,9 +1,13 @@
-//! The dispatch core both transports share: MCP methods, the serial tools/call
-//! queue, sequence state and cancellation, and the attempt log.
+//! The dispatch core both transports share: MCP methods of both eras, the
+//! serial tools/call queue, sequence state and cancellation, and the attempt
+//! log.
 //!
 //! tools/call requests join one queue per server and are played one at a
 //! time in arrival order by a single worker; everything else (initialize,
-//! ping, tools/list) is answered at once, even while a delayed call runs.
+//! server/discover, ping, tools/list) is answered at once, even while a
+//! delayed call runs. A legacy request is answered by [`Core::handle`], a
+//! modern one by [`Core::handle_modern`]; the transports decide which
+//! (see [`crate::era`]).
 
 use aip_service::sync::lock;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -14,6 +18,7 @@ use serde_json::{Value, json};
 use tokio::sync::{Notify, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::era::{self, Era, META_SERVER_INFO, MODERN_VERSIONS, Rejection, RoutingHeaders};
 use crate::log::{Attempt, AttemptLog, AttemptOutcome, canonical_sha256};
 use crate::script::{OnExhausted, Outcome, Script};
 
@@ -26,6 +31,10 @@ pub struct CallContext {
     pub session: String,
     pub auth_sha256: Option<String>,
     pub protocol_version: Option<String>,
+    /// The era the request was served in.
+    pub era: Era,
+    /// A modern request's declared client capabilities.
+    pub client_capabilities: Option<Value>,
 }
 
 /// What the transport must do with a tools/call.
@@ -63,6 +72,19 @@ pub enum Handled {
     Now(Option<Value>),
     /// A queued tools/call: the reply arrives on the receiver.
     Later(oneshot::Receiver<Reply>),
+    /// Refused before dispatch: this error response, with the HTTP status a
+    /// server of the request's era answers it with (stdio sends only the
+    /// response).
+    Refused { status: u16, response: Value },
+}
+
+impl Handled {
+    fn refused(rejection: &Rejection, id: &Value) -> Handled {
+        Handled::Refused {
+            status: rejection.http_status(),
+            response: rejection.response(id),
+        }
+    }
 }
 
 struct Job {
@@ -159,7 +181,7 @@ impl Core {
                 Handled::Now(Some(self.page(&id, &params, "prompts", self.prompts())))
             }
             "resources/read" if !self.script.resources.is_empty() => {
-                Handled::Now(Some(self.read(&id, &params)))
+                Handled::Now(Some(self.read(&id, &params, Era::Legacy)))
             }
             "prompts/get" if !self.script.prompts.is_empty() => {
                 Handled::Now(Some(self.prompt(&id, &params)))
@@ -171,6 +193,159 @@ impl Core {
                 Some(json!({"method": method})),
             ))),
         }
+    }
+
+    /// Handles one modern (2026-07-28) message: the envelope and, on HTTP
+    /// (`headers` given), the routing headers are checked first, then the
+    /// method; results carry `resultType` and the server's identity in
+    /// `_meta`, cacheable ones their cache hints.
+    pub fn handle_modern(
+        &self,
+        message: &Value,
+        headers: Option<&RoutingHeaders>,
+        ctx: &CallContext,
+    ) -> Handled {
+        let invalid = |text: &str| Handled::Refused {
+            status: 400,
+            response: error(&Value::Null, -32600, text, None),
+        };
+        let Some(obj) = message.as_object() else {
+            return invalid("Invalid Request: not a JSON-RPC message");
+        };
+        let Some(method) = obj.get("method").and_then(Value::as_str) else {
+            return invalid("Invalid Request: a client sends requests and notifications only");
+        };
+        let params = obj.get("params").cloned().unwrap_or(Value::Null);
+        let Some(id) = obj.get("id").cloned() else {
+            // Accepted and, but for stdio's notifications/cancelled, dropped;
+            // only a version this server does not speak is refused.
+            let claimed = params
+                .get("_meta")
+                .and_then(|m| m.get(era::META_PROTOCOL_VERSION))
+                .and_then(Value::as_str)
+                .or(headers.and_then(|h| h.protocol_version.as_deref()));
+            if let Some(v) = claimed.filter(|v| !MODERN_VERSIONS.contains(v)) {
+                return Handled::refused(&era::unsupported_version(Some(v)), &Value::Null);
+            }
+            self.notification(method, &params, ctx);
+            return Handled::Now(None);
+        };
+        if !(id.is_string() || id.is_number()) {
+            return invalid("Invalid Request: id must be a string or number");
+        }
+        let envelope = match era::check_envelope(message, headers) {
+            Ok(e) => e,
+            Err(rejection) => return Handled::refused(&rejection, &id),
+        };
+        let ctx = CallContext {
+            era: Era::Modern,
+            protocol_version: Some(envelope.protocol_version),
+            client_capabilities: Some(envelope.client_capabilities),
+            ..ctx.clone()
+        };
+        let resources = !self.script.resources.is_empty();
+        let prompts = !self.script.prompts.is_empty();
+        let (reply, cacheable) = match method {
+            "server/discover" => (result(&id, self.discover()), true),
+            "tools/list" => (self.page(&id, &params, "tools", self.tools()), true),
+            "tools/call" => {
+                if let Some(rejection) = headers.and_then(|h| self.param_rejection(&params, h)) {
+                    return Handled::refused(&rejection, &id);
+                }
+                return self.enqueue(id, &params, &ctx);
+            }
+            "resources/list" if resources => {
+                (self.page(&id, &params, "resources", self.resources()), true)
+            }
+            "resources/read" if resources => (self.read(&id, &params, Era::Modern), true),
+            "prompts/list" if prompts => (self.page(&id, &params, "prompts", self.prompts()), true),
+            "prompts/get" if prompts => (self.prompt(&id, &params), false),
+            // Unknown, removed in 2026-07-28 (initialize, ping,
+            // logging/setLevel, resources/subscribe|unsubscribe), or behind
+            // a capability this server does not declare.
+            _ => {
+                let rejection = Rejection {
+                    data: Some(json!({"method": method})),
+                    ..Rejection::new(-32601, "Method not found")
+                };
+                return Handled::refused(&rejection, &id);
+            }
+        };
+        Handled::Now(Some(self.modern_result(reply, cacheable)))
+    }
+
+    /// What a modern-only server answers legacy traffic with: `initialize`
+    /// (or any request without an envelope) is told the versions it speaks;
+    /// a legacy notification is accepted and dropped; a posted response is
+    /// invalid. `header_version` is the request's MCP-Protocol-Version.
+    pub fn refuse_legacy(&self, message: &Value, header_version: Option<&str>) -> Handled {
+        let Some(method) = message.get("method").and_then(Value::as_str) else {
+            return Handled::Refused {
+                status: 400,
+                response: error(
+                    &Value::Null,
+                    -32600,
+                    "Invalid Request: a client sends requests and notifications only",
+                    None,
+                ),
+            };
+        };
+        let Some(id) = message.get("id") else {
+            return Handled::Now(None);
+        };
+        let requested = if method == "initialize" {
+            message
+                .pointer("/params/protocolVersion")
+                .and_then(Value::as_str)
+        } else {
+            header_version
+        };
+        Handled::refused(&era::unsupported_version(requested), id)
+    }
+
+    /// `server/discover`: the modern versions, and the capabilities the
+    /// script gives the server.
+    fn discover(&self) -> Value {
+        json!({"supportedVersions": MODERN_VERSIONS, "capabilities": self.capabilities()})
+    }
+
+    fn server_info(&self) -> Value {
+        json!({"name": self.script.name, "version": env!("CARGO_PKG_VERSION")})
+    }
+
+    /// A modern result: `resultType` (complete unless the result says
+    /// otherwise), the server's identity in `_meta`, and for a cacheable
+    /// complete result the script's cache hints. Errors pass unchanged.
+    fn modern_result(&self, mut message: Value, cacheable: bool) -> Value {
+        let info = self.server_info();
+        let caching = self.script.caching;
+        if let Some(result) = message.get_mut("result").and_then(Value::as_object_mut) {
+            let kind = result
+                .entry("resultType")
+                .or_insert_with(|| json!("complete"));
+            let complete = kind == "complete";
+            let meta = result.entry("_meta").or_insert_with(|| json!({}));
+            if let Some(meta) = meta.as_object_mut() {
+                meta.insert(META_SERVER_INFO.to_owned(), info);
+            }
+            if cacheable && complete {
+                result.insert("ttlMs".to_owned(), json!(caching.ttl_ms));
+                result.insert("cacheScope".to_owned(), json!(caching.cache_scope.as_str()));
+            }
+        }
+        message
+    }
+
+    /// A modern tools/call's `Mcp-Param-*` headers against its arguments,
+    /// for a tool the script declares.
+    fn param_rejection(&self, params: &Value, headers: &RoutingHeaders) -> Option<Rejection> {
+        let name = params.get("name").and_then(Value::as_str)?;
+        let (_, tool) = self.script.tool(name)?;
+        let arguments = params
+            .get("arguments")
+            .cloned()
+            .unwrap_or_else(|| json!({}));
+        era::check_param_headers(&tool.input_schema, &arguments, headers).err()
     }
 
     /// The protocol version to answer initialize with.
@@ -258,7 +433,9 @@ impl Core {
         result(id, page)
     }
 
-    fn read(&self, id: &Value, params: &Value) -> Value {
+    /// resources/read; an unknown URI is -32002 to a legacy client and
+    /// -32602 to a modern one (2026-07-28 retired -32002).
+    fn read(&self, id: &Value, params: &Value, era: Era) -> Value {
         let uri = params
             .get("uri")
             .and_then(Value::as_str)
@@ -268,7 +445,10 @@ impl Core {
                 id,
                 json!({"contents": [{"uri": r.uri, "mimeType": "text/plain", "text": r.text}]}),
             ),
-            None => error(id, -32002, "Resource not found", Some(json!({"uri": uri}))),
+            None => {
+                let code = if era == Era::Modern { -32602 } else { -32002 };
+                error(id, code, "Resource not found", Some(json!({"uri": uri})))
+            }
         }
     }
 
@@ -428,6 +608,24 @@ impl Core {
     }
 
     async fn play(&self, job: &Job, canceled: &CancellationToken) -> Reply {
+        let reply = self.play_step(job, canceled).await;
+        if job.ctx.era != Era::Modern {
+            return reply;
+        }
+        match reply {
+            Reply::Message(m) => Reply::Message(self.modern_result(m, false)),
+            Reply::Wire(Wire::StallBody {
+                after_bytes,
+                response,
+            }) => Reply::Wire(Wire::StallBody {
+                after_bytes,
+                response: self.modern_result(response, false),
+            }),
+            other => other,
+        }
+    }
+
+    async fn play_step(&self, job: &Job, canceled: &CancellationToken) -> Reply {
         let Some((t, tool)) = self.script.tool(&job.tool) else {
             self.log
                 .record(self.job_attempt(job, AttemptOutcome::UnknownTool));
@@ -478,7 +676,12 @@ impl Core {
                 }
             }
         }
-        let (reply, outcome, is_error) = render(&job.id, &step.outcome);
+        let (reply, mut outcome, is_error) = render(&job.id, &step.outcome);
+        if job.ctx.era == Era::Modern && matches!(step.outcome, Outcome::SseCloseAfterEvent { .. })
+        {
+            // No resumption in 2026-07-28: the stream's close loses the call.
+            outcome = AttemptOutcome::FixtureError;
+        }
         attempt.outcome = outcome;
         attempt.is_error = is_error;
         attempt.latency_ms = elapsed_ms(job.received);

@@ -1,14 +1,17 @@
-//! Streamable HTTP transport: one MCP endpoint (`/mcp`): POST per client
-//! message, answered as JSON or SSE per the Accept header; `Mcp-Session-Id`
-//! issued at initialize; GET resumes a stream closed by
-//! `sse_close_after_event` (Last-Event-ID); DELETE ends a session.
-//! Beside it: `/healthz`, `/readyz`, `/metrics` and `/_fault/attempts` (the
-//! attempt log as JSON lines).
+//! Streamable HTTP transport: one MCP endpoint (`/mcp`) for both eras.
+//! POST per client message, answered as JSON or SSE per the Accept header.
+//! A modern (2026-07-28) request stands alone: no session, its envelope and
+//! routing headers checked before dispatch, closing its response cancels it.
+//! A legacy one lives in a session: `Mcp-Session-Id` issued at initialize;
+//! GET resumes a stream closed by `sse_close_after_event` (Last-Event-ID);
+//! DELETE ends a session. Beside it: `/healthz`, `/readyz`, `/metrics` and
+//! `/_fault/attempts` (the attempt log as JSON lines).
 
 use aip_service::sync::lock;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -27,7 +30,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::core::{CallContext, Core, Handled, Reply, Wire, error};
+use crate::core::{CallContext, CallKey, Core, Handled, Reply, Wire, error};
+use crate::era::{self, Era, Eras, RoutingHeaders};
 use crate::log::sha256_hex;
 
 pub const MCP_PATH: &str = "/mcp";
@@ -62,6 +66,10 @@ struct State {
     resumable: Mutex<HashMap<String, (String, Value)>>,
     /// Senders of stalled bodies, kept so the bodies never finish.
     stalled: Mutex<Vec<mpsc::Sender<Bytes>>>,
+    /// Modern requests served so far: each is its own exchange
+    /// (`modern-N` in the attempt log), so that request ids of different
+    /// clients never collide.
+    exchanges: AtomicU64,
     shutdown: CancellationToken,
 }
 
@@ -91,6 +99,7 @@ pub async fn serve(
         sessions: Mutex::new(HashMap::new()),
         resumable: Mutex::new(HashMap::new()),
         stalled: Mutex::new(Vec::new()),
+        exchanges: AtomicU64::new(0),
         shutdown: shutdown.clone(),
     });
     let limits = Limits::default();
@@ -128,6 +137,16 @@ async fn route(
             Ok(with_type(Response::new(full(body)), "application/x-ndjson"))
         }
         (&Method::POST, MCP_PATH) => post(&state, req).await,
+        (_, MCP_PATH) if state.core.script.era == Eras::Modern => {
+            // 2026-07-28 has no GET stream and no sessions to DELETE.
+            if let Some(denied) = check_bearer(&state, &req) {
+                return Ok(denied);
+            }
+            let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n");
+            r.headers_mut()
+                .insert("allow", HeaderValue::from_static("POST"));
+            Ok(r)
+        }
         (&Method::GET, MCP_PATH) => Ok(get(&state, &req)),
         (&Method::DELETE, MCP_PATH) => Ok(delete(&state, &req)),
         (_, MCP_PATH) => {
@@ -155,6 +174,11 @@ async fn post(state: &State, req: Request<Incoming>) -> Result<Response<HttpBody
         header("mcp-session-id"),
         header("authorization"),
         header("mcp-protocol-version"),
+    );
+    let routing = RoutingHeaders::from_pairs(
+        req.headers()
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_bytes())),
     );
     let body = match Limited::new(req.into_body(), MAX_BODY_BYTES)
         .collect()
@@ -188,6 +212,21 @@ async fn post(state: &State, req: Request<Incoming>) -> Result<Response<HttpBody
             ),
         ));
     }
+    let eras = state.core.script.era;
+    let request_era = match eras {
+        Eras::Legacy => Era::Legacy,
+        Eras::Both | Eras::Modern => era::classify(&message, routing.protocol_version.as_deref()),
+    };
+    if request_era == Era::Modern {
+        let auth_sha256 = auth.as_deref().map(sha256_hex);
+        return post_modern(state, &message, &routing, auth_sha256, wants_sse).await;
+    }
+    if eras == Eras::Modern {
+        let refused = state
+            .core
+            .refuse_legacy(&message, routing.protocol_version.as_deref());
+        return Ok(immediate(refused, wants_sse));
+    }
     let is_initialize = message.get("method").and_then(Value::as_str) == Some("initialize");
     let session = if is_initialize {
         let requested = message
@@ -214,22 +253,93 @@ async fn post(state: &State, req: Request<Incoming>) -> Result<Response<HttpBody
         session: session.clone(),
         auth_sha256: auth.as_deref().map(sha256_hex),
         protocol_version: protocol,
+        ..CallContext::default()
     };
     let mut response = match state.core.handle(&message, &ctx) {
-        Handled::Now(None) => empty(StatusCode::ACCEPTED),
-        Handled::Now(Some(reply)) => answer(&reply, wants_sse),
         Handled::Later(pending) => {
             let reply = tokio::select! {
                 r = pending => r.unwrap_or(Reply::Canceled),
                 () = state.shutdown.cancelled() => Reply::Canceled,
             };
-            play(state, &session, reply, wants_sse)?
+            play(state, &session, reply, wants_sse, Era::Legacy)?
         }
+        other => immediate(other, wants_sse),
     };
     if is_initialize && let Ok(v) = HeaderValue::from_str(&session) {
         response.headers_mut().insert("mcp-session-id", v);
     }
     Ok(response)
+}
+
+/// A modern request: its own exchange, no session; closing the response
+/// before the reply cancels the call (2026-07-28 cancellation).
+async fn post_modern(
+    state: &State,
+    message: &Value,
+    routing: &RoutingHeaders,
+    auth_sha256: Option<String>,
+    wants_sse: bool,
+) -> Result<Response<HttpBody>, DropConnection> {
+    let exchange = state.exchanges.fetch_add(1, Ordering::Relaxed) + 1;
+    let ctx = CallContext {
+        session: format!("modern-{exchange}"),
+        auth_sha256,
+        protocol_version: routing.protocol_version.clone(),
+        ..CallContext::default()
+    };
+    match state.core.handle_modern(message, Some(routing), &ctx) {
+        Handled::Later(pending) => {
+            let id = message.get("id").cloned().unwrap_or(Value::Null);
+            let guard = CancelOnDrop {
+                core: state.core.clone(),
+                key: Some(Core::call_key(&ctx.session, &id)),
+            };
+            let reply = tokio::select! {
+                r = pending => r.unwrap_or(Reply::Canceled),
+                () = state.shutdown.cancelled() => Reply::Canceled,
+            };
+            guard.disarm();
+            play(state, &ctx.session, reply, wants_sse, Era::Modern)
+        }
+        other => Ok(immediate(other, wants_sse)),
+    }
+}
+
+/// Cancels a modern call whose response future is dropped: hyper drops it
+/// when the client closes the connection.
+struct CancelOnDrop {
+    core: Arc<Core>,
+    key: Option<CallKey>,
+}
+
+impl CancelOnDrop {
+    fn disarm(mut self) {
+        self.key = None;
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.core.cancel(&key);
+        }
+    }
+}
+
+/// An answer that needs no waiting: a response, an accepted notification,
+/// or a refusal with its status (always JSON, so that every client can read
+/// the error).
+fn immediate(handled: Handled, wants_sse: bool) -> Response<HttpBody> {
+    match handled {
+        Handled::Now(None) => empty(StatusCode::ACCEPTED),
+        Handled::Now(Some(reply)) => answer(&reply, wants_sse),
+        Handled::Refused { status, response } => rpc(
+            StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST),
+            &response,
+        ),
+        // Only tools/call is queued, and its callers await it themselves.
+        Handled::Later(_) => empty(StatusCode::INTERNAL_SERVER_ERROR),
+    }
 }
 
 /// Renders a tools/call reply on the wire.
@@ -238,6 +348,7 @@ fn play(
     session: &str,
     reply: Reply,
     wants_sse: bool,
+    era: Era,
 ) -> Result<Response<HttpBody>, DropConnection> {
     Ok(match reply {
         Reply::Message(v) => answer(&v, wants_sse),
@@ -266,6 +377,11 @@ fn play(
             after_bytes,
             response,
         }) => stall(state, &response, after_bytes),
+        Reply::Wire(Wire::SseCloseAfterEvent { .. }) if era == Era::Modern => {
+            // 2026-07-28 streams have no event ids and no resumption: the
+            // stream opens and ends without the response.
+            sse_response(full(": stream opened\n\n"))
+        }
         Reply::Wire(Wire::SseCloseAfterEvent { retry_ms, response }) => {
             let event = format!("{:016x}", rand::random::<u64>());
             lock(&state.resumable).insert(event.clone(), (session.to_owned(), response));
@@ -388,6 +504,8 @@ fn sse_response(body: HttpBody) -> Response<HttpBody> {
     let mut r = with_type(Response::new(body), "text/event-stream");
     r.headers_mut()
         .insert("cache-control", HeaderValue::from_static("no-cache"));
+    r.headers_mut()
+        .insert("x-accel-buffering", HeaderValue::from_static("no"));
     r
 }
 

@@ -1,4 +1,4 @@
-//! `aip-fault-server --config FILE (--stdio | --http ADDR) [--log FILE] [--check]`
+//! `aip-fault-server --config FILE (--stdio | --http ADDR) [--era both|legacy|modern] [--log FILE] [--check]`
 //! `aip-fault-server --config FILE --shims DIR [--log FILE] [--deadline D] [--check]`
 
 #![forbid(unsafe_code)]
@@ -12,6 +12,7 @@ use aip_fault_server::cli::install::{InstallOptions, install};
 use aip_fault_server::cli::invoke::{self, EXIT_FAIL_CLOSED, Invocation};
 use aip_fault_server::cli::{CLI_KIND, CliScript};
 use aip_fault_server::core::Core;
+use aip_fault_server::era::Eras;
 use aip_fault_server::log::AttemptLog;
 use aip_fault_server::script::{MAX_DELAY_MS, Script, Transport, document_kind};
 use aip_fault_server::{http, stdio};
@@ -50,6 +51,12 @@ struct Args {
     /// HTTP: answer with SSE when the client accepts both SSE and JSON.
     #[arg(long)]
     sse: bool,
+    /// Which eras of MCP to answer: both (2026-07-28 and the initialize
+    /// handshake, chosen per request), legacy (a 2025-11-25 server) or
+    /// modern (a 2026-07-28-only server). Default: the document's
+    /// spec.era, else both.
+    #[arg(long, value_name = "ERA", value_parser = parse_era, conflicts_with = "shims")]
+    era: Option<Eras>,
     /// Validate the script and exit (a FaultServer for the chosen transport, HTTP if none).
     #[arg(long)]
     check: bool,
@@ -65,6 +72,10 @@ struct Args {
     /// The mocked executable's arguments (after `--`).
     #[arg(last = true, hide = true)]
     argv: Vec<OsString>,
+}
+
+fn parse_era(text: &str) -> Result<Eras, String> {
+    text.parse()
 }
 
 fn parse_deadline(text: &str) -> Result<u64, String> {
@@ -117,13 +128,16 @@ fn main() -> ExitCode {
     } else {
         Transport::Http
     };
-    let script = match Script::from_yaml(&text, transport) {
+    let mut script = match Script::from_yaml(&text, transport) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("{}: {e}", config.display());
             return ExitCode::FAILURE;
         }
     };
+    if let Some(era) = args.era {
+        script.era = era;
+    }
     if args.check {
         println!("{}: ok ({} tools)", config.display(), script.tools.len());
         return ExitCode::SUCCESS;

@@ -10,6 +10,8 @@ use regex::Regex;
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::era::Eras;
+
 pub const API_VERSION: &str = "aip.io/v1alpha1";
 pub const KIND: &str = "FaultServer";
 pub const MAX_STEPS: usize = 100;
@@ -17,6 +19,8 @@ pub const MAX_DELAY_MS: u64 = 300_000;
 pub const MAX_PENDING: u32 = 64;
 /// Largest `oversize` payload a script may ask for.
 pub const MAX_OVERSIZE_BYTES: usize = 64 * 1024 * 1024;
+/// Longest freshness (`spec.caching.ttlMs`) a script may declare: a day.
+pub const MAX_TTL_MS: u64 = 86_400_000;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -53,6 +57,49 @@ pub struct Spec {
     /// prompts/get.
     #[serde(default)]
     pub prompts: Vec<Prompt>,
+    /// Which eras of MCP the server answers; `--era` overrides it.
+    #[serde(default)]
+    pub era: Option<Eras>,
+    /// The cache hints on modern cacheable results.
+    #[serde(default)]
+    pub caching: Option<Caching>,
+}
+
+/// `ttlMs` and `cacheScope` of modern cacheable results (server/discover,
+/// the lists, resources/read).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Caching {
+    #[serde(default)]
+    pub ttl_ms: u64,
+    #[serde(default)]
+    pub cache_scope: CacheScope,
+}
+
+impl Default for Caching {
+    fn default() -> Caching {
+        Caching {
+            ttl_ms: 0,
+            cache_scope: CacheScope::Private,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheScope {
+    Public,
+    #[default]
+    Private,
+}
+
+impl CacheScope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheScope::Public => "public",
+            CacheScope::Private => "private",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -250,6 +297,9 @@ pub struct Script {
     pub page_size: Option<usize>,
     pub resources: Vec<Resource>,
     pub prompts: Vec<Prompt>,
+    /// Which eras are answered (document default: both).
+    pub era: Eras,
+    pub caching: Caching,
 }
 
 #[derive(Debug)]
@@ -402,6 +452,13 @@ impl Script {
         if prompts.len() != spec.prompts.len() {
             return fail("spec.prompts", "names must be unique");
         }
+        let caching = spec.caching.unwrap_or_default();
+        if caching.ttl_ms > MAX_TTL_MS {
+            return fail(
+                "spec.caching.ttlMs",
+                format!("must be 0..{MAX_TTL_MS}, found {}", caching.ttl_ms),
+            );
+        }
         Ok(Script {
             name: doc.metadata.name,
             max_pending: spec.max_pending as usize,
@@ -411,6 +468,8 @@ impl Script {
             page_size: spec.page_size,
             resources: spec.resources,
             prompts: spec.prompts,
+            era: spec.era.unwrap_or_default(),
+            caching,
         })
     }
 

@@ -1,4 +1,8 @@
 //! stdio transport: newline-delimited JSON-RPC, one message per line.
+//! Both eras share the pipe: a request whose `params._meta` claims a
+//! protocol version is served as 2026-07-28 (no headers here, so only its
+//! envelope is checked); anything else as the initialize-era session the
+//! process is.
 //!
 //! One writer task owns stdout so lines never interleave. `drop` closes stdout
 //! and ends the server (a dead pipe is the stdio form of a dead socket);
@@ -12,6 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::core::{CallContext, Core, Handled, Reply, Wire, error};
+use crate::era::{self, Era, Eras};
 
 enum Out {
     Line(String),
@@ -78,14 +83,28 @@ where
             let _ = tx.send(Out::Line(reply.to_string()));
             continue;
         }
-        if message.get("method").and_then(Value::as_str) == Some("initialize") {
-            let requested = message
-                .pointer("/params/protocolVersion")
-                .and_then(Value::as_str);
-            ctx.protocol_version = Some(Core::negotiate(requested).to_owned());
-        }
-        match core.handle(&message, &ctx) {
-            Handled::Now(Some(reply)) => {
+        let request_era = match core.script.era {
+            Eras::Legacy => Era::Legacy,
+            Eras::Both | Eras::Modern => era::classify(&message, None),
+        };
+        let handled = match (request_era, core.script.era) {
+            (Era::Modern, _) => core.handle_modern(&message, None, &ctx),
+            (Era::Legacy, Eras::Modern) => core.refuse_legacy(&message, None),
+            (Era::Legacy, _) => {
+                if message.get("method").and_then(Value::as_str) == Some("initialize") {
+                    let requested = message
+                        .pointer("/params/protocolVersion")
+                        .and_then(Value::as_str);
+                    ctx.protocol_version = Some(Core::negotiate(requested).to_owned());
+                }
+                core.handle(&message, &ctx)
+            }
+        };
+        match handled {
+            Handled::Now(Some(reply))
+            | Handled::Refused {
+                response: reply, ..
+            } => {
                 let _ = tx.send(Out::Line(reply.to_string()));
             }
             Handled::Now(None) => {}
