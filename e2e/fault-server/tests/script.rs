@@ -76,6 +76,27 @@ fn invalid_documents() -> Vec<(&'static str, String, &'static str)> {
             ),
             "spec.resources: URIs must be unique",
         ),
+        (
+            "unknown era",
+            script(
+                "  era: sometimes\n  tools: [{name: t, responses: [{sequence: [{return: 1}]}]}]\n",
+            ),
+            "spec.era: unknown variant `sometimes`, expected one of `both`, `legacy`, `modern`",
+        ),
+        (
+            "cache freshness over a day",
+            script(
+                "  caching: {ttlMs: 86400001}\n  tools: [{name: t, responses: [{sequence: [{return: 1}]}]}]\n",
+            ),
+            "spec.caching.ttlMs: must be 0..86400000, found 86400001",
+        ),
+        (
+            "unknown cache scope",
+            script(
+                "  caching: {cacheScope: shared}\n  tools: [{name: t, responses: [{sequence: [{return: 1}]}]}]\n",
+            ),
+            "spec.caching.cacheScope: unknown variant `shared`, expected `public` or `private`",
+        ),
     ]
 }
 

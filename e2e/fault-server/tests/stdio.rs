@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{StdioServer, script};
+use common::{MODERN, StdioServer, modern, script};
 use serde_json::{Value, json};
 
 const ITEMS: &str = "  tools:
@@ -419,4 +419,112 @@ fn return_values_of_every_kind_and_numbers_matched_by_value() {
         "delivered",
         "{hashes:?}"
     );
+}
+
+#[test]
+fn modern_requests_share_the_pipe_with_the_legacy_session() {
+    let yaml = script(
+        "  tools:\n    - name: slow\n      responses: [{sequence: [{return: late, delay_ms: 300000}, {return: next}]}]\n",
+    );
+    let mut s = StdioServer::spawn("modern", &yaml);
+    s.send(&modern(json!("d"), "server/discover", json!({})));
+    let discover = s.recv();
+    assert_eq!(discover["id"], "d");
+    let result = &discover["result"];
+    assert_eq!(
+        (
+            &result["resultType"],
+            &result["supportedVersions"],
+            &result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"],
+            &result["ttlMs"],
+            &result["cacheScope"],
+        ),
+        (
+            &json!("complete"),
+            &json!(["2026-07-28"]),
+            &json!("test"),
+            &json!(0),
+            &json!("private")
+        )
+    );
+    // The envelope is checked (no headers on stdio), then the method.
+    s.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": {"io.modelcontextprotocol/protocolVersion": MODERN}}}));
+    let r = s.recv();
+    assert_eq!(
+        (r["id"].clone(), r["error"]["code"].clone()),
+        (json!(1), json!(-32602))
+    );
+    let mut v999 = modern(json!(2), "tools/list", json!({}));
+    v999["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] = json!("v999");
+    s.send(&v999);
+    assert_eq!(
+        s.recv()["error"],
+        json!({"code": -32022, "message": "Unsupported protocol version",
+               "data": {"supported": ["2026-07-28"], "requested": "v999"}})
+    );
+    s.send(&modern(json!(3), "ping", json!({})));
+    assert_eq!(s.recv()["error"]["code"], -32601);
+
+    // A legacy session in the same process, answered as before.
+    let init = s.initialize();
+    assert_eq!(init["result"]["protocolVersion"], "2025-11-25");
+    s.send(&json!({"jsonrpc": "2.0", "id": 4, "method": "tools/list"}));
+    let legacy = s.recv();
+    assert!(legacy["result"].get("resultType").is_none(), "{legacy}");
+
+    // notifications/cancelled is how stdio cancels, in both eras.
+    s.send(&modern(
+        json!(5),
+        "tools/call",
+        json!({"name": "slow", "arguments": {}}),
+    ));
+    s.wait_running(&json!(5));
+    s.cancel(json!(5));
+    s.send(&modern(
+        json!(6),
+        "tools/call",
+        json!({"name": "slow", "arguments": {}}),
+    ));
+    let next = s.recv();
+    assert_eq!(next["id"], 6, "no response for the canceled call: {next}");
+    assert_eq!(text_of(&next["result"]), "next");
+    assert_eq!(next["result"]["resultType"], "complete");
+    let attempts = s.attempts();
+    assert_eq!(
+        attempts
+            .iter()
+            .map(|a| (a["outcome"].clone(), a["protocol_version"].clone()))
+            .collect::<Vec<_>>(),
+        vec![
+            (json!("canceled_running"), json!(MODERN)),
+            (json!("delivered"), json!(MODERN))
+        ]
+    );
+}
+
+#[test]
+fn single_era_servers_over_stdio() {
+    let yaml = script("  tools:\n    - name: t\n      responses: [{sequence: [{return: 1}]}]\n");
+    let init = json!({"jsonrpc": "2.0", "id": "i", "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
+
+    let mut legacy = StdioServer::spawn_with("legacy-only", &yaml, &["--era", "legacy"]);
+    legacy.send(&modern(json!(1), "server/discover", json!({})));
+    assert_eq!(
+        legacy.recv()["error"]["code"],
+        -32601,
+        "a 2025-11-25 server has no server/discover"
+    );
+    legacy.send(&init);
+    assert_eq!(legacy.recv()["result"]["protocolVersion"], "2025-11-25");
+
+    let mut modern_only = StdioServer::spawn_with("modern-only", &yaml, &["--era", "modern"]);
+    modern_only.send(&init);
+    assert_eq!(
+        modern_only.recv(),
+        json!({"jsonrpc": "2.0", "id": "i", "error": {"code": -32022, "message": "Unsupported protocol version",
+               "data": {"supported": ["2026-07-28"], "requested": "2025-11-25"}}})
+    );
+    modern_only.send(&modern(json!(2), "tools/list", json!({})));
+    assert_eq!(modern_only.recv()["result"]["tools"][0]["name"], "t");
 }

@@ -46,6 +46,11 @@ pub struct StdioServer {
 
 impl StdioServer {
     pub fn spawn(name: &str, yaml: &str) -> StdioServer {
+        StdioServer::spawn_with(name, yaml, &[])
+    }
+
+    /// Spawns with extra command-line arguments (e.g. `--era modern`).
+    pub fn spawn_with(name: &str, yaml: &str, extra: &[&str]) -> StdioServer {
         let dir = temp_path(name);
         let config = dir.join("script.yaml");
         std::fs::write(&config, yaml).unwrap();
@@ -57,6 +62,7 @@ impl StdioServer {
             .arg("--stdio")
             .arg("--log")
             .arg(&log)
+            .args(extra)
             .env("RUST_LOG", "aip_fault_server=debug")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -192,11 +198,21 @@ fn pump(reader: impl Read + Send + 'static) -> Receiver<String> {
 /// attempt log appended to `log`. Returns the child and the address it
 /// announced on stderr.
 pub fn spawn_http_binary(config: &std::path::Path, log: &std::path::Path) -> (Child, SocketAddr) {
+    spawn_http_binary_with(config, log, &[])
+}
+
+/// [`spawn_http_binary`] with extra command-line arguments.
+pub fn spawn_http_binary_with(
+    config: &std::path::Path,
+    log: &std::path::Path,
+    extra: &[&str],
+) -> (Child, SocketAddr) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_aip-fault-server"))
         .arg("--config")
         .arg(config)
         .args(["--http", "127.0.0.1:0", "--log"])
         .arg(log)
+        .args(extra)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -270,6 +286,34 @@ impl HttpServer {
             tokio::time::timeout(PATIENCE, rx.wait_for(|r| r.as_ref() == Some(&key)))
                 .await
                 .expect("the call starts running")
+                .unwrap();
+        });
+    }
+
+    /// Blocks until a call with request id `id` is being played, whatever
+    /// its session (a modern request's is `modern-N`); returns its key.
+    pub fn wait_running_id(&self, id: &Value) -> (String, String) {
+        let id = id.to_string();
+        let mut rx = self.core.running();
+        self.runtime.as_ref().unwrap().block_on(async {
+            let key = tokio::time::timeout(
+                PATIENCE,
+                rx.wait_for(|r| r.as_ref().is_some_and(|(_, i)| *i == id)),
+            )
+            .await
+            .expect("the call starts running")
+            .unwrap();
+            key.clone().unwrap()
+        })
+    }
+
+    /// Blocks until no call is being played.
+    pub fn wait_idle(&self) {
+        let mut rx = self.core.running();
+        self.runtime.as_ref().unwrap().block_on(async {
+            tokio::time::timeout(PATIENCE, rx.wait_for(Option::is_none))
+                .await
+                .expect("the worker goes idle")
                 .unwrap();
         });
     }
@@ -425,4 +469,60 @@ fn parse_response(raw: &[u8], stalled: bool) -> RawResponse {
         dropped: false,
         stalled,
     }
+}
+
+// --------------------------------------------------------------- modern --
+
+pub const MODERN: &str = "2026-07-28";
+
+/// The per-request envelope of a 2026-07-28 request.
+pub fn meta() -> Value {
+    json!({
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"},
+    })
+}
+
+/// A modern request: `params` with the envelope added.
+pub fn modern(id: Value, method: &str, mut params: Value) -> Value {
+    if params.is_null() {
+        params = json!({});
+    }
+    params["_meta"] = meta();
+    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+}
+
+/// The routing headers a conforming client sends with `body`.
+pub fn routing_headers(body: &Value) -> Vec<(String, String)> {
+    let method = body["method"].as_str().unwrap_or_default().to_owned();
+    let version = body["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"]
+        .as_str()
+        .unwrap_or(MODERN)
+        .to_owned();
+    let mut headers = vec![
+        ("mcp-protocol-version".to_owned(), version),
+        ("mcp-method".to_owned(), method.clone()),
+    ];
+    let name = match method.as_str() {
+        "tools/call" | "prompts/get" => body["params"]["name"].as_str(),
+        "resources/read" => body["params"]["uri"].as_str(),
+        _ => None,
+    };
+    if let Some(name) = name {
+        headers.push(("mcp-name".to_owned(), name.to_owned()));
+    }
+    headers
+}
+
+/// POSTs a modern request with the headers a conforming client sends,
+/// plus `extra`.
+pub fn post_modern(addr: SocketAddr, body: &Value, extra: &[(&str, &str)]) -> RawResponse {
+    let routing = routing_headers(body);
+    let mut headers: Vec<(&str, &str)> = routing
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    headers.extend_from_slice(extra);
+    post(addr, &headers, body)
 }
