@@ -177,6 +177,9 @@ impl Core {
             "resources/list" if !self.script.resources.is_empty() => {
                 Handled::Now(Some(self.page(&id, &params, "resources", self.resources())))
             }
+            "resources/templates/list" if !self.script.resources.is_empty() => {
+                Handled::Now(Some(self.page(&id, &params, "resourceTemplates", Vec::new())))
+            }
             "prompts/list" if !self.script.prompts.is_empty() => {
                 Handled::Now(Some(self.page(&id, &params, "prompts", self.prompts())))
             }
@@ -257,6 +260,10 @@ impl Core {
             "resources/list" if resources => {
                 (self.page(&id, &params, "resources", self.resources()), true)
             }
+            "resources/templates/list" if resources => (
+                self.page(&id, &params, "resourceTemplates", Vec::new()),
+                true,
+            ),
             "resources/read" if resources => (self.read(&id, &params, Era::Modern), true),
             "prompts/list" if prompts => (self.page(&id, &params, "prompts", self.prompts()), true),
             "prompts/get" if prompts => (self.prompt(&id, &params), false),

@@ -483,6 +483,7 @@ fn server_discover_and_the_shape_of_modern_results() {
     assert_eq!(second["result"]["ttlMs"], 5000);
     for (method, params, key) in [
         ("resources/list", json!({}), "resources"),
+        ("resources/templates/list", json!({}), "resourceTemplates"),
         ("prompts/list", json!({}), "prompts"),
         ("resources/read", json!({"uri": "file:///r1"}), "contents"),
     ] {
