@@ -1,6 +1,10 @@
-//! A Streamable HTTP MCP client for one ToolConnection: a cached session
-//! (initialized single-flight), requests answered as JSON or SSE, SSE streams
-//! resumed with Last-Event-ID, and every failure classified.
+//! A Streamable HTTP MCP client for one ToolConnection: the server's era
+//! found by probing (`server/discover` first, `initialize` when the server
+//! does not speak 2026-07-28) and remembered until a failure could mean it
+//! changed; for a legacy server a cached session (initialized
+//! single-flight), for a modern one no session but every request's `_meta`
+//! and mirrored headers; requests answered as JSON or SSE, legacy SSE
+//! streams resumed with Last-Event-ID, and every failure classified.
 //!
 //! It never follows redirects, never sends a tools/call twice, and sends only
 //! the connection's own credentials.
@@ -25,6 +29,7 @@ use tokio::sync::{Mutex, Notify, watch};
 use crate::connection::{Connection, Endpoint};
 use crate::failure::{Failure, insufficient_scope};
 use crate::jsonrpc::{self, Limits};
+use crate::modern::{self, ParamHeader};
 use crate::protocol::{ACCEPTED_VERSIONS, Exchange, PROTOCOL_VERSION, Related};
 use crate::sse;
 
@@ -34,12 +39,14 @@ const CANCEL_DEADLINE: Duration = Duration::from_millis(500);
 /// How many times one request may resume a closed SSE stream.
 const MAX_RESUMES: usize = 16;
 
-/// A live upstream session.
+/// A live upstream session. A modern server has none: its "session" is
+/// the era the probe found, with no id.
 #[derive(Debug, Clone)]
 pub struct Session {
     pub id: Option<String>,
     pub protocol_version: String,
     generation: u64,
+    pub modern: bool,
 }
 
 impl Session {
@@ -64,12 +71,23 @@ pub struct HttpUpstream {
     uri: Uri,
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     session: Mutex<Option<Session>>,
+    /// The era the last probe found (true: 2026-07-28), until a failure
+    /// says to probe again.
+    era: std::sync::Mutex<Option<bool>>,
+    /// The `x-mcp-header` annotations of each tool, from the last listing
+    /// of a modern server.
+    annotations: std::sync::Mutex<std::collections::HashMap<String, Vec<ParamHeader>>>,
+    /// What the server last said it offers (initialize or server/discover).
+    capabilities: std::sync::Mutex<Value>,
     generation: AtomicU64,
     next_id: AtomicU64,
     /// The generation of each session initialized, for the listener.
     pub(super) sessions: watch::Sender<u64>,
     /// Signalled when the server says its tool list changed.
     list_changed: Notify,
+    /// What the server says outside any call that agents may hear: its
+    /// prompts or resources changed, a resource was updated.
+    pub(super) notes: tokio::sync::broadcast::Sender<Value>,
     pub(super) stream_state: watch::Sender<StreamState>,
 }
 
@@ -90,10 +108,14 @@ impl HttpUpstream {
             uri,
             client,
             session: Mutex::new(None),
+            era: std::sync::Mutex::new(None),
+            annotations: std::sync::Mutex::default(),
+            capabilities: std::sync::Mutex::new(json!({})),
             generation: AtomicU64::new(0),
             next_id: AtomicU64::new(1),
             sessions: watch::Sender::new(0),
             list_changed: Notify::new(),
+            notes: tokio::sync::broadcast::Sender::new(64),
             stream_state: watch::Sender::new(StreamState::Closed),
         })
     }
@@ -104,6 +126,12 @@ impl HttpUpstream {
 
     pub fn list_changed(&self) -> &Notify {
         &self.list_changed
+    }
+
+    /// Hears what the server says outside any call that agents may hear
+    /// (see `notes`); a receiver that falls behind loses the oldest.
+    pub fn notes(&self) -> tokio::sync::broadcast::Receiver<Value> {
+        self.notes.subscribe()
     }
 
     /// The session's standalone stream (see `listen`), as it changes.
@@ -129,7 +157,9 @@ impl HttpUpstream {
         .unwrap_or(Err(Failure::Timeout));
         if let (Err(Failure::Timeout), Some(session), Some(id)) =
             (&outcome, &used, message.get("id"))
+            && !session.modern
         {
+            // A modern server learns of it from the closed stream.
             self.cancel_abandoned(session, id).await;
         }
         if let (Err(failure), Some(session)) = (&outcome, &used) {
@@ -152,10 +182,14 @@ impl HttpUpstream {
         let _ = tokio::time::timeout(CANCEL_DEADLINE, self.post(Some(session), &cancel)).await;
     }
 
-    /// Sends a notification (no response expected).
+    /// Sends a notification (no response expected). A modern server takes
+    /// none over HTTP (cancelling is closing the stream), so none is sent.
     pub async fn notify(&self, message: &Value) -> Result<(), Failure> {
         tokio::time::timeout(self.connection.timeout, async {
             let session = self.session().await?;
+            if session.modern {
+                return Ok(());
+            }
             let response = self.post(Some(&session), message).await?;
             match response.status() {
                 s if s.is_success() => Ok(()),
@@ -166,24 +200,96 @@ impl HttpUpstream {
         .unwrap_or(Err(Failure::Timeout))
     }
 
-    /// A health check: a fresh initialize, notifications/initialized and
-    /// tools/list within the connection's health deadline. The session it
-    /// makes becomes the cached one. Returns the tools listed.
+    /// A health check within the connection's health deadline: for a
+    /// legacy server a fresh initialize, notifications/initialized and
+    /// tools/list (the session it makes becomes the cached one); for a
+    /// modern one the tools/list alone. Returns the tools listed; a modern
+    /// server's tools whose `x-mcp-header` annotations are invalid are left
+    /// out, as the revision requires of a client.
     pub async fn health_check(&self) -> Result<Vec<Value>, Failure> {
-        tokio::time::timeout(self.connection.health_deadline, async {
-            let session = self.initialize().await?;
-            self.cache(&mut *self.session.lock().await, &session);
+        let checked = tokio::time::timeout(self.connection.health_deadline, async {
+            // A modern server's "session" is only its era: kept, so that
+            // its listen stream is not reopened with every check.
+            let kept = self.cached_session().await.filter(|s| s.modern);
+            let session = match kept {
+                Some(session) => session,
+                None => {
+                    let session = self.establish().await?;
+                    self.cache(&mut *self.session.lock().await, &session);
+                    session
+                }
+            };
             // Follow nextCursor: a paginated catalog is listed whole.
-            crate::protocol::list_all_tools(|mut list| {
+            let tools = crate::protocol::list_all_tools(|mut list| {
                 list["id"] = json!(self.fresh_id("list"));
                 let session = &session;
                 async move { self.exchange(session, &list, None).await }
             })
             .await
-            .map_err(check_failure)
+            .map_err(check_failure)?;
+            Ok(if session.modern {
+                self.adopt_annotations(tools)
+            } else {
+                tools
+            })
         })
         .await
-        .unwrap_or(Err(Failure::Timeout))
+        .unwrap_or(Err(Failure::Timeout));
+        if checked.is_err() {
+            // Whatever failed may mean the server changed eras.
+            match self.cached_session().await.filter(|s| s.modern) {
+                Some(session) => self.discard(&session).await,
+                None => self.forget_era(),
+            }
+        }
+        checked
+    }
+
+    /// Remembers each tool's `x-mcp-header` annotations and drops the
+    /// tools whose annotations are invalid (logged).
+    fn adopt_annotations(&self, tools: Vec<Value>) -> Vec<Value> {
+        let mut annotations = std::collections::HashMap::new();
+        let mut kept = Vec::with_capacity(tools.len());
+        for tool in tools {
+            let name = tool.get("name").and_then(Value::as_str).unwrap_or_default();
+            let schema = tool.get("inputSchema").unwrap_or(&Value::Null);
+            match modern::param_headers(schema) {
+                Ok(found) => {
+                    if !found.is_empty() {
+                        annotations.insert(name.to_owned(), found);
+                    }
+                    kept.push(tool);
+                }
+                Err(why) => {
+                    tracing::warn!(connection = %self.connection.name, tool = name, why, "a tool with an invalid x-mcp-header annotation is left out");
+                }
+            }
+        }
+        *aip_service::sync::lock(&self.annotations) = annotations;
+        kept
+    }
+
+    /// The capabilities the server last declared.
+    pub fn server_capabilities(&self) -> Value {
+        aip_service::sync::lock(&self.capabilities).clone()
+    }
+
+    fn adopt_capabilities(&self, result: Option<&Value>) {
+        if let Some(c) = result
+            .and_then(|r| r.get("capabilities"))
+            .filter(|c| c.is_object())
+        {
+            *aip_service::sync::lock(&self.capabilities) = c.clone();
+        }
+    }
+
+    /// Whether the server was last found to speak 2026-07-28.
+    pub fn modern(&self) -> Option<bool> {
+        *aip_service::sync::lock(&self.era)
+    }
+
+    fn forget_era(&self) {
+        *aip_service::sync::lock(&self.era) = None;
     }
 
     /// The cached session, initializing one if there is none. The lock is
@@ -193,9 +299,68 @@ impl HttpUpstream {
         if let Some(s) = slot.as_ref() {
             return Ok(s.clone());
         }
-        let fresh = self.initialize().await?;
+        let fresh = self.establish().await?;
         self.cache(&mut slot, &fresh);
         Ok(fresh)
+    }
+
+    /// A session in the server's era: probed when it is not known (a
+    /// legacy handshake that fails makes the next attempt probe again).
+    async fn establish(&self) -> Result<Session, Failure> {
+        let known = self.modern();
+        let modern = match known {
+            Some(era) => era,
+            None => self.probe().await?,
+        };
+        if modern {
+            return Ok(Session {
+                id: None,
+                protocol_version: modern::VERSION.to_owned(),
+                generation: self.generation.fetch_add(1, Ordering::Relaxed) + 1,
+                modern: true,
+            });
+        }
+        let session = self.initialize().await;
+        if session.is_err() {
+            self.forget_era();
+        }
+        session
+    }
+
+    /// Asks the server which era it speaks, as the revision has dual-era
+    /// clients do: a `server/discover` answered with a result listing
+    /// 2026-07-28 means modern; 401/403, a 5xx, a network failure or a
+    /// timeout say nothing about the era and fail the attempt; any other
+    /// answer (a 4xx, a JSON-RPC error, a result without 2026-07-28) means
+    /// legacy.
+    async fn probe(&self) -> Result<bool, Failure> {
+        let discover = json!({"jsonrpc": "2.0", "id": self.fresh_id("discover"),
+            "method": "server/discover", "params": {}});
+        let probe = Session {
+            id: None,
+            protocol_version: modern::VERSION.to_owned(),
+            generation: 0,
+            modern: true,
+        };
+        let modern = match self.exchange(&probe, &discover, None).await {
+            Ok(x) => {
+                let modern = x
+                    .response
+                    .pointer("/result/supportedVersions")
+                    .and_then(Value::as_array)
+                    .is_some_and(|v| v.iter().any(|v| v == modern::VERSION));
+                if modern {
+                    self.adopt_capabilities(x.response.get("result"));
+                }
+                modern
+            }
+            Err(Failure::HttpStatus(s)) if (400..500).contains(&s) => false,
+            Err(Failure::Malformed(_)) => false,
+            Err(failure) => return Err(init_failure(failure)),
+        };
+        tracing::debug!(connection = %self.connection.name, modern, "probed the server's era");
+        *aip_service::sync::lock(&self.era) = Some(modern);
+        Ok(modern)
     }
 
     /// Makes `session` the cached one and tells the listener.
@@ -215,6 +380,7 @@ impl HttpUpstream {
         let Some(Session {
             id: Some(id),
             protocol_version,
+            modern: false,
             ..
         }) = self.session.lock().await.take()
         else {
@@ -237,7 +403,8 @@ impl HttpUpstream {
         }
     }
 
-    /// Drops `session` if it is still the cached one (a newer one is kept).
+    /// Drops `session` if it is still the cached one (a newer one is kept);
+    /// the era is probed again with the next session.
     pub async fn discard(&self, session: &Session) {
         let mut slot = self.session.lock().await;
         if slot
@@ -245,6 +412,7 @@ impl HttpUpstream {
             .is_some_and(|s| s.generation == session.generation)
         {
             *slot = None;
+            self.forget_era();
         }
     }
 
@@ -262,6 +430,7 @@ impl HttpUpstream {
             id: None,
             protocol_version: PROTOCOL_VERSION.to_owned(),
             generation: 0,
+            modern: false,
         };
         let exchange = self
             .exchange(&bootstrap, &init, None)
@@ -281,10 +450,12 @@ impl HttpUpstream {
                 "unsupported protocol version {version:?}"
             ))));
         }
+        self.adopt_capabilities(Some(result));
         let session = Session {
             id: exchange.session_id,
             protocol_version: version.to_owned(),
             generation: self.generation.fetch_add(1, Ordering::Relaxed) + 1,
+            modern: false,
         };
         let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
         let response = self
@@ -317,9 +488,27 @@ impl HttpUpstream {
     ) -> Result<Exchange, Failure> {
         let id = message.get("id").cloned().unwrap_or(Value::Null);
         let response = self
-            .post(Some(session).filter(|s| s.generation != 0), message)
+            .post(
+                Some(session).filter(|s| s.generation != 0 || s.modern),
+                message,
+            )
             .await?;
         let status = response.status();
+        if session.modern && status.is_client_error() && !matches!(status.as_u16(), 401 | 403) {
+            // A modern server refuses with a JSON-RPC error in a 4xx body
+            // (-32601 in a 404, -32602 or -32021 in a 400): the refusal is
+            // the server's answer, not a failure of the connection.
+            let mut budget = self.connection.max_response_bytes;
+            let limit = self.connection.max_response_bytes;
+            let body = read_limited(response, &mut budget, limit).await?;
+            return match parse_response(&body, &id, limit) {
+                Ok(refusal) if refusal.get("error").is_some() => Ok(Exchange {
+                    response: refusal,
+                    session_id: None,
+                }),
+                _ => Err(Failure::HttpStatus(status.as_u16())),
+            };
+        }
         if !status.is_success() {
             return Err(status_failure(status, response.headers()));
         }
@@ -403,8 +592,12 @@ impl HttpUpstream {
                 }
             }
             // The stream closed without our response. With an event id that
-            // is polling, not failure: resume after the server's retry.
-            let Some(last) = parser.last_id().map(str::to_owned) else {
+            // is polling, not failure: resume after the server's retry (a
+            // legacy server's: the modern revision has no resuming).
+            let last = parser
+                .last_id()
+                .filter(|_| protocol_version != modern::VERSION);
+            let Some(last) = last.map(str::to_owned) else {
                 return Err(Failure::Network(
                     "the stream closed before any event id".into(),
                 ));
@@ -470,12 +663,25 @@ impl HttpUpstream {
         session: Option<&Session>,
         message: &Value,
     ) -> Result<Response<Incoming>, Failure> {
-        let body = serde_json::to_vec(message).unwrap_or_default();
         let mut request = Request::builder()
             .method(Method::POST)
             .uri(self.uri.clone())
             .header("content-type", "application/json")
             .header("accept", "application/json, text/event-stream");
+        let body = match session {
+            Some(s) if s.modern => {
+                let (modern, headers) = self.modern_request(message);
+                for (name, value) in headers {
+                    request = request.header(name, value);
+                }
+                serde_json::to_vec(&modern)
+            }
+            Some(_) if modern::claims_modern(message) => {
+                serde_json::to_vec(&without_modern_meta(message))
+            }
+            _ => serde_json::to_vec(message),
+        }
+        .unwrap_or_default();
         if let Some(s) = session {
             if let Some(id) = &s.id {
                 request = request.header("mcp-session-id", id);
@@ -490,6 +696,59 @@ impl HttpUpstream {
             .request(request)
             .await
             .map_err(|e| Failure::Network(network_text(&e)))
+    }
+
+    /// A request as a modern server expects it: `_meta` with the version,
+    /// the gateway as the client, and the client capabilities the request
+    /// declared that the connection offers (none for a legacy agent's);
+    /// with the headers mirroring its method, name and annotated arguments.
+    fn modern_request(&self, message: &Value) -> (Value, Vec<(String, String)>) {
+        let mut request = message.clone();
+        let declared = modern::declared_capabilities(message);
+        let offered = crate::protocol::client_capabilities(&self.connection);
+        let capabilities: serde_json::Map<String, Value> = declared
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| offered.get(k.as_str()).is_some())
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if let Value::Object(envelope) = &mut request
+            && !envelope.get("params").is_some_and(Value::is_object)
+        {
+            envelope.insert("params".into(), json!({}));
+        }
+        let params = &mut request["params"];
+        if !params.get("_meta").is_some_and(Value::is_object) {
+            params["_meta"] = json!({});
+        }
+        let meta = &mut params["_meta"];
+        meta[modern::META_VERSION] = json!(modern::VERSION);
+        meta[modern::META_CAPABILITIES] = Value::Object(capabilities);
+        meta[modern::META_CLIENT_INFO] =
+            json!({"name": "aip-sidecar", "version": env!("CARGO_PKG_VERSION")});
+        let method = message
+            .get("method")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let mut headers = Vec::new();
+        if message.get("id").is_some() {
+            headers.push(("mcp-method".to_owned(), method.to_owned()));
+        }
+        let params = message.get("params");
+        if let Some(source) = modern::name_source(method)
+            && let Some(name) = params.and_then(|p| p.get(source)).and_then(Value::as_str)
+        {
+            headers.push(("mcp-name".to_owned(), modern::encode_value(name)));
+            if method == "tools/call" {
+                let annotations = aip_service::sync::lock(&self.annotations);
+                if let Some(found) = annotations.get(name) {
+                    let arguments = params.and_then(|p| p.get("arguments"));
+                    headers.extend(modern::param_header_values(found, arguments));
+                }
+            }
+        }
+        (request, headers)
     }
 
     /// Adds the connection's own credential headers (marked sensitive).
@@ -660,4 +919,14 @@ fn check_response(message: Value) -> Result<Value, Failure> {
             "the response has no valid result or error".into(),
         )),
     }
+}
+
+/// A modern agent's request as a legacy server gets it: without the keys of
+/// `_meta` the modern revision reserves for itself.
+fn without_modern_meta(message: &Value) -> Value {
+    let mut request = message.clone();
+    if let Some(Value::Object(meta)) = request.get_mut("params").and_then(|p| p.get_mut("_meta")) {
+        meta.retain(|k, _| !k.starts_with("io.modelcontextprotocol/"));
+    }
+    request
 }

@@ -15,6 +15,7 @@ pub mod http;
 pub mod jsonrpc;
 pub mod lines;
 pub mod listen;
+pub mod modern;
 pub mod protocol;
 pub mod sse;
 pub mod stdio;

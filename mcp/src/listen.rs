@@ -1,14 +1,16 @@
-//! The standalone GET stream of an HTTP upstream session: what a server says
-//! outside any call.
+//! What an HTTP upstream says outside any call: the standalone GET stream of
+//! a legacy session, or a `subscriptions/listen` stream of a modern server
+//! (to every list change; resource updates are asked for by agents).
 //!
 //! One upstream session serves every agent of the pod, so a message on this
 //! stream cannot be attributed to an agent. `notifications/tools/list_changed`
-//! is acted on (the catalog is refreshed at once); a `ping` is answered; any
-//! other request is answered -32601 so that the server need not wait; other
-//! notifications are dropped. Listening never opens a session (calls and
-//! health checks do), and nothing here counts for or against the
-//! connection's health: a server without the stream (405) is simply not
-//! listened to until its next session.
+//! is acted on (the catalog is refreshed at once); prompts and resources
+//! list changes and resource updates go to `notes`, for agents listening; a
+//! `ping` is answered; any other request is answered -32601 so that the
+//! server need not wait; other notifications are dropped. Listening never
+//! opens a session (calls and health checks do), and nothing here counts
+//! for or against the connection's health: a server without the stream
+//! (405) is simply not listened to until its next session.
 
 use std::time::Duration;
 
@@ -20,6 +22,10 @@ use crate::http::{HttpUpstream, Session, StreamState};
 use crate::jsonrpc::{self, Limits};
 use crate::protocol::TOOLS_LIST_CHANGED;
 use crate::sse;
+
+const NOTES_PROMPTS: &str = "notifications/prompts/list_changed";
+const NOTES_RESOURCES: &str = "notifications/resources/list_changed";
+const NOTES_UPDATED: &str = "notifications/resources/updated";
 
 /// The longest wait between reconnects of a failing stream.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -106,9 +112,19 @@ impl HttpUpstream {
         let last_id = last_event.as_ref().map(|(_, id)| id.as_str());
         // No deadline: servers may send the headers only with the first
         // event, which can be hours away.
-        let get = self.get_stream(session.id.as_deref(), &session.protocol_version, last_id);
+        let open = async {
+            if session.modern {
+                let listen = json!({"jsonrpc": "2.0", "id": "aip-listen", "method": "subscriptions/listen",
+                    "params": {"notifications": {"toolsListChanged": true,
+                        "promptsListChanged": true, "resourcesListChanged": true}}});
+                self.post(Some(session), &listen).await
+            } else {
+                self.get_stream(session.id.as_deref(), &session.protocol_version, last_id)
+                    .await
+            }
+        };
         let response = tokio::select! {
-            r = get => r,
+            r = open => r,
             () = stop.cancelled() => return Listened::Stopped,
         };
         let mut response = match response {
@@ -183,6 +199,11 @@ impl HttpUpstream {
                 self.list_changed().notify_one();
                 return;
             }
+            (Some(NOTES_PROMPTS | NOTES_RESOURCES | NOTES_UPDATED), None) => {
+                let _ = self.notes.send(message);
+                return;
+            }
+            (Some(_), Some(_)) if session.modern => return, // none on a listen stream
             (Some("ping"), Some(id)) => json!({"jsonrpc": "2.0", "id": id, "result": {}}),
             (Some(method), Some(id)) => json!({"jsonrpc": "2.0", "id": id, "error": {
                 "code": -32601,

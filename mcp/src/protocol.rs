@@ -90,6 +90,46 @@ pub fn client_capabilities(connection: &Connection) -> Value {
     Value::Object(caps)
 }
 
+/// Checks a modern server's request for more input (MRTR): `inputRequests`
+/// a map of elicitation, sampling or roots requests, `requestState` a
+/// string, at least one of them.
+pub fn check_input_required(result: &Value) -> Result<(), Failure> {
+    let malformed = |what: String| Err(Failure::Malformed(what));
+    let requests = result.get("inputRequests");
+    let state = result.get("requestState");
+    if requests.is_none() && state.is_none() {
+        return malformed(
+            "an input_required result has neither inputRequests nor requestState".into(),
+        );
+    }
+    if state.is_some_and(|s| !s.is_string()) {
+        return malformed("result.requestState is not a string".into());
+    }
+    let Some(requests) = requests else {
+        return Ok(());
+    };
+    let Some(requests) = requests.as_object() else {
+        return malformed("result.inputRequests is not an object".into());
+    };
+    for (key, request) in requests {
+        let method = request.get("method").and_then(Value::as_str);
+        if !matches!(
+            method,
+            Some("elicitation/create" | "sampling/createMessage" | "roots/list")
+        ) {
+            return malformed(format!(
+                "result.inputRequests.{key}.method is not elicitation/create, sampling/createMessage or roots/list"
+            ));
+        }
+        if request.get("params").is_some_and(|p| !p.is_object()) {
+            return malformed(format!(
+                "result.inputRequests.{key}.params is not an object"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A server that never stops paging cannot stall a health check.
 const MAX_LIST_PAGES: usize = 64;
 
@@ -138,6 +178,18 @@ pub fn check_call_result(response: &Value) -> Result<(), Failure> {
         return Ok(());
     };
     let malformed = |what: String| Err(Failure::Malformed(what));
+    match result.get("resultType") {
+        None => {}
+        Some(Value::String(kind)) if kind == "complete" => {}
+        Some(Value::String(kind)) if kind == "input_required" => {
+            return check_input_required(result);
+        }
+        Some(other) => {
+            return malformed(format!(
+                "result.resultType {other} is not one the gateway can relay"
+            ));
+        }
+    }
     let Some(content) = result.get("content") else {
         return malformed("result.content is missing".into());
     };

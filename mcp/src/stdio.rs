@@ -28,6 +28,8 @@ pub struct StdioUpstream {
     next_id: AtomicU64,
     /// Signalled when the server says its tool list changed.
     list_changed: Arc<Notify>,
+    /// What the server declared it offers at initialize.
+    capabilities: std::sync::Mutex<Value>,
 }
 
 struct Process {
@@ -75,11 +77,17 @@ impl StdioUpstream {
             process: tokio::sync::Mutex::new(None),
             next_id: AtomicU64::new(1),
             list_changed: Arc::new(Notify::new()),
+            capabilities: std::sync::Mutex::new(serde_json::json!({})),
         })
     }
 
     pub fn connection(&self) -> &Connection {
         &self.connection
+    }
+
+    /// The capabilities the server declared.
+    pub fn server_capabilities(&self) -> Value {
+        aip_service::sync::lock(&self.capabilities).clone()
     }
 
     pub fn list_changed(&self) -> &Notify {
@@ -172,6 +180,13 @@ impl StdioUpstream {
         if !ACCEPTED_VERSIONS.contains(&version) {
             let f = Failure::Malformed(format!("unsupported protocol version {version:?}"));
             return Err(Failure::InitFailed(Box::new(f)));
+        }
+        if let Some(c) = x
+            .response
+            .pointer("/result/capabilities")
+            .filter(|c| c.is_object())
+        {
+            *aip_service::sync::lock(&self.capabilities) = c.clone();
         }
         let _ = process
             .to_server

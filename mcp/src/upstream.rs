@@ -76,6 +76,33 @@ impl Upstream {
         }
     }
 
+    /// The capabilities the server last declared (`{}` before it has).
+    pub fn server_capabilities(&self) -> Value {
+        match self {
+            Upstream::Http(u) => u.server_capabilities(),
+            Upstream::Stdio(u) => u.server_capabilities(),
+        }
+    }
+
+    /// The era the server was last found to speak: true for 2026-07-28
+    /// (stdio servers are spoken to in the legacy era).
+    pub fn modern(&self) -> bool {
+        match self {
+            Upstream::Http(u) => u.modern() == Some(true),
+            Upstream::Stdio(_) => false,
+        }
+    }
+
+    /// What the server says outside any call that agents may hear: its
+    /// prompts or resources list changed, a resource was updated (HTTP
+    /// servers; a stdio server's are not heard yet).
+    pub fn notes(&self) -> Option<tokio::sync::broadcast::Receiver<Value>> {
+        match self {
+            Upstream::Http(u) => Some(u.notes()),
+            Upstream::Stdio(_) => None,
+        }
+    }
+
     /// Signalled when the server says its tool list changed.
     pub fn list_changed(&self) -> &tokio::sync::Notify {
         match self {

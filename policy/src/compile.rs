@@ -16,7 +16,10 @@ use crate::{hash, regexes};
 /// The default `allowed_methods` of spec §3.1, plus `notifications/cancelled`:
 /// AIP names the cancellation notification `cancelled`, but MCP sends it as
 /// `notifications/cancelled`, and refusing it would stop agents from
-/// cancelling their own calls.
+/// cancelling their own calls. Plus MCP 2026-07-28's counterparts of what
+/// the list already allows: `server/discover` is its `initialize`, and
+/// `subscriptions/listen` the only way to hear the list-change and
+/// resource-update notifications the list allows.
 pub const DEFAULT_ALLOWED_METHODS: &[&str] = &[
     "initialize",
     "initialized",
@@ -33,6 +36,8 @@ pub const DEFAULT_ALLOWED_METHODS: &[&str] = &[
     "notifications/prompts/list_changed",
     "cancelled",
     "notifications/cancelled",
+    "server/discover",
+    "subscriptions/listen",
 ];
 
 /// Environment the policy is compiled for.

@@ -3,7 +3,8 @@
 //! server — through the gateway over Streamable HTTP, and through the stdio
 //! wrap mode over stdio. `make interop-deps` installs both (pinned). And a
 //! Python SDK server whose tool list grows, announced as the SDK announces
-//! it (over HTTP on the standalone GET stream, over stdio on stdout).
+//! it (over HTTP, where the gateway finds it speaks 2026-07-28, on the
+//! gateway's `subscriptions/listen` stream; over stdio on stdout).
 
 #![allow(clippy::unwrap_used)]
 
@@ -610,7 +611,7 @@ async fn tool_names(s: &Stack, session: &str) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_http_server_announcing_new_tools_on_its_standalone_stream() {
+async fn an_http_server_announcing_new_tools_outside_any_call() {
     let port = free_port();
     let mut command = Command::new(python());
     command.arg(growing()).args(["http", &port.to_string()]);

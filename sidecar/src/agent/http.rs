@@ -1,12 +1,15 @@
-//! The Streamable HTTP MCP server the agent talks to, on loopback: POST per
-//! client message (JSON; SSE when the client accepts only SSE, or once a
-//! message about the request must reach the agent before its response),
-//! sessions issued at initialize, a GET stream per session for
-//! `notifications/tools/list_changed`, DELETE to end a session. It answers
-//! as an MCP server must:
-//! 404 for an unknown session, 400 for an unsupported MCP-Protocol-Version,
-//! 403 for an Origin that is not loopback. Failures of upstreams are never
-//! HTTP errors here: they are JSON-RPC errors in a 200.
+//! The Streamable HTTP MCP server the agent talks to, on loopback, in both
+//! eras on one endpoint, chosen per request by its body: a request whose
+//! `_meta` names a protocol version is 2026-07-28 ("modern": stateless, its
+//! mirrored headers checked against its body before anything acts on
+//! either, refusals as that revision has them: 400 with -32602, -32020 or
+//! -32022, 404 with -32601); anything else is the legacy era: sessions
+//! issued at initialize, a GET stream per session for
+//! `notifications/tools/list_changed`, DELETE to end a session, 404 for an
+//! unknown session. A response is JSON, or SSE when the client accepts only
+//! SSE or once a message about the request must reach the agent before its
+//! response. 403 for an Origin or Host that is not loopback. Failures of
+//! upstreams are never HTTP errors here: they are JSON-RPC errors in a 200.
 
 use aip_service::sync::lock;
 use std::collections::{HashMap, VecDeque};
@@ -31,6 +34,8 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+
+use aip_mcp::modern::{self, Invalid};
 
 use crate::gate::{AGENT_VERSIONS, Caller, Gateway, Reply};
 
@@ -62,6 +67,10 @@ pub fn default_limits() -> Limits {
         ..Limits::default()
     }
 }
+/// Subscriptions streamed at once, at most, and how often an idle one gets
+/// a comment.
+const MAX_LISTENERS: usize = 256;
+const KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(15);
 /// Messages about one request queued for the agent, at most (past this,
 /// notifications are dropped and relayed requests refused).
 const MAX_QUEUED_EVENTS: usize = 256;
@@ -75,6 +84,7 @@ struct State {
     /// ... and the small ones.
     small: Budget,
     sessions: Mutex<Sessions>,
+    listeners: Arc<tokio::sync::Semaphore>,
     shutdown: CancellationToken,
 }
 
@@ -149,6 +159,7 @@ pub async fn serve(
         budget: Budget::new(IN_FLIGHT_BUDGET - SMALL_LANE),
         small: Budget::new(SMALL_LANE),
         sessions: Mutex::new(Sessions::default()),
+        listeners: Arc::new(tokio::sync::Semaphore::new(MAX_LISTENERS)),
         shutdown: shutdown.clone(),
     });
     accept_loop(listener, limits, shutdown, tracker, move |stream| {
@@ -203,14 +214,10 @@ async fn post(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
         (header("mcp-session-id"), header("mcp-protocol-version"));
     let accept = header("accept");
     let (sse, accepts) = (wants_sse(accept.as_deref()), accepts_sse(accept.as_deref()));
-    if let Some(v) = &version_header
-        && !AGENT_VERSIONS.contains(&v.as_str())
-    {
-        return text(
-            StatusCode::BAD_REQUEST,
-            "unsupported MCP-Protocol-Version\n",
-        );
-    }
+    let modern_header = version_header
+        .as_deref()
+        .is_some_and(|v| !AGENT_VERSIONS.contains(&v));
+    let headers = req.headers().clone();
     let declared = header("content-length").and_then(|v| v.parse::<usize>().ok());
     if declared.is_some_and(|n| n > MAX_BODY) {
         return too_large();
@@ -242,8 +249,34 @@ async fn post(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
     };
     let message = match state.gateway.parse(&body) {
         Ok(m) => m,
+        Err(refused) if modern_header => {
+            let Reply::Message(refusal) = state.gateway.refuse(&refused) else {
+                return empty(StatusCode::BAD_REQUEST);
+            };
+            return rpc(StatusCode::BAD_REQUEST, &refusal, false);
+        }
         Err(refused) => return reply(state.gateway.refuse(&refused), sse),
     };
+    if modern::claims_modern(&message.value) {
+        return modern_post(state, message, &headers, accepts, reserved).await;
+    }
+    if modern_header {
+        // A version header the legacy era does not know, on a request that
+        // claims no era in its body: refused as a modern request missing
+        // its `_meta` (or, for initialize, as a header that contradicts it).
+        let invalid = match message.method() {
+            Some("initialize") => Invalid::Header(format!(
+                "Header mismatch: MCP-Protocol-Version {:?} is not a version initialize negotiates",
+                version_header.unwrap_or_default()
+            )),
+            _ => Invalid::Meta(format!(
+                "params._meta must carry {} and {}",
+                modern::META_VERSION,
+                modern::META_CAPABILITIES
+            )),
+        };
+        return refuse_modern(state, &invalid, message.id());
+    }
     let is_initialize = message.method() == Some("initialize");
     let session = if is_initialize {
         format!("{:032x}", rand::random::<u128>())
@@ -263,7 +296,7 @@ async fn post(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
         Some("tools/call" | "prompts/get" | "resources/read")
     );
     if may_stream && accepts && message.id().is_some() {
-        return answer_live(state, message, session, sse, reserved).await;
+        return answer_live(state, message, Caller::new(session), sse, reserved).await;
     }
     let caller = Caller::new(session.clone());
     let outcome = state.gateway.handle_message(message, &caller).await;
@@ -283,6 +316,132 @@ async fn post(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
         return response;
     }
     reply(outcome, sse)
+}
+
+/// A 2026-07-28 request: checked as the revision says (then its annotated
+/// arguments' headers, for a tools/call), served without a session, its
+/// refusals with the revision's HTTP statuses. A notification is accepted
+/// and dropped: the revision defines none a client sends over HTTP.
+async fn modern_post(
+    state: &Arc<State>,
+    message: aip_mcp::jsonrpc::Message,
+    headers: &hyper::HeaderMap,
+    accepts: bool,
+    reserved: Reserved,
+) -> Response<Body> {
+    if let Err(invalid) = modern::check_request(&message.value, Some(headers)) {
+        return refuse_modern(state, &invalid, message.id());
+    }
+    if message.method() == Some("tools/call") {
+        let params = message.params();
+        let name = params
+            .and_then(|p| p.get("name"))
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let annotations = state.gateway.param_headers(name);
+        let arguments = params.and_then(|p| p.get("arguments"));
+        if let Err(invalid) = modern::check_param_headers(headers, &annotations, arguments) {
+            return refuse_modern(state, &invalid, message.id());
+        }
+    }
+    if message.id().is_none() {
+        return empty(StatusCode::ACCEPTED);
+    }
+    if message.method() == Some("subscriptions/listen") {
+        return subscribe(state, &message);
+    }
+    let caller = Caller {
+        session: format!("m-{:032x}", rand::random::<u128>()),
+        events: None,
+        modern: true,
+    };
+    let may_stream = modern::MAY_REQUIRE_INPUT.contains(&message.method().unwrap_or_default());
+    if may_stream && accepts {
+        return answer_live(state, message, caller, false, reserved).await;
+    }
+    modern_reply(state.gateway.handle_message(message, &caller).await)
+}
+
+/// A `subscriptions/listen` stream: its acknowledgement first, then each
+/// notification as it comes (an SSE comment every `KEEPALIVE` so idle
+/// proxies keep it open), and its closing result when the gateway stops.
+/// At most `MAX_LISTENERS` at once.
+fn subscribe(state: &Arc<State>, message: &aip_mcp::jsonrpc::Message) -> Response<Body> {
+    let mut subscription = match state.gateway.listen(message) {
+        Ok(s) => s,
+        Err(refused) => return modern_reply(refused),
+    };
+    let Ok(permit) = state.listeners.clone().try_acquire_owned() else {
+        let busy = json!({"jsonrpc": "2.0", "id": message.id(),
+            "error": {"code": codes::INTERNAL_ERROR,
+                "message": format!("the gateway holds {MAX_LISTENERS} subscriptions already; retry later")}});
+        return rpc(StatusCode::SERVICE_UNAVAILABLE, &busy, false);
+    };
+    let (tx, rx) = mpsc::channel::<Bytes>(8);
+    tokio::spawn(async move {
+        let _permit = permit;
+        if tx
+            .send(event(&subscription.acknowledgement()))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        loop {
+            let next = tokio::select! {
+                next = subscription.next() => next,
+                () = tokio::time::sleep(KEEPALIVE) => {
+                    if tx.send(Bytes::from_static(b": keep-alive\n\n")).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                () = tx.closed() => return,
+            };
+            let Some(note) = next else {
+                let _ = tx.send(event(&subscription.closing())).await;
+                return;
+            };
+            if tx.send(event(&note)).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut r = Response::new(Channel(rx).boxed_unsync());
+    r.headers_mut().insert(
+        "content-type",
+        HeaderValue::from_static("text/event-stream"),
+    );
+    r.headers_mut()
+        .insert("x-accel-buffering", HeaderValue::from_static("no"));
+    r
+}
+
+/// Refuses a modern request before the pipeline, audited.
+fn refuse_modern(state: &State, invalid: &Invalid, id: Option<&Value>) -> Response<Body> {
+    let response = invalid.response(id);
+    let reason = response["error"]["message"].as_str().unwrap_or_default();
+    state.gateway.record_refusal(reason, id);
+    let status = StatusCode::from_u16(invalid.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
+    rpc(status, &response, false)
+}
+
+/// A modern request's answer: a JSON-RPC error the revision gives an HTTP
+/// status (-32601: 404; -32020, -32021, -32022: 400) carries it; any other
+/// answer, and every error of a tool or a policy, is a 200.
+fn modern_reply(outcome: Reply) -> Response<Body> {
+    let Reply::Message(response) = outcome else {
+        return empty(StatusCode::ACCEPTED);
+    };
+    let code = response.pointer("/error/code").and_then(Value::as_i64);
+    let status = match code {
+        Some(-32601) => StatusCode::NOT_FOUND,
+        Some(
+            modern::HEADER_MISMATCH | modern::MISSING_CAPABILITY | modern::UNSUPPORTED_VERSION,
+        ) => StatusCode::BAD_REQUEST,
+        _ => StatusCode::OK,
+    };
+    rpc(status, &response, false)
 }
 
 enum BodyError {
@@ -366,28 +525,30 @@ fn delete(state: &State, req: &Request<Incoming>) -> Response<Body> {
 async fn answer_live(
     state: &Arc<State>,
     message: aip_mcp::jsonrpc::Message,
-    session: String,
+    mut caller: Caller,
     sse: bool,
     reserved: Reserved,
 ) -> Response<Body> {
     let (events, mut heard) = mpsc::channel(MAX_QUEUED_EVENTS);
-    let caller = Caller {
-        session,
-        events: Some(events),
-    };
+    caller.events = Some(events);
+    let modern = caller.modern;
     let gateway = state.gateway.clone();
     let mut handling: Handling = Box::pin(async move {
         // The request's memory is held as long as its handling.
         let _reserved = reserved;
         gateway.handle_message(message, &caller).await
     });
+    let answer = |outcome| match modern {
+        true => modern_reply(outcome),
+        false => reply(outcome, sse),
+    };
     let first = tokio::select! {
         biased;
-        outcome = &mut handling => return reply(outcome, sse),
+        outcome = &mut handling => return answer(outcome),
         first = heard.recv() => match first {
             Some(first) => first,
             // Nothing more can come; the response is still to come.
-            None => return reply(handling.await, sse),
+            None => return answer(handling.await),
         },
     };
     let mut live = Live {

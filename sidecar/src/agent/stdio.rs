@@ -51,6 +51,7 @@ where
     let caller = Caller {
         session: SESSION.to_owned(),
         events: Some(to_agent.clone()),
+        modern: false,
     };
     let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let budget = Budget::new(IN_FLIGHT_BUDGET);

@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use aip_service::sync::{lock, read, write};
-use tokio::sync::watch;
+use serde_json::Value;
+use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
@@ -26,6 +27,9 @@ pub(super) struct Connections {
     pub applied: watch::Sender<u64>,
     /// Bumped each time a connection a reload removed has been closed.
     pub retired: Arc<watch::Sender<u64>>,
+    /// What every connection's server says outside any call that agents
+    /// may hear, with the connection's name.
+    pub notes: broadcast::Sender<(String, Value)>,
 }
 
 impl Connections {
@@ -36,6 +40,7 @@ impl Connections {
             listing: Arc::new(watch::Sender::new(0)),
             applied: watch::Sender::new(0),
             retired: Arc::new(watch::Sender::new(0)),
+            notes: broadcast::Sender::new(64),
         }
     }
 
@@ -66,6 +71,10 @@ impl Connections {
                     let stop = shutdown.child_token();
                     tokio::spawn(state.clone().run_checks(stop.clone()));
                     tokio::spawn(state.clone().listen(stop.clone()));
+                    if let Some(heard) = state.upstream.notes() {
+                        let name = connection.name.clone();
+                        tokio::spawn(pass_notes(heard, self.notes.clone(), name, stop.clone()));
+                    }
                     running.push((state, stop));
                 }
                 Err(e) => {
@@ -130,6 +139,28 @@ impl Connections {
             let mut watch = state.subscribe();
             let first = watch.wait_for(|s| *s != HealthState::Unchecked);
             let _ = tokio::time::timeout_at(deadline, first).await;
+        }
+    }
+}
+
+/// Passes one connection's notes on to the gateway's, until it stops.
+async fn pass_notes(
+    mut heard: broadcast::Receiver<Value>,
+    notes: broadcast::Sender<(String, Value)>,
+    connection: String,
+    stop: CancellationToken,
+) {
+    loop {
+        let note = tokio::select! {
+            note = heard.recv() => note,
+            () = stop.cancelled() => return,
+        };
+        match note {
+            Ok(note) => {
+                let _ = notes.send((connection.clone(), note));
+            }
+            Err(broadcast::error::RecvError::Lagged(_)) => {}
+            Err(broadcast::error::RecvError::Closed) => return,
         }
     }
 }

@@ -260,14 +260,7 @@ impl Gateway {
     ) -> Reply {
         let id = message.id().cloned().unwrap_or(Value::Null);
         let uri = string_param(message, "uri");
-        let route = self
-            .routed(&self.routes.resources, &uri, |c| c, "resources/list")
-            .await;
-        // A URI no listing names (a template's instance): with one usable
-        // connection there is only one place to ask.
-        let usable = self.usable_connections();
-        let route = route.or_else(|| (usable.len() == 1).then(|| usable[0].clone()));
-        let Some(connection) = route else {
+        let Some(connection) = self.resource_route(&uri).await else {
             let unknown = format!("Unknown resource: {uri}");
             return Reply::Message(error(Some(&id), codes::INVALID_PARAMS, &unknown, None));
         };
@@ -275,6 +268,130 @@ impl Gateway {
         let request = json!({"jsonrpc": "2.0", "method": "resources/read", "params": params});
         self.forward(&connection, request, message, evaluator, caller)
             .await
+    }
+
+    /// `completion/complete` goes where its reference leads: a prompt's
+    /// connection (under the server's name for it), a resource's, or with
+    /// one usable connection (a template's URI no listing names) that one.
+    pub(super) async fn complete(
+        &self,
+        message: &Message,
+        evaluator: &Evaluator,
+        caller: &Caller,
+    ) -> Reply {
+        let id = message.id().cloned().unwrap_or(Value::Null);
+        let reference = message.params().and_then(|p| p.get("ref"));
+        let kind = reference
+            .and_then(|r| r.get("type"))
+            .and_then(Value::as_str);
+        let mut params = message.params().cloned().unwrap_or_else(|| json!({}));
+        let connection = match kind {
+            Some("ref/prompt") => {
+                let name = reference
+                    .and_then(|r| r.get("name"))
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let route = self
+                    .routed(&self.routes.prompts, name, |r| &r.0, "prompts/list")
+                    .await;
+                route.map(|(connection, upstream_name)| {
+                    params["ref"]["name"] = json!(upstream_name);
+                    connection
+                })
+            }
+            Some("ref/resource") => {
+                let uri = reference
+                    .and_then(|r| r.get("uri"))
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                self.resource_route(uri).await
+            }
+            _ => {
+                let why = "params.ref.type must be \"ref/prompt\" or \"ref/resource\"";
+                return Reply::Message(error(Some(&id), codes::INVALID_PARAMS, why, None));
+            }
+        };
+        // A name or URI no listing knows: with one usable connection there
+        // is only one place it can mean.
+        let usable = self.usable_connections();
+        let connection = connection.or_else(|| (usable.len() == 1).then(|| usable[0].clone()));
+        let Some(connection) = connection else {
+            let unknown = "the reference names no prompt or resource of any connection";
+            return Reply::Message(error(Some(&id), codes::INVALID_PARAMS, unknown, None));
+        };
+        let request = json!({"jsonrpc": "2.0", "method": "completion/complete", "params": params});
+        self.forward(&connection, request, message, evaluator, caller)
+            .await
+    }
+
+    /// `resources/subscribe` and `resources/unsubscribe` (legacy) go to
+    /// the connection whose resource the URI is.
+    pub(super) async fn resources_subscribe(
+        &self,
+        message: &Message,
+        evaluator: &Evaluator,
+        caller: &Caller,
+    ) -> Reply {
+        let id = message.id().cloned().unwrap_or(Value::Null);
+        let uri = string_param(message, "uri");
+        let Some(connection) = self.resource_route(&uri).await else {
+            let unknown = format!("Unknown resource: {uri}");
+            return Reply::Message(error(Some(&id), codes::INVALID_PARAMS, &unknown, None));
+        };
+        self.forward(
+            &connection,
+            message.value.clone(),
+            message,
+            evaluator,
+            caller,
+        )
+        .await
+    }
+
+    /// `logging/setLevel` (legacy) reaches every usable legacy connection
+    /// whose server offers logging. Upstream sessions serve every agent of
+    /// the pod, so the level is the pod's, as the last agent set it.
+    pub(super) async fn set_level(&self, message: &Message, evaluator: &Evaluator) -> Reply {
+        let id = message.id().cloned().unwrap_or(Value::Null);
+        let targets: Vec<_> = self
+            .usable_connections()
+            .into_iter()
+            .filter(|c| !c.upstream.modern())
+            .filter(|c| c.upstream.server_capabilities().get("logging").is_some())
+            .collect();
+        if targets.is_empty() {
+            return Reply::Message(super::present::method_not_found(&id, "logging/setLevel"));
+        }
+        let mut last = None;
+        for connection in targets {
+            let mut request = message.value.clone();
+            request["id"] = json!(self.fresh_id());
+            match connection.upstream.request(&request).await {
+                Ok(x) if x.response.get("error").is_none() => {}
+                Ok(x) => last = x.response.get("error").cloned(),
+                Err(failure) => {
+                    let name = &connection.connection().name;
+                    last = Some(failure.to_error(name, None));
+                }
+            }
+        }
+        match last {
+            None => Reply::Message(result(&id, json!({}))),
+            Some(mut e) => {
+                redact_all(&mut e, evaluator);
+                Reply::Message(json!({"jsonrpc": "2.0", "id": id, "error": e}))
+            }
+        }
+    }
+
+    /// Where a resource URI leads: as listed, or with one usable connection
+    /// (a template's instance no listing names) that one.
+    async fn resource_route(&self, uri: &str) -> Option<Arc<ConnectionState>> {
+        let route = self
+            .routed(&self.routes.resources, uri, |c| c, "resources/list")
+            .await;
+        let usable = self.usable_connections();
+        route.or_else(|| (usable.len() == 1).then(|| usable[0].clone()))
     }
 
     /// The route for `key`: as last listed, or after listing `method`

@@ -20,6 +20,7 @@ mod inflight;
 mod listings;
 mod present;
 mod relay;
+mod subscriptions;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,6 +44,7 @@ use inflight::InFlight;
 use present::{error, method_not_found, result};
 
 pub use present::AGENT_VERSIONS;
+pub use subscriptions::Subscription;
 
 /// How long an ask waits for a person by default.
 pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(300);
@@ -75,6 +77,9 @@ impl Default for GatewayOptions {
 pub struct Caller {
     pub session: String,
     pub events: Option<mpsc::Sender<Value>>,
+    /// The request is of the 2026-07-28 era: stateless, its capabilities in
+    /// its `_meta`, no requests from servers on its stream.
+    pub modern: bool,
 }
 
 impl Caller {
@@ -83,6 +88,7 @@ impl Caller {
         Caller {
             session: session.into(),
             events: None,
+            modern: false,
         }
     }
 
@@ -270,6 +276,26 @@ impl Gateway {
         Reply::Message(refused.response())
     }
 
+    /// Counts and audits a message refused before the pipeline (a modern
+    /// request that breaks the revision's rules).
+    pub fn record_refusal(&self, reason: &str, id: Option<&Value>) {
+        self.metrics.refused_messages.inc();
+        self.audit.record(&refusal_line(reason, id));
+    }
+
+    /// The `x-mcp-header` annotations of the tool an agent calls by `name`
+    /// (none for an unknown tool: the pipeline refuses it).
+    pub fn param_headers(&self, name: &str) -> Vec<aip_mcp::modern::ParamHeader> {
+        let catalog = self.routes.catalog(&self.connections);
+        catalog
+            .entries
+            .iter()
+            .find(|e| e.agent_name == name)
+            .and_then(|e| e.definition.get("inputSchema"))
+            .and_then(|schema| aip_mcp::modern::param_headers(schema).ok())
+            .unwrap_or_default()
+    }
+
     /// Handles one strictly parsed message from the agent, in a trace span
     /// (exported only when OTLP is configured).
     pub async fn handle_message(&self, message: Message, caller: &Caller) -> Reply {
@@ -279,7 +305,44 @@ impl Gateway {
             rpc.method = message.method().unwrap_or("(reply)"),
             mcp.tool = tracing::field::Empty,
             aip.decision = tracing::field::Empty);
-        self.decide(message, caller).instrument(span).await
+        let Some(method) = caller.modern.then(|| message.method().map(str::to_owned)) else {
+            return self.decide(message, caller).instrument(span).await;
+        };
+        let mut reply = Box::pin(self.decide(message, caller).instrument(span)).await;
+        if let (Reply::Message(response), Some(method)) = (&mut reply, method) {
+            present::modern_result(response, &method);
+        }
+        reply
+    }
+
+    /// A `subscriptions/listen` from a modern agent: audited and decided as
+    /// every request is; when allowed, the subscription to stream.
+    pub fn listen(&self, message: &Message) -> Result<Subscription, Reply> {
+        let evaluator = self.config().evaluator.clone();
+        let request = match Request::from_value(&message.value) {
+            Ok(r) => r,
+            Err(e) => {
+                let e = e.to_string();
+                return Err(Reply::Message(error(
+                    message.id(),
+                    codes::INVALID_REQUEST,
+                    &e,
+                    None,
+                )));
+            }
+        };
+        let verdict = evaluator.evaluate(&request);
+        self.audit.record(&AuditRecord::for_request(
+            &evaluator,
+            &request,
+            &verdict,
+            SystemTime::now(),
+        ));
+        self.count_decision(&verdict, message);
+        if verdict.decision != Decision::Allow {
+            return Err(verdict.response().map_or(Reply::Nothing, Reply::Message));
+        }
+        Ok(self.subscription(message, &evaluator))
     }
 
     /// The pipeline proper.
@@ -350,7 +413,14 @@ impl Gateway {
         };
         match message.method().unwrap_or_default() {
             "initialize" => {
-                Reply::Message(result(id, present::initialize(message.params(), evaluator)))
+                let upstream = self.upstream_capabilities();
+                let answer = present::initialize(message.params(), evaluator, &upstream);
+                Reply::Message(result(id, answer))
+            }
+            "server/discover" => {
+                Box::pin(self.connections.settled()).await;
+                let upstream = self.upstream_capabilities();
+                Reply::Message(result(id, present::discover(evaluator, &upstream)))
             }
             "ping" => Reply::Message(result(id, json!({}))),
             "tools/list" => {
@@ -362,6 +432,14 @@ impl Gateway {
             }
             "prompts/get" => Box::pin(self.prompts_get(message, evaluator, caller)).await,
             "resources/read" => Box::pin(self.resources_read(message, evaluator, caller)).await,
+            "completion/complete" => Box::pin(self.complete(message, evaluator, caller)).await,
+            "resources/subscribe" | "resources/unsubscribe" => {
+                Box::pin(self.resources_subscribe(message, evaluator, caller)).await
+            }
+            "logging/setLevel" => Box::pin(self.set_level(message, evaluator)).await,
+            // Not relayed yet: a task id is a bearer token, and the gateway
+            // does not bind upstream tasks to the agent that made them.
+            method if method.starts_with("tasks/") => Reply::Message(method_not_found(id, method)),
             other => match self.sole_connection() {
                 // With one server there is only one place a method can mean.
                 Some(connection) => {
@@ -423,6 +501,28 @@ impl Gateway {
     /// The one tool whose agent-facing name is exactly `name`.
     fn route(&self, name: &str) -> Option<Route> {
         self.routes.catalog(&self.connections).route(name)
+    }
+
+    /// Every connection's capabilities merged: a capability is offered when
+    /// some server offers it, a flag when some server sets it.
+    fn upstream_capabilities(&self) -> Value {
+        let mut merged = serde_json::Map::new();
+        for connection in self.connections.all() {
+            let Value::Object(caps) = connection.upstream.server_capabilities() else {
+                continue;
+            };
+            for (name, value) in caps {
+                let slot = merged.entry(name).or_insert_with(|| json!({}));
+                if let (Value::Object(slot), Value::Object(flags)) = (slot, value) {
+                    for (flag, on) in flags {
+                        if on == Value::Bool(true) || !slot.contains_key(&flag) {
+                            slot.insert(flag, on);
+                        }
+                    }
+                }
+            }
+        }
+        Value::Object(merged)
     }
 
     /// The only connection, when there is exactly one.

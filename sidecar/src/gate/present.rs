@@ -51,7 +51,7 @@ fn mark_ask(definition: &mut Value) {
 
 /// The gateway's answer to `initialize`: the version asked for when it
 /// speaks it (else its newest), and the capabilities the policy leaves.
-pub(super) fn initialize(params: Option<&Value>, evaluator: &Evaluator) -> Value {
+pub(super) fn initialize(params: Option<&Value>, evaluator: &Evaluator, upstream: &Value) -> Value {
     let requested = params
         .and_then(|p| p.get("protocolVersion"))
         .and_then(Value::as_str);
@@ -59,20 +59,90 @@ pub(super) fn initialize(params: Option<&Value>, evaluator: &Evaluator) -> Value
         .iter()
         .find(|v| Some(**v) == requested)
         .unwrap_or(&AGENT_VERSIONS[0]);
-    let mut capabilities = json!({"tools": {"listChanged": true}});
-    // Resources and prompts are offered only where the policy's methods
-    // allow listing them.
-    if method_allowed(evaluator, "prompts/list") {
-        capabilities["prompts"] = json!({"listChanged": false});
-    }
-    if method_allowed(evaluator, "resources/list") {
-        capabilities["resources"] = json!({"listChanged": false});
-    }
     json!({
         "protocolVersion": version,
-        "capabilities": capabilities,
-        "serverInfo": {"name": "aip-sidecar", "version": env!("CARGO_PKG_VERSION")},
+        "capabilities": capabilities(evaluator, upstream, false),
+        "serverInfo": server_info(),
     })
+}
+
+/// The gateway's answer to `server/discover`: the modern revisions it
+/// speaks and the capabilities the policy leaves. It is per policy, so
+/// private; it changes with a reload, so not cached for long.
+pub(super) fn discover(evaluator: &Evaluator, upstream: &Value) -> Value {
+    json!({
+        "resultType": "complete",
+        "supportedVersions": aip_mcp::modern::SUPPORTED,
+        "capabilities": capabilities(evaluator, upstream, true),
+        "ttlMs": 0,
+        "cacheScope": "private",
+    })
+}
+
+pub(super) fn server_info() -> Value {
+    json!({"name": "aip-sidecar", "version": env!("CARGO_PKG_VERSION")})
+}
+
+/// What the gateway offers: tools always (with list-change notices); the
+/// rest where the policy allows their methods and some server offers them
+/// (`upstream` is every connection's capabilities merged). Logging and
+/// resource subscriptions are legacy-era methods.
+fn capabilities(evaluator: &Evaluator, upstream: &Value, modern: bool) -> Value {
+    let mut capabilities = json!({"tools": {"listChanged": true}});
+    let offered = |name: &str| upstream.get(name).is_some();
+    let flag = |name: &str, flag: &str| {
+        upstream
+            .get(name)
+            .and_then(|c| c.get(flag))
+            .and_then(Value::as_bool)
+            .unwrap_or(false)
+    };
+    if method_allowed(evaluator, "prompts/list") {
+        capabilities["prompts"] = json!({"listChanged": flag("prompts", "listChanged")});
+    }
+    if method_allowed(evaluator, "resources/list") {
+        let mut resources = json!({"listChanged": flag("resources", "listChanged")});
+        let subscribe = if modern {
+            "subscriptions/listen"
+        } else {
+            "resources/subscribe"
+        };
+        if flag("resources", "subscribe") && method_allowed(evaluator, subscribe) {
+            resources["subscribe"] = json!(true);
+        }
+        capabilities["resources"] = resources;
+    }
+    if offered("completions") && method_allowed(evaluator, "completion/complete") {
+        capabilities["completions"] = json!({});
+    }
+    if offered("logging") && (modern || method_allowed(evaluator, "logging/setLevel")) {
+        capabilities["logging"] = json!({});
+    }
+    capabilities
+}
+
+/// A result as the modern revision has it: its `resultType`, the gateway as
+/// the server in `_meta`, and, for what may be cached, caching hints. The
+/// gateway's lists are filtered per policy, so `private`; they change with
+/// health and reloads, so no longer fresh than the server said (0 when it
+/// did not say).
+pub(super) fn modern_result(response: &mut Value, method: &str) {
+    let Some(Value::Object(result)) = response.get_mut("result") else {
+        return;
+    };
+    let kind = result
+        .entry("resultType")
+        .or_insert_with(|| json!("complete"))
+        .clone();
+    if !result.get("_meta").is_some_and(Value::is_object) {
+        result.insert("_meta".into(), json!({}));
+    }
+    result["_meta"][aip_mcp::modern::META_SERVER_INFO] = server_info();
+    if kind == "complete" && aip_mcp::modern::CACHEABLE.contains(&method) {
+        let ttl = result.get("ttlMs").and_then(Value::as_u64).unwrap_or(0);
+        result.insert("ttlMs".into(), json!(ttl));
+        result.insert("cacheScope".into(), json!("private"));
+    }
 }
 
 fn method_allowed(evaluator: &Evaluator, method: &str) -> bool {

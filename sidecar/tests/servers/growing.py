@@ -1,7 +1,8 @@
-"""An MCP server (the Python SDK's MCPServer) whose tool list grows: each
-call of `grow` adds a tool and announces it with
-notifications/tools/list_changed, sent as the SDK sends it, outside the call
-(over Streamable HTTP: on the session's standalone GET stream).
+"""An MCP server (the Python SDK's MCPServer, both protocol eras) whose tool
+list grows: each call of `grow` adds a tool and announces it with
+notifications/tools/list_changed, sent as the SDK sends it, outside the call:
+to `subscriptions/listen` streams (2026-07-28) and, for a legacy session, on
+its standalone GET stream (over stdio: on stdout).
 
     growing.py stdio
     growing.py http PORT
@@ -25,7 +26,11 @@ async def grow(ctx: Context) -> str:
         return name
 
     server.add_tool(extra, name=name, description=f"tool number {grown}")
-    await ctx.session.send_tool_list_changed()
+    await ctx.notify_tools_changed()
+    try:
+        await ctx.session.send_tool_list_changed()
+    except Exception:  # a modern request has no session to announce on
+        pass
     return name
 
 
