@@ -6,7 +6,7 @@ AIP    := target/debug/aip
 PYENV  := target/pyenv
 NPMENV := target/npm
 
-.PHONY: all build test fuzz fuzz-smoke lint fmt clippy chart-lint unit conformance pyenv npmenv go-peers interop-deps kubectl helm controlplane bench demo demo-cluster demo-policy clean
+.PHONY: all build test fuzz fuzz-smoke lint fmt clippy chart-lint unit conformance pyenv npmenv go-peers interop-deps mcp-conformance kubectl helm controlplane bench demo demo-cluster demo-policy clean
 
 all: build
 
@@ -14,9 +14,10 @@ build:
 	$(CARGO) build --workspace --all-targets --locked
 
 ## test: formatting, clippy, every unit/integration/property test, the AIP
-## conformance vectors (the shared Basic level and the project's own), and
-## a short run of every fuzz target.
-test: lint unit conformance fuzz-smoke
+## conformance vectors (the shared Basic level and the project's own), the
+## official MCP conformance suite through the gateway, and a short run of
+## every fuzz target.
+test: lint unit conformance mcp-conformance fuzz-smoke
 
 ## fuzz: every fuzz target for FUZZ_SECONDS each (cargo-fuzz is installed
 ## into target/tools on first use); fuzz-smoke: 10 s each.
@@ -56,6 +57,13 @@ $(NPMENV)/.installed: sidecar/tests/interop/package.json
 	touch $@
 
 interop-deps: pyenv npmenv go-peers
+
+## mcp-conformance: the official MCP conformance suite (server scenarios of
+## 2026-07-28 and 2025-11-25) against the Go SDK's reference server, alone
+## and behind the gateway; prints both counts and fails when they differ.
+## Installs the suite and Node 22 from npm into target/conformance.
+mcp-conformance: build go-peers
+	@scripts/mcp-conformance.sh
 
 ## go-peers: the Go test peers of e2e/peers (encoding/json and the official
 ## MCP Go SDK as real decoders and servers), built into target/peers.

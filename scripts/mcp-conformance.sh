@@ -94,10 +94,14 @@ results = sys.argv[1]
 ansi = re.compile(r"\x1b\[[0-9;]*m")
 
 def outcomes(path):
-    """Scored and unscored scenarios of one run: name -> passed."""
-    scored, unscored, part = {}, {}, None
+    """Scored and unscored scenarios of one run (name -> passed), and the
+    run's check totals."""
+    scored, unscored, part, checks = {}, {}, None, "?"
     for line in open(path, encoding="utf-8", errors="replace"):
         line = ansi.sub("", line).rstrip()
+        total = re.match(r"^Total: (\d+) passed, (\d+) failed", line)
+        if total:
+            checks = f"{total.group(1)}/{int(total.group(1)) + int(total.group(2))}"
         if line.startswith("=== SUMMARY ==="):
             part = scored
         elif line.startswith("Not scored"):
@@ -106,19 +110,23 @@ def outcomes(path):
             m = re.match(r"^\s*([✓✗]) ([\w.-]+)", line)
             if m:
                 part[m.group(2)] = m.group(1) == "✓"
-    return scored, unscored
+    # The summary lists every scenario run; the unscored are listed again.
+    for name in unscored:
+        scored.pop(name, None)
+    return scored, unscored, checks
 
 failed = False
 print()
-print(f"{'era':<12}{'scored':>8}{'server':>8}{'gateway':>9}   unscored (server / gateway)")
+print(f"{'era':<12}{'scored':>8}{'server':>8}{'gateway':>9}   {'unscored (server / gateway)':<30}checks (server / gateway)")
 for era in ("2026-07-28", "2025-11-25"):
-    s_scored, s_unscored = outcomes(f"{results}/{era}-server.txt")
-    g_scored, g_unscored = outcomes(f"{results}/{era}-gateway.txt")
+    s_scored, s_unscored, s_checks = outcomes(f"{results}/{era}-server.txt")
+    g_scored, g_unscored, g_checks = outcomes(f"{results}/{era}-gateway.txt")
     if not s_scored:
         sys.exit(f"mcp-conformance: the {era} run against the server printed no summary; see {results}/{era}-server.txt")
     passes = lambda d: {k for k, v in d.items() if v}
     print(f"{era:<12}{len(s_scored):>8}{len(passes(s_scored)):>8}{len(passes(g_scored)):>9}"
-          f"   {len(passes(s_unscored))}/{len(s_unscored)} / {len(passes(g_unscored))}/{len(g_unscored)}")
+          f"   {f'{len(passes(s_unscored))}/{len(s_unscored)} / {len(passes(g_unscored))}/{len(g_unscored)}':<30}"
+          f"{s_checks} / {g_checks}")
     for name in sorted(set(s_scored) | set(g_scored)):
         if s_scored.get(name) != g_scored.get(name):
             failed = True
