@@ -76,6 +76,9 @@ pub enum Handled {
     /// server of the request's era answers it with (stdio sends only the
     /// response).
     Refused { status: u16, response: Value },
+    /// A scripted tools/list step: play `reply` after `delay_ms` (cut short
+    /// by shutdown), without holding up anything else.
+    Delayed { delay_ms: u64, reply: Reply },
 }
 
 impl Handled {
@@ -117,6 +120,8 @@ pub struct Core {
     running: watch::Sender<Option<CallKey>>,
     /// Next step per (tool, response): survives sessions, reset by restart.
     cursors: Mutex<HashMap<(usize, usize), usize>>,
+    /// Next scripted tools/list step, likewise.
+    list_cursor: Mutex<usize>,
     wake: Notify,
 }
 
@@ -128,6 +133,7 @@ impl Core {
             queue: Mutex::new(Queue::default()),
             running: watch::Sender::new(None),
             cursors: Mutex::new(HashMap::new()),
+            list_cursor: Mutex::new(0),
             wake: Notify::new(),
         })
     }
@@ -172,14 +178,14 @@ impl Core {
         match method {
             "initialize" => Handled::Now(Some(result(&id, self.initialize(&params)))),
             "ping" => Handled::Now(Some(result(&id, json!({})))),
-            "tools/list" => Handled::Now(Some(self.page(&id, &params, "tools", self.tools()))),
+            "tools/list" => self.list_tools(&id, &params, ctx),
             "tools/call" => self.enqueue(id, &params, ctx),
             "resources/list" if !self.script.resources.is_empty() => {
                 Handled::Now(Some(self.page(&id, &params, "resources", self.resources())))
             }
-            "resources/templates/list" if !self.script.resources.is_empty() => {
-                Handled::Now(Some(self.page(&id, &params, "resourceTemplates", Vec::new())))
-            }
+            "resources/templates/list" if !self.script.resources.is_empty() => Handled::Now(Some(
+                self.page(&id, &params, "resourceTemplates", Vec::new()),
+            )),
             "prompts/list" if !self.script.prompts.is_empty() => {
                 Handled::Now(Some(self.page(&id, &params, "prompts", self.prompts())))
             }
@@ -250,7 +256,7 @@ impl Core {
         let prompts = !self.script.prompts.is_empty();
         let (reply, cacheable) = match method {
             "server/discover" => (result(&id, self.discover()), true),
-            "tools/list" => (self.page(&id, &params, "tools", self.tools()), true),
+            "tools/list" => return self.list_tools(&id, &params, &ctx),
             "tools/call" => {
                 if let Some(rejection) = headers.and_then(|h| self.param_rejection(&params, h)) {
                     return Handled::refused(&rejection, &id);
@@ -353,6 +359,57 @@ impl Core {
             .cloned()
             .unwrap_or_else(|| json!({}));
         era::check_param_headers(&tool.input_schema, &arguments, headers).err()
+    }
+
+    /// tools/list: the next scripted step while there is one (logged as an
+    /// attempt when it is chosen, before its delay), else the listing.
+    fn list_tools(&self, id: &Value, params: &Value, ctx: &CallContext) -> Handled {
+        let listing = || {
+            let page = self.page(id, params, "tools", self.tools());
+            match ctx.era {
+                Era::Modern => self.modern_result(page, true),
+                Era::Legacy => page,
+            }
+        };
+        let steps = &self.script.tools_list;
+        let index = {
+            let mut cursor = lock(&self.list_cursor);
+            let index = *cursor;
+            if index < steps.len() {
+                *cursor += 1;
+            }
+            index
+        };
+        let Some(step) = steps.get(index) else {
+            return Handled::Now(Some(listing()));
+        };
+        let (reply, outcome) = match &step.outcome {
+            Outcome::List => (Reply::Message(listing()), AttemptOutcome::Delivered),
+            Outcome::StallBody(after_bytes) => (
+                Reply::Wire(Wire::StallBody {
+                    after_bytes: *after_bytes,
+                    response: listing(),
+                }),
+                AttemptOutcome::FixtureError,
+            ),
+            other => {
+                let (reply, outcome, _) = render(id, other);
+                (reply, outcome)
+            }
+        };
+        let mut arguments = params.as_object().cloned().unwrap_or_default();
+        arguments.remove("_meta");
+        let mut attempt = self.attempt(id, None, &Value::Object(arguments), ctx, outcome);
+        attempt.method = "tools/list";
+        attempt.step_index = Some(index);
+        attempt.steps_total = Some(steps.len());
+        attempt.step = Some(step.outcome.kind());
+        attempt.delay_ms = step.delay_ms;
+        self.log.record(attempt);
+        Handled::Delayed {
+            delay_ms: step.delay_ms,
+            reply,
+        }
     }
 
     /// The protocol version to answer initialize with.
@@ -499,7 +556,7 @@ impl Core {
         };
         let key = (ctx.session.clone(), id_key(&id));
         let mut queue = self.queue();
-        let attempt = |outcome| self.attempt(&id, tool, &arguments, ctx, outcome);
+        let attempt = |outcome| self.attempt(&id, Some(tool), &arguments, ctx, outcome);
         if queue.active.contains(&key) {
             drop(queue);
             self.log.record(attempt(AttemptOutcome::RejectedDuplicate));
@@ -707,7 +764,7 @@ impl Core {
     }
 
     fn job_attempt(&self, job: &Job, outcome: AttemptOutcome) -> Attempt {
-        let mut a = self.attempt(&job.id, &job.tool, &job.arguments, &job.ctx, outcome);
+        let mut a = self.attempt(&job.id, Some(&job.tool), &job.arguments, &job.ctx, outcome);
         a.latency_ms = elapsed_ms(job.received);
         a.is_error = matches!(
             outcome,
@@ -719,7 +776,7 @@ impl Core {
     fn attempt(
         &self,
         id: &Value,
-        tool: &str,
+        tool: Option<&str>,
         arguments: &Value,
         ctx: &CallContext,
         outcome: AttemptOutcome,
@@ -729,7 +786,8 @@ impl Core {
             seq: 0,
             session: ctx.session.clone(),
             request_id: id.clone(),
-            tool: tool.to_owned(),
+            method: "tools/call",
+            tool: tool.map(str::to_owned),
             response_index: None,
             step_index: None,
             steps_total: None,
@@ -751,6 +809,12 @@ impl Core {
 fn render(id: &Value, outcome: &Outcome) -> (Reply, AttemptOutcome, bool) {
     use AttemptOutcome::{Delivered, FixtureError};
     match outcome {
+        // tools/list's own outcome: validation keeps it out of tool steps.
+        Outcome::List => (
+            Reply::Message(tool_error(id, "a tools/list step played for tools/call")),
+            FixtureError,
+            true,
+        ),
         Outcome::Return(v) => (Reply::Message(result(id, tool_result(v))), Delivered, false),
         Outcome::Oversize(bytes) => {
             let text = "x".repeat(*bytes);

@@ -263,6 +263,10 @@ async fn post(state: &State, req: Request<Incoming>) -> Result<Response<HttpBody
             };
             play(state, &session, reply, wants_sse, Era::Legacy)?
         }
+        Handled::Delayed { delay_ms, reply } => {
+            let reply = after(state, delay_ms, reply).await;
+            play(state, &session, reply, wants_sse, Era::Legacy)?
+        }
         other => immediate(other, wants_sse),
     };
     if is_initialize && let Ok(v) = HeaderValue::from_str(&session) {
@@ -301,7 +305,19 @@ async fn post_modern(
             guard.disarm();
             play(state, &ctx.session, reply, wants_sse, Era::Modern)
         }
+        Handled::Delayed { delay_ms, reply } => {
+            let reply = after(state, delay_ms, reply).await;
+            play(state, &ctx.session, reply, wants_sse, Era::Modern)
+        }
         other => Ok(immediate(other, wants_sse)),
+    }
+}
+
+/// `reply` after `delay_ms`, or nothing if the server stops first.
+async fn after(state: &State, delay_ms: u64, reply: Reply) -> Reply {
+    tokio::select! {
+        () = tokio::time::sleep(std::time::Duration::from_millis(delay_ms)) => reply,
+        () = state.shutdown.cancelled() => Reply::Canceled,
     }
 }
 
@@ -337,8 +353,8 @@ fn immediate(handled: Handled, wants_sse: bool) -> Response<HttpBody> {
             StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST),
             &response,
         ),
-        // Only tools/call is queued, and its callers await it themselves.
-        Handled::Later(_) => empty(StatusCode::INTERNAL_SERVER_ERROR),
+        // Queued and delayed answers are awaited by the callers themselves.
+        Handled::Later(_) | Handled::Delayed { .. } => empty(StatusCode::INTERNAL_SERVER_ERROR),
     }
 }
 

@@ -1,4 +1,5 @@
-//! The attempt log: one JSON line per tools/call outcome, append-only,
+//! The attempt log: one JSON line per tools/call outcome (and per scripted
+//! tools/list step), append-only,
 //! flushed line by line so that nothing is lost when the process is killed.
 //! Arguments appear only as a SHA-256 of their canonical JSON (unless asked
 //! for), the Authorization header only as a SHA-256 of its value.
@@ -15,6 +16,7 @@ use prometheus_client::registry::Registry;
 use serde::Serialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+use tokio::sync::watch;
 
 /// Why a tools/call ended the way it did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -57,7 +59,10 @@ pub struct Attempt {
     pub seq: u64,
     pub session: String,
     pub request_id: Value,
-    pub tool: String,
+    /// `tools/call`, or `tools/list` for a scripted tools/list step.
+    pub method: &'static str,
+    /// The tool called (null on a tools/list line).
+    pub tool: Option<String>,
     pub response_index: Option<usize>,
     pub step_index: Option<usize>,
     pub steps_total: Option<usize>,
@@ -101,6 +106,8 @@ pub struct AttemptLog {
     include_args: bool,
     registry: Registry,
     attempts: Family<OutcomeLabel, Counter>,
+    /// The number of lines written, for anything that must wait for one.
+    written: watch::Sender<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -121,7 +128,7 @@ impl AttemptLog {
         let attempts = Family::<OutcomeLabel, Counter>::default();
         registry.register(
             "attempts",
-            "tools/call attempts by outcome",
+            "tools/call attempts (and scripted tools/list steps) by outcome",
             attempts.clone(),
         );
         AttemptLog {
@@ -133,6 +140,7 @@ impl AttemptLog {
             include_args,
             registry,
             attempts,
+            written: watch::Sender::new(0),
         }
     }
 
@@ -162,7 +170,13 @@ impl AttemptLog {
         // A full disk must not stop the server; the in-memory copy remains.
         let _ = writeln!(sink.out, "{line}").and_then(|()| sink.out.flush());
         sink.lines.push(line);
+        self.written.send_replace(sink.seq);
         sink.seq
+    }
+
+    /// Watches how many lines have been written.
+    pub fn written(&self) -> watch::Receiver<u64> {
+        self.written.subscribe()
     }
 
     /// Every line written so far, in order.

@@ -63,6 +63,38 @@ pub struct Spec {
     /// The cache hints on modern cacheable results.
     #[serde(default)]
     pub caching: Option<Caching>,
+    /// What successive tools/list requests (a gateway's health checks) get.
+    #[serde(default)]
+    pub tools_list: Option<ToolsList>,
+}
+
+/// Scripted answers to tools/list, one step per request in either era;
+/// past the last step every tools/list answers the listing.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolsList {
+    pub sequence: Vec<ListStep>,
+}
+
+/// One scripted answer to tools/list. Exactly one outcome key is set.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListStep {
+    /// Answer with the listing itself.
+    #[serde(default)]
+    pub list: Option<bool>,
+    #[serde(default)]
+    pub jsonrpc_error: Option<JsonRpcErrorStep>,
+    #[serde(default)]
+    pub http: Option<HttpStep>,
+    #[serde(default)]
+    pub drop: Option<bool>,
+    #[serde(default)]
+    pub stall_body: Option<StallBody>,
+    #[serde(default)]
+    pub raw_body: Option<String>,
+    #[serde(default)]
+    pub delay_ms: Option<u64>,
 }
 
 /// `ttlMs` and `cacheScope` of modern cacheable results (server/discover,
@@ -231,6 +263,8 @@ pub struct SseCloseAfterEvent {
 /// What a step does, once validated.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
+    /// tools/list only: the listing itself.
+    List,
     Return(Value),
     Error(String),
     JsonRpcError {
@@ -255,6 +289,7 @@ pub enum Outcome {
 impl Outcome {
     pub fn kind(&self) -> &'static str {
         match self {
+            Outcome::List => "list",
             Outcome::Return(_) => "return",
             Outcome::Error(_) => "error",
             Outcome::JsonRpcError { .. } => "jsonrpc_error",
@@ -300,6 +335,8 @@ pub struct Script {
     /// Which eras are answered (document default: both).
     pub era: Eras,
     pub caching: Caching,
+    /// Scripted tools/list answers, in order (empty: always the listing).
+    pub tools_list: Vec<ScriptStep>,
 }
 
 #[derive(Debug)]
@@ -459,6 +496,10 @@ impl Script {
                 format!("must be 0..{MAX_TTL_MS}, found {}", caching.ttl_ms),
             );
         }
+        let tools_list = match spec.tools_list {
+            None => Vec::new(),
+            Some(list) => validate_list(list, transport)?,
+        };
         Ok(Script {
             name: doc.metadata.name,
             max_pending: spec.max_pending as usize,
@@ -470,6 +511,7 @@ impl Script {
             prompts: spec.prompts,
             era: spec.era.unwrap_or_default(),
             caching,
+            tools_list,
         })
     }
 
@@ -682,6 +724,83 @@ fn validate_step(step: Step, path: &str, transport: Transport) -> Result<ScriptS
         outcome: outcome.1,
         delay_ms,
     })
+}
+
+fn validate_list(list: ToolsList, transport: Transport) -> Result<Vec<ScriptStep>, ScriptError> {
+    let path = "spec.toolsList.sequence";
+    if list.sequence.is_empty() || list.sequence.len() > MAX_STEPS {
+        return fail(
+            path,
+            format!(
+                "must have 1..{MAX_STEPS} steps, found {}",
+                list.sequence.len()
+            ),
+        );
+    }
+    (list.sequence.into_iter().enumerate())
+        .map(|(s, step)| validate_list_step(step, &format!("{path}[{s}]"), transport))
+        .collect()
+}
+
+/// A tools/list step: `list: true` or one of the failure outcomes a tool
+/// step has, validated as a tool step's are.
+fn validate_list_step(
+    step: ListStep,
+    path: &str,
+    transport: Transport,
+) -> Result<ScriptStep, ScriptError> {
+    let keys: Vec<&str> = [
+        ("list", step.list.is_some()),
+        ("jsonrpc_error", step.jsonrpc_error.is_some()),
+        ("http", step.http.is_some()),
+        ("drop", step.drop.is_some()),
+        ("stall_body", step.stall_body.is_some()),
+        ("raw_body", step.raw_body.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(key, set)| set.then_some(key))
+    .collect();
+    match keys.as_slice() {
+        [] => fail(
+            path,
+            "a step needs exactly one outcome (list, jsonrpc_error, http, drop, stall_body, raw_body)",
+        ),
+        ["list"] => {
+            if step.list == Some(false) {
+                return fail(format!("{path}.list"), "must be true (omit it otherwise)");
+            }
+            let delay_ms = step.delay_ms.unwrap_or(0);
+            if delay_ms > MAX_DELAY_MS {
+                return fail(
+                    format!("{path}.delay_ms"),
+                    format!("must be 0..{MAX_DELAY_MS}, found {delay_ms}"),
+                );
+            }
+            Ok(ScriptStep {
+                outcome: Outcome::List,
+                delay_ms,
+            })
+        }
+        [_] => {
+            let failure = Step {
+                jsonrpc_error: step.jsonrpc_error,
+                http: step.http,
+                drop: step.drop,
+                stall_body: step.stall_body,
+                raw_body: step.raw_body,
+                delay_ms: step.delay_ms,
+                ..Step::default()
+            };
+            validate_step(failure, path, transport)
+        }
+        _ => fail(
+            path,
+            format!(
+                "a step has exactly one outcome, found {}",
+                keys.join(" and ")
+            ),
+        ),
+    }
 }
 
 /// Some(Value::Null) for an explicit null, None (via `default`) when absent.

@@ -14,6 +14,7 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::core::{CallContext, Core, Handled, Reply, Wire, error};
 use crate::era::{self, Era, Eras};
@@ -50,6 +51,8 @@ where
             }
         }
     });
+    // Delayed tools/list answers, each on its own timer.
+    let delayed = TaskTracker::new();
     let mut lines = BufReader::new(input).lines();
     let mut ctx = CallContext {
         session: "stdio".to_owned(),
@@ -111,10 +114,32 @@ where
             Handled::Later(pending) => {
                 let _ = pending_tx.send(pending);
             }
+            Handled::Delayed { delay_ms: 0, reply } => {
+                if let Some(out) = to_out(reply) {
+                    let _ = tx.send(out);
+                }
+            }
+            Handled::Delayed { delay_ms, reply } => {
+                let (tx, shutdown, closed) = (tx.clone(), shutdown.clone(), closed.clone());
+                delayed.spawn(async move {
+                    let delay = tokio::time::sleep(std::time::Duration::from_millis(delay_ms));
+                    tokio::select! {
+                        () = delay => {
+                            if let Some(out) = to_out(reply) {
+                                let _ = tx.send(out);
+                            }
+                        }
+                        () = shutdown.cancelled() => {}
+                        () = closed.cancelled() => {}
+                    }
+                });
+            }
         }
     }
     drop(pending_tx);
     let _ = forwarder.await;
+    delayed.close();
+    delayed.wait().await;
     drop(tx);
     closed.cancel(); // releases a writer parked by a stall
     let _ = writer.await;

@@ -869,3 +869,155 @@ fn the_era_flag_overrides_the_document() {
         "{stderr}"
     );
 }
+
+const HEALTH: &str = "  toolsList:
+    sequence:
+      - http: {status: 503, headers: {Retry-After: '2'}}
+      - jsonrpc_error: {code: -32603, message: catalog unavailable}
+      - list: true
+      - http: {status: 403, headers: {WWW-Authenticate: 'Bearer error=\"insufficient_scope\"'}}
+      - drop: true
+      - raw_body: '{\"jsonrpc\":\"2.0\",\"id\":'
+      - stall_body: {after_bytes: 10}
+  tools:
+    - name: t
+      responses: [{sequence: [{return: 1}]}]
+";
+
+#[test]
+fn scripted_health_checks_fail_as_the_script_says_in_either_era() {
+    let server = HttpServer::start(&script(HEALTH), HttpOptions::default());
+    let session = server.session();
+    let legacy_list = |id: i64| {
+        post(
+            server.addr,
+            &[
+                ("mcp-session-id", &session),
+                ("mcp-protocol-version", "2025-11-25"),
+            ],
+            &json!({"jsonrpc": "2.0", "id": id, "method": "tools/list"}),
+        )
+    };
+    let modern_list = |id: i64| {
+        post_modern(
+            server.addr,
+            &modern(json!(id), "tools/list", json!({})),
+            &[],
+        )
+    };
+
+    let r = modern_list(1);
+    assert_eq!((r.status, r.header("retry-after")), (503, Some("2")));
+    let r = legacy_list(2);
+    assert_eq!(
+        (r.status, r.json()["error"].clone()),
+        (
+            200,
+            json!({"code": -32603, "message": "catalog unavailable"})
+        )
+    );
+    let r = modern_list(3).json();
+    assert_eq!(
+        (
+            &r["result"]["tools"][0]["name"],
+            &r["result"]["resultType"],
+            &r["result"]["ttlMs"]
+        ),
+        (&json!("t"), &json!("complete"), &json!(0))
+    );
+    let r = legacy_list(4);
+    assert_eq!(r.status, 403);
+    assert!(modern_list(5).dropped);
+    let r = legacy_list(6);
+    assert_eq!(
+        (r.status, r.body.as_str()),
+        (200, r#"{"jsonrpc":"2.0","id":"#)
+    );
+    let r = request(
+        server.addr,
+        "POST",
+        &as_refs(&headers_of(&modern(json!(7), "tools/list", json!({})))),
+        Some(&modern(json!(7), "tools/list", json!({})).to_string()),
+        Duration::from_millis(300),
+    );
+    assert!(r.stalled && r.body.len() == 10, "{r:?}");
+    // Past the script, every health check gets the listing.
+    assert_eq!(modern_list(8).json()["result"]["tools"][0]["name"], "t");
+    assert_eq!(legacy_list(9).json()["result"]["tools"][0]["name"], "t");
+
+    let attempts = server.attempts();
+    let lines: Vec<Value> = attempts
+        .iter()
+        .map(|a| {
+            json!([
+                a["method"],
+                a["tool"],
+                a["step_index"],
+                a["step"],
+                a["outcome"],
+                a["protocol_version"]
+            ])
+        })
+        .collect();
+    assert_eq!(
+        lines,
+        vec![
+            json!(["tools/list", null, 0, "http", "fixture_error", MODERN]),
+            json!([
+                "tools/list",
+                null,
+                1,
+                "jsonrpc_error",
+                "fixture_error",
+                "2025-11-25"
+            ]),
+            json!(["tools/list", null, 2, "list", "delivered", MODERN]),
+            json!(["tools/list", null, 3, "http", "fixture_error", "2025-11-25"]),
+            json!(["tools/list", null, 4, "drop", "fixture_error", MODERN]),
+            json!([
+                "tools/list",
+                null,
+                5,
+                "raw_body",
+                "fixture_error",
+                "2025-11-25"
+            ]),
+            json!(["tools/list", null, 6, "stall_body", "fixture_error", MODERN]),
+        ],
+        "one line per scripted step, none once the script is played"
+    );
+}
+
+#[test]
+fn a_slow_health_check_holds_up_nothing_else() {
+    let yaml = script(
+        "  toolsList:\n    sequence: [{list: true, delay_ms: 300000}]\n  tools:\n    - name: t\n      responses: [{sequence: [{return: 1}]}]\n",
+    );
+    let server = HttpServer::start(&yaml, HttpOptions::default());
+    let slow = modern(json!(1), "tools/list", json!({})).to_string();
+    let mut held = std::net::TcpStream::connect(server.addr).unwrap();
+    let mut head = format!(
+        "POST /mcp HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
+        slow.len()
+    );
+    for (k, v) in headers_of(&serde_json::from_str(&slow).unwrap()) {
+        head += &format!("{k}: {v}\r\n");
+    }
+    write!(held, "{head}\r\n{slow}").unwrap();
+    // The step is chosen (and logged) when the request arrives.
+    server.wait_attempts(1);
+    assert_eq!(server.attempts()[0]["delay_ms"], 300000);
+    let call = post_modern(
+        server.addr,
+        &modern(
+            json!(2),
+            "tools/call",
+            json!({"name": "t", "arguments": {}}),
+        ),
+        &[],
+    );
+    assert_eq!(call.json()["result"]["content"][0]["text"], "1");
+    let list = post_modern(server.addr, &modern(json!(3), "tools/list", json!({})), &[]);
+    assert_eq!(list.json()["result"]["tools"][0]["name"], "t");
+    drop(held);
+}

@@ -97,8 +97,42 @@ fn invalid_documents() -> Vec<(&'static str, String, &'static str)> {
             ),
             "spec.caching.cacheScope: unknown variant `shared`, expected `public` or `private`",
         ),
+        (
+            "a tool outcome in toolsList",
+            script(&format!("  toolsList:\n    sequence: [{{return: 1}}]\n{T}")),
+            "spec.toolsList.sequence[0].return: unknown field `return`, expected one of `list`, `jsonrpc_error`, `http`, `drop`, `stall_body`, `raw_body`, `delay_ms`",
+        ),
+        (
+            "list: false",
+            script(&format!(
+                "  toolsList:\n    sequence: [{{list: false}}]\n{T}"
+            )),
+            "spec.toolsList.sequence[0].list: must be true (omit it otherwise)",
+        ),
+        (
+            "two outcomes in a toolsList step",
+            script(&format!(
+                "  toolsList:\n    sequence: [{{list: true, drop: true}}]\n{T}"
+            )),
+            "spec.toolsList.sequence[0]: a step has exactly one outcome, found list and drop",
+        ),
+        (
+            "an empty toolsList",
+            script(&format!("  toolsList: {{sequence: []}}\n{T}")),
+            "spec.toolsList.sequence: must have 1..100 steps, found 0",
+        ),
+        (
+            "a toolsList delay over 300000",
+            script(&format!(
+                "  toolsList:\n    sequence: [{{list: true, delay_ms: 300001}}]\n{T}"
+            )),
+            "spec.toolsList.sequence[0].delay_ms: must be 0..300000, found 300001",
+        ),
     ]
 }
+
+/// One tool, for documents about something else.
+const T: &str = "  tools: [{name: t, responses: [{sequence: [{return: 1}]}]}]\n";
 
 #[test]
 fn library_refuses_each_invalid_class_with_its_path() {
@@ -134,6 +168,16 @@ fn limits_themselves_are_accepted() {
 
 #[test]
 fn http_only_steps_are_refused_for_stdio() {
+    let list = script(&format!(
+        "  toolsList:\n    sequence: [{{list: true}}, {{http: {{status: 503}}}}]\n{T}"
+    ));
+    assert!(Script::from_yaml(&list, Transport::Http).is_ok());
+    assert_eq!(
+        Script::from_yaml(&list, Transport::Stdio)
+            .unwrap_err()
+            .to_string(),
+        "spec.toolsList.sequence[1].http: only the HTTP transport can play this step"
+    );
     for step in [
         "http: {status: 503}",
         "sse_close_after_event: {retry_ms: 10}",
@@ -206,6 +250,6 @@ fn check_accepts_every_example() {
         );
         count += 1;
     }
-    // Eight FaultServer documents and one FaultCli document.
-    assert_eq!(count, 9);
+    // Nine FaultServer documents and one FaultCli document.
+    assert_eq!(count, 10);
 }

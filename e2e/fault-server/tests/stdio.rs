@@ -528,3 +528,30 @@ fn single_era_servers_over_stdio() {
     modern_only.send(&modern(json!(2), "tools/list", json!({})));
     assert_eq!(modern_only.recv()["result"]["tools"][0]["name"], "t");
 }
+
+#[test]
+fn scripted_tools_list_over_stdio_in_both_eras() {
+    let yaml = script(
+        "  toolsList:\n    sequence:\n      - jsonrpc_error: {code: -32603, message: catalog down}\n      - list: true\n      - raw_body: half a line\n      - drop: true\n  tools:\n    - name: t\n      responses: [{sequence: [{return: 1}]}]\n",
+    );
+    let mut s = StdioServer::spawn("tools-list", &yaml);
+    s.send(&modern(json!(1), "tools/list", json!({})));
+    assert_eq!(
+        s.recv(),
+        json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32603, "message": "catalog down"}})
+    );
+    s.initialize();
+    s.send(&json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}));
+    assert_eq!(s.recv()["result"]["tools"][0]["name"], "t");
+    s.send(&modern(json!(3), "tools/list", json!({})));
+    assert_eq!(s.recv_line().unwrap(), "half a line");
+    s.send(&json!({"jsonrpc": "2.0", "id": 4, "method": "tools/list"}));
+    assert!(s.stdout_closed(), "drop closes the pipe");
+    let steps: Vec<Value> = s.attempts().iter().map(|a| a["step"].clone()).collect();
+    assert_eq!(
+        steps,
+        ["jsonrpc_error", "list", "raw_body", "drop"]
+            .map(Value::from)
+            .to_vec()
+    );
+}

@@ -307,6 +307,17 @@ impl HttpServer {
         })
     }
 
+    /// Blocks until the attempt log has at least `n` lines.
+    pub fn wait_attempts(&self, n: u64) {
+        let mut rx = self.core.log.written();
+        self.runtime.as_ref().unwrap().block_on(async {
+            tokio::time::timeout(PATIENCE, rx.wait_for(|w| *w >= n))
+                .await
+                .expect("the attempts are logged")
+                .unwrap();
+        });
+    }
+
     /// Blocks until no call is being played.
     pub fn wait_idle(&self) {
         let mut rx = self.core.running();
