@@ -700,12 +700,19 @@ impl HttpUpstream {
 
     /// A request as a modern server expects it: `_meta` with the version,
     /// the gateway as the client, and the client capabilities the request
-    /// declared that the connection offers (none for a legacy agent's);
+    /// declared that the connection offers (for a legacy agent's, those the
+    /// connection offers);
     /// with the headers mirroring its method, name and annotated arguments.
     fn modern_request(&self, message: &Value) -> (Value, Vec<(String, String)>) {
         let mut request = message.clone();
-        let declared = modern::declared_capabilities(message);
         let offered = crate::protocol::client_capabilities(&self.connection);
+        // A legacy agent's request: the gateway answers the server's input
+        // requests itself by asking the agent in its era, so it offers what
+        // the connection offers.
+        let declared = match modern::claims_modern(message) {
+            true => modern::declared_capabilities(message),
+            false => offered.clone(),
+        };
         let capabilities: serde_json::Map<String, Value> = declared
             .as_object()
             .into_iter()

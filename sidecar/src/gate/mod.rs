@@ -17,6 +17,7 @@ mod asks;
 mod catalog;
 mod connections;
 mod inflight;
+mod input;
 mod listings;
 mod present;
 mod relay;
@@ -571,6 +572,10 @@ impl Gateway {
         }
         let tracked = self.in_flight.track(&caller.session, Some(&id));
         let started = Instant::now();
+        // Kept only where a retry may follow: a legacy agent's call to a
+        // modern server, which may ask for input.
+        let retry =
+            (!caller.modern && route.connection.upstream.modern()).then(|| upstream_call.clone());
         let outcome = self
             .call_upstream(
                 &route.connection,
@@ -580,6 +585,15 @@ impl Gateway {
                 &tracked.cancelled,
             )
             .await;
+        let outcome = match (outcome, retry) {
+            (Some(Ok(x)), Some(request)) if input::requires_input(&x) => {
+                let cancel = &tracked.cancelled;
+                let input =
+                    self.provide_input(&route.connection, &request, x, caller, evaluator, cancel);
+                Box::pin(input).await
+            }
+            (outcome, _) => outcome,
+        };
         drop(tracked);
         let connection_labels = ConnectionLabels {
             connection: connection.clone(),
@@ -627,9 +641,18 @@ impl Gateway {
         let name = connection.connection().name.clone();
         request["id"] = json!(self.fresh_id());
         let tracked = self.in_flight.track(&caller.session, message.id());
+        let retry = (!caller.modern && connection.upstream.modern()).then(|| request.clone());
         let outcome = self
             .call_upstream(connection, request, caller, evaluator, &tracked.cancelled)
             .await;
+        let outcome = match (outcome, retry) {
+            (Some(Ok(x)), Some(request)) if input::requires_input(&x) => {
+                let cancel = &tracked.cancelled;
+                let input = self.provide_input(connection, &request, x, caller, evaluator, cancel);
+                Box::pin(input).await
+            }
+            (outcome, _) => outcome,
+        };
         drop(tracked);
         match outcome {
             None => Reply::Nothing,

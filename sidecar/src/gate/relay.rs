@@ -22,14 +22,22 @@ use super::present::error_object;
 use super::{Caller, Gateway};
 use crate::upstream::health::ConnectionState;
 
-/// Requests upstream servers made of agents, relayed and awaiting the
-/// agent's reply: (agent session, agent-facing id as JSON text) -> where the
-/// reply goes.
+/// Requests made of agents, relayed and awaiting the agent's reply: (agent
+/// session, agent-facing id as JSON text) -> where the reply goes.
 #[derive(Default)]
-pub(super) struct Relayed(Mutex<HashMap<(String, String), RelayedRequest>>);
+pub(super) struct Relayed(pub(super) Mutex<HashMap<(String, String), Awaiting>>);
+
+/// Where an agent's reply goes.
+pub(super) enum Awaiting {
+    /// A request a server made of the agent: back to that server.
+    Server(RelayedRequest),
+    /// A request the gateway made of the agent on a server's behalf (a
+    /// modern server's input request, for a legacy agent): to the gateway.
+    Gateway(tokio::sync::oneshot::Sender<Value>),
+}
 
 /// A request a server made of an agent, relayed and awaiting the reply.
-struct RelayedRequest {
+pub(super) struct RelayedRequest {
     connection: Arc<ConnectionState>,
     upstream_id: Value,
 }
@@ -45,6 +53,9 @@ struct CallRelay<'a> {
     agent_token: Option<Value>,
     upstream_token: Option<Value>,
     relayed: Vec<(String, String)>,
+    /// Whether log messages may reach the agent: a modern request opts in
+    /// with `_meta` logLevel, and hears none without it.
+    logs: bool,
 }
 
 impl Gateway {
@@ -87,6 +98,9 @@ impl Gateway {
         cancel: &CancellationToken,
     ) -> Option<Result<Exchange, Failure>> {
         let agent_token = aip_mcp::protocol::progress_token(&request).cloned();
+        let logs = !caller.modern
+            || aip_mcp::modern::meta(&request)
+                .is_some_and(|m| m.contains_key(aip_mcp::modern::META_LOG_LEVEL));
         let upstream_token = agent_token.as_ref().map(|_| json!(self.fresh_id()));
         let meta = request.get_mut("params").and_then(|p| p.get_mut("_meta"));
         if let (Some(token), Some(meta)) = (&upstream_token, meta) {
@@ -100,6 +114,7 @@ impl Gateway {
             agent_token,
             upstream_token,
             relayed: Vec::new(),
+            logs,
         };
         let _busy = connection.busy();
         let (related, mut heard) = mpsc::unbounded_channel();
@@ -144,9 +159,19 @@ impl Gateway {
         caller: &Caller,
     ) {
         let id = message.id().map(Value::to_string).unwrap_or_default();
-        let Some(relayed) = lock(&self.relayed.0).remove(&(caller.session.clone(), id)) else {
-            tracing::warn!(id = ?message.id(), "a reply to no pending server request was dropped");
-            return;
+        let awaiting = lock(&self.relayed.0).remove(&(caller.session.clone(), id));
+        let relayed = match awaiting {
+            Some(Awaiting::Server(relayed)) => relayed,
+            Some(Awaiting::Gateway(waiter)) => {
+                let mut reply = message.value;
+                self.redact_audited(&mut reply, evaluator, Direction::Upstream);
+                let _ = waiter.send(reply);
+                return;
+            }
+            None => {
+                tracing::warn!(id = ?message.id(), "a reply to no pending server request was dropped");
+                return;
+            }
         };
         let mut reply = message.value;
         reply["id"] = relayed.upstream_id;
@@ -163,7 +188,12 @@ impl Gateway {
 
     /// DLP over every string of `value` going `direction`, each finding
     /// audited.
-    fn redact_audited(&self, value: &mut Value, evaluator: &Evaluator, direction: Direction) {
+    pub(super) fn redact_audited(
+        &self,
+        value: &mut Value,
+        evaluator: &Evaluator,
+        direction: Direction,
+    ) {
         if let Some(redactor) = evaluator.redactor() {
             let mut events = Vec::new();
             redactor.redact_strings(value, &mut events);
@@ -191,6 +221,7 @@ impl CallRelay<'_> {
     /// server's cancellation of a request it relayed; redacted.
     fn notification(&mut self, mut note: Value) {
         match note["method"].as_str().unwrap_or_default() {
+            "notifications/message" if !self.logs => return,
             "notifications/progress" => {
                 let token = note.get("params").and_then(|p| p.get("progressToken"));
                 match &self.agent_token {
@@ -235,6 +266,11 @@ impl CallRelay<'_> {
             _ => Some("the gateway relays only sampling, elicitation and roots requests"),
         };
         let refusal = refusal.or_else(|| {
+            self.caller.modern.then_some(
+                "the agent speaks MCP 2026-07-28, where a server asks for input in its result, not by a request",
+            )
+        });
+        let refusal = refusal.or_else(|| {
             self.caller
                 .events
                 .is_none()
@@ -259,7 +295,7 @@ impl CallRelay<'_> {
             connection: self.connection.clone(),
             upstream_id: upstream_id.clone(),
         };
-        lock(&self.gateway.relayed.0).insert(key.clone(), relayed);
+        lock(&self.gateway.relayed.0).insert(key.clone(), Awaiting::Server(relayed));
         self.relayed.push(key.clone());
         if !self.caller.send(request) {
             lock(&self.gateway.relayed.0).remove(&key);
@@ -290,9 +326,7 @@ impl CallRelay<'_> {
             .relayed
             .iter()
             .find(|k| {
-                pending
-                    .get(*k)
-                    .is_some_and(|r| &r.upstream_id == upstream_id)
+                matches!(pending.get(*k), Some(Awaiting::Server(r)) if &r.upstream_id == upstream_id)
             })?
             .clone();
         pending.remove(&key);

@@ -1,0 +1,280 @@
+//! Both protocol eras through the gateway, with peers nobody here wrote:
+//! the Python MCP SDK's client in its default mode (it probes
+//! `server/discover` and speaks MCP 2026-07-28 to a server that answers)
+//! and forced to the legacy handshake, and the TypeScript SDK's client in
+//! its default mode (the legacy handshake) and pinned to 2026-07-28, in
+//! front of the official MCP Go
+//! SDK's conformance server run stateless (it speaks 2026-07-28, and the
+//! gateway finds so by probing) and with sessions (2025-11-25 only, as the
+//! gateway finds when its probe is refused). Every pairing of agent era and
+//! server era works, including a server's request for input: a modern
+//! agent answers a modern server's `input_required` itself, and for a
+//! legacy agent the gateway asks it in its own era and retries the call.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use common::{Setup, Stack};
+use serde_json::{Value, json};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn python() -> PathBuf {
+    let p = std::env::var_os("AIP_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("target/pyenv/bin/python"));
+    assert!(
+        p.exists(),
+        "no Python with the mcp SDK at {}: run `make interop-deps`",
+        p.display()
+    );
+    p
+}
+
+/// The Go SDK's conformance server, killed when dropped.
+struct GoServer(Child, String);
+
+impl GoServer {
+    fn start(stateless: bool) -> GoServer {
+        let binary = repo().join("target/peers/mcp-conformance-server");
+        assert!(
+            binary.exists(),
+            "{} is missing: run `make go-peers`",
+            binary.display()
+        );
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut child = Command::new(binary)
+            .arg(format!("-http=127.0.0.1:{port}"))
+            .arg(format!("-stateless={stateless}"))
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        // It logs "listening at" just before it listens: wait for the
+        // socket itself to accept.
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        while stderr.read_line(&mut line).unwrap() > 0 && !line.contains("listening") {
+            line.clear();
+        }
+        std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+        let deadline = std::time::Instant::now() + common::PATIENCE;
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the Go server never listened"
+            );
+            std::thread::yield_now();
+        }
+        GoServer(child, format!("http://127.0.0.1:{port}/mcp"))
+    }
+}
+
+impl Drop for GoServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+const POLICY: &str =
+    "  allowed_tools: [test_simple_text, test_input_required_result_elicitation, test_elicitation]
+  tool_rules:
+    - {tool: test_error_handling, action: block}
+";
+
+/// A gateway in front of `server`, every client capability offered.
+async fn gateway(server: &GoServer) -> Stack {
+    Stack::start(Setup {
+        url: Some(server.1.clone()),
+        policy: POLICY,
+        prefix: "",
+        connection: "  clientCapabilities: {sampling: true, elicitation: true, roots: true}\n",
+        ..Setup::default()
+    })
+    .await
+}
+
+/// Runs the Python SDK client in `mode` against the gateway; its report.
+async fn client(s: &Stack, mode: &str, calls: Value) -> Value {
+    let mut command = Command::new(python());
+    command.arg(repo().join("sidecar/tests/interop/eras_client.py"));
+    run(command, s, mode, calls).await
+}
+
+/// Runs the TypeScript SDK client in `mode` against the gateway (from the
+/// directory its package is installed in, where Node resolves it).
+async fn ts_client(s: &Stack, mode: &str, calls: Value) -> Value {
+    let npm = repo().join("target/npm");
+    assert!(
+        npm.join("node_modules/@modelcontextprotocol/client")
+            .exists(),
+        "the TypeScript SDK client is not installed in {}: run `make interop-deps`",
+        npm.display()
+    );
+    // A copy of its own per run: tests run at once.
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let script = npm.join(format!("aip-ts-client-{}-{n}.mjs", std::process::id()));
+    std::fs::copy(repo().join("sidecar/tests/interop/ts_client.mjs"), &script).unwrap();
+    let mut command = Command::new("node");
+    command.arg(&script);
+    let report = run(command, s, mode, calls).await;
+    let _ = std::fs::remove_file(script);
+    report
+}
+
+async fn run(mut command: Command, s: &Stack, mode: &str, calls: Value) -> Value {
+    let url = format!("http://{}/mcp", s.addr);
+    let mode = mode.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let out = command
+            .args([url.as_str(), mode.as_str(), &calls.to_string()])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "client failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+fn text(result: &Value) -> &str {
+    result["content"][0]["text"].as_str().unwrap_or_default()
+}
+
+/// The calls every pairing makes: a plain call, a call the server answers
+/// only after asking the agent's name (a modern server asks in its result,
+/// a legacy one by a request), and one the policy blocks.
+fn calls(asking_tool: &str) -> Value {
+    json!([
+        ["test_simple_text", {}],
+        [asking_tool, {"message": "What is your name?"}],
+        ["test_error_handling", {}],
+    ])
+}
+
+fn check(report: &Value, agent_version: &str) {
+    assert_eq!(report["protocol_version"], agent_version, "{report}");
+    let tools = report["tools"].as_array().unwrap();
+    assert!(tools.contains(&json!("test_simple_text")), "{report}");
+    assert!(
+        !tools.contains(&json!("test_error_handling")),
+        "hidden by the policy: {report}"
+    );
+    let results = report["results"].as_array().unwrap();
+    assert_eq!(
+        text(&results[0]),
+        "This is a simple text response for testing."
+    );
+    assert_eq!(
+        results[2]["error"]["code"], -32001,
+        "blocked: {}",
+        results[2]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_modern_agent_with_a_modern_server() {
+    let server = GoServer::start(true);
+    let s = gateway(&server).await;
+    assert!(
+        s.gateway.connections()[0].upstream.modern(),
+        "the probe found 2026-07-28"
+    );
+    let report = client(&s, "auto", calls("test_input_required_result_elicitation")).await;
+    check(&report, "2026-07-28");
+    assert_eq!(text(&report["results"][1]), "Hello, octocat!", "{report}");
+    assert_eq!(report["elicited"][0]["message"], "What is your name?");
+    // Each round of the asking call was a call the policy decided.
+    let audit = std::fs::read_to_string(&s.audit).unwrap();
+    let decided = audit
+        .lines()
+        .filter(|l| l.contains("test_input_required_result_elicitation") && l.contains("\"ALLOW\""))
+        .count();
+    assert_eq!(decided, 2, "{audit}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_legacy_agent_with_a_modern_server() {
+    let server = GoServer::start(true);
+    let s = gateway(&server).await;
+    let report = client(
+        &s,
+        "legacy",
+        calls("test_input_required_result_elicitation"),
+    )
+    .await;
+    check(&report, "2025-11-25");
+    // The server asked in its result; the gateway asked the agent with an
+    // elicitation request of its era and retried with the answer.
+    assert_eq!(text(&report["results"][1]), "Hello, octocat!", "{report}");
+    assert_eq!(report["elicited"][0]["message"], "What is your name?");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_modern_agent_with_a_legacy_server() {
+    let server = GoServer::start(false);
+    let s = gateway(&server).await;
+    assert!(
+        !s.gateway.connections()[0].upstream.modern(),
+        "the probe was refused"
+    );
+    let report = client(&s, "auto", calls("test_simple_text")).await;
+    check(&report, "2026-07-28");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_legacy_agent_with_a_legacy_server() {
+    let server = GoServer::start(false);
+    let s = gateway(&server).await;
+    let report = client(&s, "legacy", calls("test_elicitation")).await;
+    check(&report, "2025-11-25");
+    // The server asked by a request, relayed to the agent as it was.
+    assert_eq!(
+        report["elicited"][0]["message"], "What is your name?",
+        "{report}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_typescript_sdk_in_both_eras_with_a_modern_server() {
+    let server = GoServer::start(true);
+    let s = gateway(&server).await;
+    let asking = calls("test_input_required_result_elicitation");
+    for (mode, version) in [("2026-07-28", "2026-07-28"), ("legacy", "2025-11-25")] {
+        let report = ts_client(&s, mode, asking.clone()).await;
+        check(&report, version);
+        assert_eq!(
+            text(&report["results"][1]),
+            "Hello, octocat!",
+            "{mode}: {report}"
+        );
+        assert_eq!(report["elicited"][0]["message"], "What is your name?");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_typescript_sdk_in_both_eras_with_a_legacy_server() {
+    let server = GoServer::start(false);
+    let s = gateway(&server).await;
+    for (mode, version) in [("2026-07-28", "2026-07-28"), ("legacy", "2025-11-25")] {
+        let report = ts_client(&s, mode, calls("test_simple_text")).await;
+        check(&report, version);
+    }
+}

@@ -1,0 +1,49 @@
+"""The Python MCP SDK's high-level client (PyPI `mcp`), unmodified, in a
+chosen protocol mode, for the era interop tests.
+
+Usage: eras_client.py URL MODE CALLS_JSON
+
+MODE is the SDK's own: "auto" (its default: server/discover first, the
+initialize handshake only for a server that does not answer it), "legacy"
+(the initialize handshake), or a version to adopt ("2026-07-28").
+CALLS_JSON is a list of [tool, arguments]. Elicitation requests are answered
+by accepting with {"name": AIP_ELICIT_NAME}; the requests are reported.
+Prints one JSON report: the negotiated protocol version, the tools listed,
+each call's result or error, and the elicitation requests received.
+"""
+import asyncio
+import json
+import os
+import sys
+
+from mcp import Client, types
+
+ELICITED = []
+
+
+async def elicit(context, params):
+    ELICITED.append(params.model_dump(mode="json", by_alias=True, exclude_none=True))
+    return types.ElicitResult(action="accept", content={"name": os.environ.get("AIP_ELICIT_NAME", "octocat")})
+
+
+def dump(value):
+    return value.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+async def main(url, mode, calls):
+    async with Client(url, mode=mode, elicitation_callback=elicit) as client:
+        report = {"protocol_version": client.protocol_version}
+        report["tools"] = sorted(t.name for t in (await client.list_tools()).tools)
+        results = []
+        for name, arguments in calls:
+            try:
+                results.append(dump(await client.call_tool(name, arguments)))
+            except Exception as exc:  # an error the server or gateway returned
+                error = getattr(exc, "error", None)
+                results.append({"error": dump(error) if hasattr(error, "model_dump") else {"message": str(exc)}})
+        report["results"] = results
+        report["elicited"] = ELICITED
+        print(json.dumps(report))
+
+
+asyncio.run(main(sys.argv[1], sys.argv[2], json.loads(sys.argv[3])))
