@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::era::{self, Era, META_SERVER_INFO, MODERN_VERSIONS, Rejection, RoutingHeaders};
 use crate::log::{Attempt, AttemptLog, AttemptOutcome, canonical_sha256};
-use crate::script::{OnExhausted, Outcome, Script};
+use crate::script::{ExpectRetry, OnExhausted, Outcome, Script, ScriptStep};
 
 /// Protocol versions this server speaks, newest first.
 pub const PROTOCOL_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
@@ -46,6 +46,9 @@ pub enum Reply {
     Wire(Wire),
     /// The call was canceled: send nothing.
     Canceled,
+    /// An error the modern HTTP transport answers with this status
+    /// (-32021: the call needs a client capability the request lacks).
+    Refused { status: u16, response: Value },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -95,6 +98,9 @@ struct Job {
     id: Value,
     tool: String,
     arguments: Value,
+    /// A multi-round-trip retry's `requestState` and `inputResponses`.
+    request_state: Option<Value>,
+    input_responses: Option<Value>,
     ctx: CallContext,
     received: Instant,
     reply: oneshot::Sender<Reply>,
@@ -586,6 +592,8 @@ impl Core {
             id,
             tool: tool.to_owned(),
             arguments,
+            request_state: params.get("requestState").cloned(),
+            input_responses: params.get("inputResponses").cloned(),
             ctx: ctx.clone(),
             received: Instant::now(),
             reply: tx,
@@ -708,18 +716,27 @@ impl Core {
             ));
         };
         let steps = &tool.responses[r].steps;
+        let mut attempt = self.job_attempt(job, AttemptOutcome::Exhausted);
+        attempt.response_index = Some(r);
+        attempt.steps_total = Some(steps.len());
         let index = {
             let mut cursors = lock(&self.cursors);
             let cursor = cursors.entry((t, r)).or_insert(0);
             let index = *cursor;
-            if index < steps.len() {
+            if let Some(step) = steps.get(index) {
+                if let Err((reply, outcome)) = admit(job, step) {
+                    drop(cursors);
+                    attempt.step_index = Some(index);
+                    attempt.step = Some(step.outcome.kind());
+                    attempt.outcome = outcome;
+                    attempt.is_error = outcome == AttemptOutcome::WrongEra;
+                    self.log.record(attempt);
+                    return reply;
+                }
                 *cursor += 1; // consumed now, whatever happens next
             }
             index
         };
-        let mut attempt = self.job_attempt(job, AttemptOutcome::Exhausted);
-        attempt.response_index = Some(r);
-        attempt.steps_total = Some(steps.len());
         let Some(step) = steps.get(index) else {
             attempt.is_error = self.script.on_exhausted == OnExhausted::ToolError;
             self.log.record(attempt);
@@ -804,6 +821,123 @@ impl Core {
     }
 }
 
+/// Whether `step` may be played to `job`; if not, what the job gets
+/// instead (the step is not consumed). A step that expects a retry needs
+/// its `requestState` and `inputResponses`; an `input_required` step needs
+/// a modern request whose client capabilities cover what it asks for.
+fn admit(job: &Job, step: &ScriptStep) -> Result<(), (Reply, AttemptOutcome)> {
+    if let Some(expected) = &step.expect_retry
+        && let Some(problem) = retry_problem(expected, job)
+    {
+        let e = error(&job.id, -32602, &format!("Invalid params: {problem}"), None);
+        return Err((Reply::Message(e), AttemptOutcome::RetryMismatch));
+    }
+    let Outcome::InputRequired { input_requests, .. } = &step.outcome else {
+        return Ok(());
+    };
+    if job.ctx.era == Era::Legacy {
+        let text = "this step asks the client for input (input_required), which only a 2026-07-28 request can be given";
+        return Err((
+            Reply::Message(tool_error(&job.id, text)),
+            AttemptOutcome::WrongEra,
+        ));
+    }
+    let Some(required) = missing_capabilities(
+        input_requests.as_ref(),
+        job.ctx.client_capabilities.as_ref(),
+    ) else {
+        return Ok(());
+    };
+    let names: Vec<&str> = required
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, _)| k.as_str())
+        .collect();
+    let rejection = Rejection {
+        data: Some(json!({"requiredCapabilities": required})),
+        ..Rejection::new(
+            era::MISSING_CLIENT_CAPABILITY,
+            format!(
+                "Missing required client capability: this call asks for input that needs {}",
+                names.join(" and ")
+            ),
+        )
+    };
+    Err((
+        Reply::Refused {
+            status: rejection.http_status(),
+            response: rejection.response(&job.id),
+        },
+        AttemptOutcome::MissingCapability,
+    ))
+}
+
+/// What is wrong with a retry, measured against what the step expects.
+fn retry_problem(expected: &ExpectRetry, job: &Job) -> Option<String> {
+    match (&expected.request_state, &job.request_state) {
+        (None, Some(_)) => return Some("requestState was not issued for this call".to_owned()),
+        (Some(_), None) => return Some("requestState is missing from the retry".to_owned()),
+        (Some(want), Some(got)) if got.as_str() != Some(want.as_str()) => {
+            return Some("requestState does not match the one issued".to_owned());
+        }
+        _ => {}
+    }
+    for (key, want) in &expected.input_responses {
+        match job.input_responses.as_ref().and_then(|r| r.get(key)) {
+            None => return Some(format!("inputResponses.{key} is missing")),
+            Some(got) if !crate::log::canonical_eq(want, got) => {
+                return Some(format!(
+                    "inputResponses.{key} is not the response the script expects"
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    None
+}
+
+/// The client capabilities the input requests need that `declared` lacks,
+/// as a ClientCapabilities object (None: all declared). Elicitation `{}`
+/// means form mode only; URL mode needs `url`.
+fn missing_capabilities(requests: Option<&Value>, declared: Option<&Value>) -> Option<Value> {
+    let empty = json!({});
+    let declared = declared.unwrap_or(&empty);
+    let mut missing = serde_json::Map::new();
+    for request in requests
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .map(|(_, r)| r)
+    {
+        let method = request
+            .get("method")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        match method {
+            "elicitation/create" => {
+                let url = request.pointer("/params/mode").and_then(Value::as_str) == Some("url");
+                let mode = if url { "url" } else { "form" };
+                let supported = declared
+                    .get("elicitation")
+                    .is_some_and(|e| e.get(mode).is_some() || (!url && e.get("url").is_none()));
+                if !supported {
+                    let entry = missing.entry("elicitation").or_insert_with(|| json!({}));
+                    entry[mode] = json!({});
+                }
+            }
+            "sampling/createMessage" if declared.get("sampling").is_none() => {
+                missing.insert("sampling".to_owned(), json!({}));
+            }
+            "roots/list" if declared.get("roots").is_none() => {
+                missing.insert("roots".to_owned(), json!({}));
+            }
+            _ => {}
+        }
+    }
+    (!missing.is_empty()).then_some(Value::Object(missing))
+}
+
 /// Turns a step into what the transport sends, with its log outcome and
 /// whether the tool result is an error.
 fn render(id: &Value, outcome: &Outcome) -> (Reply, AttemptOutcome, bool) {
@@ -848,6 +982,19 @@ fn render(id: &Value, outcome: &Outcome) -> (Reply, AttemptOutcome, bool) {
             (Reply::Wire(wire), FixtureError, false)
         }
         Outcome::Drop => (Reply::Wire(Wire::Drop), FixtureError, false),
+        Outcome::InputRequired {
+            input_requests,
+            request_state,
+        } => {
+            let mut r = json!({"resultType": "input_required"});
+            if let Some(requests) = input_requests {
+                r["inputRequests"] = requests.clone();
+            }
+            if let Some(state) = request_state {
+                r["requestState"] = json!(state);
+            }
+            (Reply::Message(result(id, r)), Delivered, false)
+        }
         Outcome::StallBody(after_bytes) => {
             let response = result(id, tool_result(&json!({"stalled": true})));
             (

@@ -370,6 +370,10 @@ fn play(
         Reply::Message(v) => answer(&v, wants_sse),
         Reply::Canceled if wants_sse => sse_response(full(Bytes::new())),
         Reply::Canceled => empty(StatusCode::ACCEPTED),
+        Reply::Refused { status, response } => rpc(
+            StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST),
+            &response,
+        ),
         Reply::Wire(Wire::Drop) => return Err(DropConnection),
         Reply::Wire(Wire::Http {
             status,

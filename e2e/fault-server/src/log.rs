@@ -34,6 +34,14 @@ pub enum AttemptOutcome {
     CanceledQueued,
     RejectedOverflow,
     RejectedDuplicate,
+    /// The step expects a retry carrying other `requestState` or
+    /// `inputResponses`; nothing consumed.
+    RetryMismatch,
+    /// An `input_required` step asks for input the request's declared
+    /// client capabilities do not cover; nothing consumed.
+    MissingCapability,
+    /// An `input_required` step met a legacy request; nothing consumed.
+    WrongEra,
 }
 
 impl AttemptOutcome {
@@ -49,6 +57,9 @@ impl AttemptOutcome {
             AttemptOutcome::CanceledQueued => "canceled_queued",
             AttemptOutcome::RejectedOverflow => "rejected_overflow",
             AttemptOutcome::RejectedDuplicate => "rejected_duplicate",
+            AttemptOutcome::RetryMismatch => "retry_mismatch",
+            AttemptOutcome::MissingCapability => "missing_capability",
+            AttemptOutcome::WrongEra => "wrong_era",
         }
     }
 }

@@ -219,8 +219,51 @@ pub struct Step {
     pub oversize: Option<Oversize>,
     #[serde(default)]
     pub sse_close_after_event: Option<SseCloseAfterEvent>,
+    /// 2026-07-28: ask the client for input (a multi-round-trip result).
+    #[serde(default)]
+    pub input_required: Option<InputRequiredStep>,
+    /// 2026-07-28: the step is played only to a retry carrying exactly this
+    /// `requestState` and these `inputResponses`.
+    #[serde(default)]
+    pub expect_retry: Option<ExpectRetry>,
     #[serde(default)]
     pub delay_ms: Option<u64>,
+}
+
+/// An `input_required` result: the requests the client must answer and
+/// the opaque state it must echo (at least one of the two).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct InputRequiredStep {
+    #[serde(default)]
+    pub input_requests: Option<BTreeMap<String, InputRequest>>,
+    #[serde(default)]
+    pub request_state: Option<String>,
+}
+
+/// One request inside an `input_required` result.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputRequest {
+    pub method: String,
+    #[serde(default)]
+    pub params: Option<Value>,
+}
+
+/// The methods an `input_required` result may ask the client to answer.
+pub const INPUT_METHODS: &[&str] = &["elicitation/create", "sampling/createMessage", "roots/list"];
+
+/// What the retry of an `input_required` call must carry.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ExpectRetry {
+    /// Echoed exactly; absent means the retry must carry none.
+    #[serde(default)]
+    pub request_state: Option<String>,
+    /// Each named response must be present and equal (numbers by value);
+    /// others the retry carries are ignored.
+    #[serde(default)]
+    pub input_responses: BTreeMap<String, Value>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -284,6 +327,12 @@ pub enum Outcome {
     SseCloseAfterEvent {
         retry_ms: u64,
     },
+    /// `resultType: input_required` with these requests (an object of
+    /// `{method, params?}` by key) and this state.
+    InputRequired {
+        input_requests: Option<Value>,
+        request_state: Option<String>,
+    },
 }
 
 impl Outcome {
@@ -299,6 +348,7 @@ impl Outcome {
             Outcome::RawBody(_) => "raw_body",
             Outcome::Oversize(_) => "oversize",
             Outcome::SseCloseAfterEvent { .. } => "sse_close_after_event",
+            Outcome::InputRequired { .. } => "input_required",
         }
     }
 
@@ -391,6 +441,8 @@ fn field_text(value: &Value) -> String {
 pub struct ScriptStep {
     pub outcome: Outcome,
     pub delay_ms: u64,
+    /// Played only to a retry that carries what this names.
+    pub expect_retry: Option<ExpectRetry>,
 }
 
 /// An invalid document: where and why.
@@ -695,11 +747,15 @@ fn validate_step(step: Step, path: &str, transport: Transport) -> Result<ScriptS
             },
         ));
     }
+    if let Some(i) = step.input_required {
+        let outcome = validate_input_required(i, &format!("{path}.input_required"))?;
+        outcomes.push(("input_required", outcome));
+    }
     let outcome = match outcomes.len() {
         0 => {
             return fail(
                 path,
-                "a step needs exactly one outcome (return, error, jsonrpc_error, http, drop, stall_body, raw_body, oversize, sse_close_after_event)",
+                "a step needs exactly one outcome (return, error, jsonrpc_error, http, drop, stall_body, raw_body, oversize, sse_close_after_event, input_required)",
             );
         }
         1 => outcomes.remove(0),
@@ -720,9 +776,55 @@ fn validate_step(step: Step, path: &str, transport: Transport) -> Result<ScriptS
             "only the HTTP transport can play this step",
         );
     }
+    if let Some(expect) = &step.expect_retry
+        && expect.request_state.as_deref().is_some_and(str::is_empty)
+    {
+        return fail(
+            format!("{path}.expect_retry.requestState"),
+            "must not be empty (omit it to expect no requestState)",
+        );
+    }
     Ok(ScriptStep {
         outcome: outcome.1,
         delay_ms,
+        expect_retry: step.expect_retry,
+    })
+}
+
+fn validate_input_required(step: InputRequiredStep, path: &str) -> Result<Outcome, ScriptError> {
+    if step.input_requests.as_ref().is_none_or(BTreeMap::is_empty) && step.request_state.is_none() {
+        return fail(
+            path,
+            "needs inputRequests (at least one), requestState, or both",
+        );
+    }
+    if step.request_state.as_deref().is_some_and(str::is_empty) {
+        return fail(format!("{path}.requestState"), "must not be empty");
+    }
+    let mut requests = serde_json::Map::new();
+    for (key, request) in step.input_requests.into_iter().flatten() {
+        let at = format!("{path}.inputRequests.{key}");
+        if !INPUT_METHODS.contains(&request.method.as_str()) {
+            return fail(
+                format!("{at}.method"),
+                format!(
+                    "must be {}, found {:?}",
+                    INPUT_METHODS.join(", "),
+                    request.method
+                ),
+            );
+        }
+        let mut wire = serde_json::json!({"method": request.method});
+        match request.params {
+            None => {}
+            Some(params @ Value::Object(_)) => wire["params"] = params,
+            Some(_) => return fail(format!("{at}.params"), "must be an object"),
+        }
+        requests.insert(key, wire);
+    }
+    Ok(Outcome::InputRequired {
+        input_requests: (!requests.is_empty()).then_some(Value::Object(requests)),
+        request_state: step.request_state,
     })
 }
 
@@ -779,6 +881,7 @@ fn validate_list_step(
             Ok(ScriptStep {
                 outcome: Outcome::List,
                 delay_ms,
+                expect_retry: None,
             })
         }
         [_] => {

@@ -148,7 +148,7 @@ where
 
 fn to_out(reply: Reply) -> Option<Out> {
     match reply {
-        Reply::Message(v) => Some(Out::Line(v.to_string())),
+        Reply::Message(v) | Reply::Refused { response: v, .. } => Some(Out::Line(v.to_string())),
         Reply::Canceled => None,
         Reply::Wire(Wire::RawBody(text)) => Some(Out::Line(text)),
         Reply::Wire(Wire::StallBody {

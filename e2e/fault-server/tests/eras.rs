@@ -1021,3 +1021,138 @@ fn a_slow_health_check_holds_up_nothing_else() {
     assert_eq!(list.json()["result"]["tools"][0]["name"], "t");
     drop(held);
 }
+
+const MRTR: &str = "  tools:
+    - name: login
+      responses:
+        - sequence:
+            - input_required:
+                inputRequests:
+                  who: {method: elicitation/create, params: {mode: form, message: Who?, requestedSchema: {type: object}}}
+                requestState: s-1
+            - return: welcome
+              expect_retry:
+                requestState: s-1
+                inputResponses: {who: {action: accept, content: {name: octocat}}}
+    - name: visit
+      responses:
+        - sequence:
+            - input_required:
+                inputRequests:
+                  open: {method: elicitation/create, params: {mode: url, message: Sign in, url: 'https://example.com/a'}}
+                  folders: {method: roots/list}
+";
+
+#[test]
+fn multi_round_trip_steps_check_the_retry_and_the_declared_capabilities() {
+    let server = HttpServer::start(&script(MRTR), HttpOptions::default());
+    let with_caps = |id: i64, tool: &str, caps: Value, extra: Value| {
+        let mut body = modern(
+            json!(id),
+            "tools/call",
+            json!({"name": tool, "arguments": {}}),
+        );
+        body["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"] = caps;
+        for (k, v) in extra.as_object().unwrap() {
+            body["params"][k] = v.clone();
+        }
+        post_modern(server.addr, &body, &[])
+    };
+    let form = json!({"elicitation": {}});
+    // Undeclared capability: 400 -32021 naming what is needed.
+    let r = with_caps(1, "login", json!({}), json!({}));
+    assert_eq!(error_of(&r), (400, json!(-32021), json!(1)));
+    assert_eq!(
+        r.json()["error"]["data"],
+        json!({"requiredCapabilities": {"elicitation": {"form": {}}}})
+    );
+    // URL mode needs `url`; `{}` is form only. Roots are asked for too.
+    let r = with_caps(2, "visit", form.clone(), json!({}));
+    assert_eq!(
+        r.json()["error"]["data"],
+        json!({"requiredCapabilities": {"elicitation": {"url": {}}, "roots": {}}})
+    );
+    // A legacy call cannot be given input: a tool error.
+    let session = server.session();
+    let legacy = post(
+        server.addr,
+        &[("mcp-session-id", &session)],
+        &json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "login", "arguments": {}}}),
+    )
+    .json();
+    assert_eq!(legacy["result"]["isError"], true, "{legacy}");
+
+    // The first round.
+    let r = with_caps(4, "login", form.clone(), json!({}));
+    assert_eq!(r.status, 200);
+    let result = r.json()["result"].clone();
+    assert_eq!(
+        (
+            &result["resultType"],
+            &result["requestState"],
+            &result["inputRequests"]["who"]["method"]
+        ),
+        (
+            &json!("input_required"),
+            &json!("s-1"),
+            &json!("elicitation/create")
+        )
+    );
+    assert!(result.get("ttlMs").is_none(), "not cacheable: {result}");
+    // Retries that are not the one expected: -32602 in-band, nothing consumed.
+    let answer = json!({"who": {"action": "accept", "content": {"name": "octocat"}}});
+    for (extra, what) in [
+        (
+            json!({"inputResponses": answer}),
+            "requestState is missing from the retry",
+        ),
+        (
+            json!({"inputResponses": answer, "requestState": "forged"}),
+            "requestState does not match the one issued",
+        ),
+        (
+            json!({"requestState": "s-1"}),
+            "inputResponses.who is missing",
+        ),
+        (
+            json!({"requestState": "s-1", "inputResponses": {"who": {"action": "decline"}}}),
+            "inputResponses.who is not the response the script expects",
+        ),
+    ] {
+        let r = with_caps(5, "login", form.clone(), extra);
+        assert_eq!(
+            (r.status, r.json()["error"].clone()),
+            (
+                200,
+                json!({"code": -32602, "message": format!("Invalid params: {what}")})
+            ),
+        );
+    }
+    // The retry as issued (extra responses ignored) gets the result.
+    let r = with_caps(
+        6,
+        "login",
+        form,
+        json!({"requestState": "s-1", "inputResponses": {"who": {"action": "accept", "content": {"name": "octocat"}}, "extra": {}}}),
+    );
+    assert_eq!(r.json()["result"]["content"][0]["text"], "welcome");
+    let outcomes: Vec<(Value, Value)> = server
+        .attempts()
+        .iter()
+        .map(|a| (a["step_index"].clone(), a["outcome"].clone()))
+        .collect();
+    let expected = [
+        (0, "missing_capability"),
+        (0, "missing_capability"),
+        (0, "wrong_era"),
+        (0, "delivered"),
+        (1, "retry_mismatch"),
+        (1, "retry_mismatch"),
+        (1, "retry_mismatch"),
+        (1, "retry_mismatch"),
+        (1, "delivered"),
+    ]
+    .map(|(i, o)| (json!(i), json!(o)))
+    .to_vec();
+    assert_eq!(outcomes, expected);
+}

@@ -213,3 +213,66 @@ fn python_client_against_single_era_servers() {
     assert!(attempts.is_empty());
     assert_eq!(over_stdio("legacy", "modern")["connect_error"], refused);
 }
+
+fn run_client_mrtr(args: &[&str]) -> Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/interop_mrtr.py");
+    let out = Command::new(python())
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "python client failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn python_client_answers_input_required_and_its_retry_is_checked() {
+    let example =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/faults/input-required.yaml");
+    let log = common::temp_path("py-mrtr").join("attempts.jsonl");
+    let _ = std::fs::remove_file(&log);
+    let (mut server, addr) = common::spawn_http_binary(&example, &log);
+    let url = format!("http://{addr}/mcp");
+    let refused = run_client_mrtr(&["http", &url, "--no-elicitation"]);
+    let answered = run_client_mrtr(&["http", &url]);
+    let _ = server.kill();
+    let _ = server.wait();
+    assert_eq!(
+        refused["error"],
+        json!({"code": -32021,
+               "message": "Missing required client capability: this call asks for input that needs elicitation",
+               "data": {"requiredCapabilities": {"elicitation": {"form": {}}}}})
+    );
+    assert_eq!(answered["protocol_version"], "2026-07-28");
+    assert_eq!(
+        answered["asked"][0]["message"], "Your GitHub username?",
+        "the SDK's callback was asked: {answered}"
+    );
+    assert_eq!(
+        answered["result"]["structuredContent"],
+        json!({"user": "octocat"})
+    );
+    let outcomes: Vec<Value> = common::read_attempts(&log)
+        .iter()
+        .map(|a| json!([a["step_index"], a["outcome"]]))
+        .collect();
+    assert_eq!(
+        outcomes,
+        vec![
+            json!([0, "missing_capability"]),
+            json!([0, "delivered"]),
+            json!([1, "delivered"])
+        ]
+    );
+
+    let binary = env!("CARGO_BIN_EXE_aip-fault-server");
+    let over_stdio = run_client_mrtr(&["stdio", binary, example.to_str().unwrap()]);
+    assert_eq!(
+        over_stdio["result"]["structuredContent"],
+        json!({"user": "octocat"})
+    );
+}

@@ -128,6 +128,28 @@ fn invalid_documents() -> Vec<(&'static str, String, &'static str)> {
             )),
             "spec.toolsList.sequence[0].delay_ms: must be 0..300000, found 300001",
         ),
+        (
+            "input_required asking for nothing",
+            one_tool("            - input_required: {inputRequests: {}}\n"),
+            "spec.tools[0].responses[0].sequence[0].input_required: needs inputRequests (at least one), requestState, or both",
+        ),
+        (
+            "input_required asking for a request no client answers",
+            one_tool("            - input_required: {inputRequests: {a: {method: tools/call}}}\n"),
+            "spec.tools[0].responses[0].sequence[0].input_required.inputRequests.a.method: must be elicitation/create, sampling/createMessage, roots/list, found \"tools/call\"",
+        ),
+        (
+            "input_required params not an object",
+            one_tool(
+                "            - input_required: {inputRequests: {a: {method: roots/list, params: [1]}}}\n",
+            ),
+            "spec.tools[0].responses[0].sequence[0].input_required.inputRequests.a.params: must be an object",
+        ),
+        (
+            "an empty expected requestState",
+            one_tool("            - return: 1\n              expect_retry: {requestState: \"\"}\n"),
+            "spec.tools[0].responses[0].sequence[0].expect_retry.requestState: must not be empty (omit it to expect no requestState)",
+        ),
     ]
 }
 
@@ -250,6 +272,6 @@ fn check_accepts_every_example() {
         );
         count += 1;
     }
-    // Nine FaultServer documents and one FaultCli document.
-    assert_eq!(count, 10);
+    // Ten FaultServer documents and one FaultCli document.
+    assert_eq!(count, 11);
 }
