@@ -17,9 +17,12 @@ use crate::{hash, regexes};
 /// AIP names the cancellation notification `cancelled`, but MCP sends it as
 /// `notifications/cancelled`, and refusing it would stop agents from
 /// cancelling their own calls. Plus MCP 2026-07-28's counterparts of what
-/// the list already allows: `server/discover` is its `initialize`, and
+/// the list already allows: `server/discover` is its `initialize`,
 /// `subscriptions/listen` the only way to hear the list-change and
-/// resource-update notifications the list allows.
+/// resource-update notifications the list allows, and the tasks
+/// extension's `tasks/get`, `tasks/update` and `tasks/cancel`, through
+/// which an agent follows its own calls (an approval the gateway answered
+/// with a task).
 pub const DEFAULT_ALLOWED_METHODS: &[&str] = &[
     "initialize",
     "initialized",
@@ -38,6 +41,9 @@ pub const DEFAULT_ALLOWED_METHODS: &[&str] = &[
     "notifications/cancelled",
     "server/discover",
     "subscriptions/listen",
+    "tasks/get",
+    "tasks/update",
+    "tasks/cancel",
 ];
 
 /// Environment the policy is compiled for.

@@ -465,7 +465,14 @@ async fn a_reload_that_changes_a_connection_ends_its_old_session() {
 /// The upstream session of the stack's connection ends with DELETE when the
 /// gateway closes its connections, or when a reload replaces it.
 async fn session_ended_by(reload: bool) {
-    let s = stack().await;
+    // A legacy server: a modern one has no session to end.
+    let faults = format!("  era: legacy\n{TOOLS}");
+    let s = Stack::start(Setup {
+        faults: &faults,
+        policy: POLICY,
+        ..Setup::default()
+    })
+    .await;
     let connection = s.gateway.connections()[0].clone();
     let Upstream::Http(upstream) = &connection.upstream else {
         panic!("an HTTP connection")

@@ -30,9 +30,11 @@ impl Drop for Fault {
 }
 
 impl Fault {
+    /// A fault server of the legacy era only: these tests are of the
+    /// session a 2025-11-25 server gives (a modern one has none).
     async fn start(tools: &str) -> Fault {
         let yaml = format!(
-            "apiVersion: aip.io/v1alpha1\nkind: FaultServer\nmetadata: {{name: up}}\nspec:\n{tools}"
+            "apiVersion: aip.io/v1alpha1\nkind: FaultServer\nmetadata: {{name: up}}\nspec:\n  era: legacy\n{tools}"
         );
         let core = Core::new(
             Script::from_yaml(&yaml, Transport::Http).unwrap(),

@@ -22,6 +22,7 @@ mod listings;
 mod present;
 mod relay;
 mod subscriptions;
+mod tasks;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -112,6 +113,8 @@ pub enum Reply {
 }
 
 pub struct Gateway {
+    /// Itself, for work that outlives a request (a task's wait).
+    me: std::sync::Weak<Gateway>,
     pub metrics: Metrics,
     pub approvals: Arc<LocalApprovals>,
     config: watch::Receiver<Arc<Config>>,
@@ -119,6 +122,7 @@ pub struct Gateway {
     routes: Routes,
     in_flight: InFlight,
     relayed: relay::Relayed,
+    tasks: tasks::Tasks,
     audit: Audit,
     options: GatewayOptions,
     next_id: AtomicU64,
@@ -137,7 +141,8 @@ impl Gateway {
         options: GatewayOptions,
         shutdown: CancellationToken,
     ) -> Arc<Gateway> {
-        let gateway = Arc::new(Gateway {
+        let gateway = Arc::new_cyclic(|me| Gateway {
+            me: me.clone(),
             metrics: Metrics::default(),
             approvals: LocalApprovals::new(),
             config,
@@ -145,6 +150,7 @@ impl Gateway {
             routes: Routes::default(),
             in_flight: InFlight::default(),
             relayed: relay::Relayed::default(),
+            tasks: tasks::Tasks::default(),
             audit,
             options,
             next_id: AtomicU64::new(1),
@@ -366,6 +372,11 @@ impl Gateway {
             }
         };
         let mut verdict = evaluator.evaluate(&request);
+        if verdict.decision == Decision::Ask
+            && let Some(task) = self.ask_as_task(&message, &evaluator, &verdict, caller)
+        {
+            return task;
+        }
         if verdict.decision == Decision::Ask {
             // Boxed, as every rare branch is: a future's size is its
             // largest branch's, and it is moved whole when a message is
@@ -438,8 +449,11 @@ impl Gateway {
                 Box::pin(self.resources_subscribe(message, evaluator, caller)).await
             }
             "logging/setLevel" => Box::pin(self.set_level(message, evaluator)).await,
-            // Not relayed yet: a task id is a bearer token, and the gateway
-            // does not bind upstream tasks to the agent that made them.
+            // The gateway's own tasks (approvals); upstream tasks are not
+            // relayed: no server is offered the extension.
+            "tasks/get" | "tasks/update" | "tasks/cancel" if caller.modern => {
+                self.task_request(message)
+            }
             method if method.starts_with("tasks/") => Reply::Message(method_not_found(id, method)),
             other => match self.sole_connection() {
                 // With one server there is only one place a method can mean.
@@ -464,6 +478,17 @@ impl Gateway {
             Some(id) => Reply::Message(error(Some(id), codes::INVALID_REQUEST, &reason, None)),
             None => Reply::Nothing,
         }
+    }
+
+    /// Audits and counts a decision made after the pipeline let go of the
+    /// message (a task's ask, decided later).
+    fn record_decision(&self, evaluator: &Evaluator, message: &Message, verdict: &Verdict) {
+        if let Ok(request) = Request::from_value(&message.value) {
+            let now = SystemTime::now();
+            let line = AuditRecord::for_request(evaluator, &request, verdict, now);
+            self.audit.record(&line);
+        }
+        self.count_decision(verdict, message);
     }
 
     fn count_decision(&self, verdict: &Verdict, message: &Message) {

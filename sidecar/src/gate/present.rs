@@ -118,6 +118,10 @@ fn capabilities(evaluator: &Evaluator, upstream: &Value, modern: bool) -> Value 
     if offered("logging") && (modern || method_allowed(evaluator, "logging/setLevel")) {
         capabilities["logging"] = json!({});
     }
+    // An ask answered as a task, for an agent that declares the extension.
+    if modern && method_allowed(evaluator, "tasks/get") {
+        capabilities["extensions"] = json!({aip_mcp::modern::TASKS_EXTENSION: {}});
+    }
     capabilities
 }
 

@@ -1,0 +1,252 @@
+//! Approvals as tasks (the MCP tasks extension, 2026-07-28). When an agent
+//! that declared the extension makes a call an `ask` rule holds, the
+//! gateway answers at once with a task instead of holding the request
+//! open: the ask goes to a person as it would (an ApprovalRequest in
+//! Kubernetes), and the call runs — exactly once — when they approve; the
+//! agent polls `tasks/get` for the result, from any connection (the wait is
+//! the gateway's, not the connection's). A denial or an expiry fails the
+//! task with the AIP error the held call would have got; `tasks/cancel`
+//! withdraws the ask (or cancels the call if it is running).
+//!
+//! A task id is 128 random bits and works only for the agent that made it
+//! (the `clientInfo` name it declared — self-reported: on the pod's
+//! loopback every caller is the same pod, so the id's secrecy is what keeps
+//! one agent's task from another). At most `MAX_TASKS` are kept; each is
+//! forgotten `RETENTION` after it ends. Tasks are the gateway's own: an
+//! upstream server is never offered the extension, so it never makes one.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use aip_mcp::jsonrpc::Message;
+use aip_mcp::modern::{META_CLIENT_INFO, MISSING_CAPABILITY, TASKS_EXTENSION, declares_tasks};
+use aip_policy::{Decision, Evaluator, Verdict, codes};
+use aip_service::sync::lock;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::present::error;
+use super::{Caller, Gateway, Reply};
+
+/// Tasks kept at once, at most; past it an ask is held in its request.
+const MAX_TASKS: usize = 1024;
+/// How long an ended task stays readable.
+const RETENTION: Duration = Duration::from_secs(600);
+/// How often an agent is asked to poll.
+const POLL_INTERVAL_MS: u64 = 1000;
+
+#[derive(Default)]
+pub(super) struct Tasks(Mutex<HashMap<String, Task>>);
+
+struct Task {
+    owner: String,
+    status: &'static str,
+    message: String,
+    created: SystemTime,
+    updated: SystemTime,
+    /// The call's response once it ended (`result` or `error`).
+    outcome: Option<Value>,
+    cancel: CancellationToken,
+}
+
+impl Task {
+    fn ended(&self) -> bool {
+        self.outcome.is_some() || self.status == "cancelled"
+    }
+
+    /// The task as `tasks/get` (and the creating result) show it.
+    fn view(&self, id: &str, ttl: Duration) -> Value {
+        let mut view = json!({
+            "taskId": id,
+            "status": self.status,
+            "statusMessage": self.message,
+            "createdAt": rfc3339(self.created),
+            "lastUpdatedAt": rfc3339(self.updated),
+            "ttlMs": u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+            "pollIntervalMs": POLL_INTERVAL_MS,
+        });
+        match &self.outcome {
+            Some(outcome) if outcome.get("error").is_some() => {
+                view["error"] = outcome["error"].clone()
+            }
+            Some(outcome) => view["result"] = outcome.get("result").cloned().unwrap_or(Value::Null),
+            None => {}
+        }
+        view
+    }
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// Who a modern request says it is.
+fn owner_of(message: &Message) -> String {
+    aip_mcp::modern::meta(&message.value)
+        .and_then(|m| m.get(META_CLIENT_INFO))
+        .and_then(|i| i.get("name"))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
+}
+
+impl Gateway {
+    /// How long a task lives from its creation: the ask's wait, the call,
+    /// and the retention after.
+    fn task_ttl(&self) -> Duration {
+        self.options.approval_timeout + Duration::from_secs(60) + RETENTION
+    }
+
+    /// Answers an `ask` with a task, when the agent declared the extension
+    /// and there is room; None to hold the call in its request instead.
+    pub(super) fn ask_as_task(
+        &self,
+        message: &Message,
+        evaluator: &Arc<Evaluator>,
+        verdict: &Verdict,
+        caller: &Caller,
+    ) -> Option<Reply> {
+        if !caller.modern
+            || message.method() != Some("tools/call")
+            || !declares_tasks(&message.value)
+        {
+            return None;
+        }
+        let gateway = self.me.upgrade()?;
+        let id = format!("{:032x}", rand::random::<u128>());
+        let now = SystemTime::now();
+        let cancel = CancellationToken::new();
+        let task = Task {
+            owner: owner_of(message),
+            status: "working",
+            message: "waiting for human approval".to_owned(),
+            created: now,
+            updated: now,
+            outcome: None,
+            cancel: cancel.clone(),
+        };
+        let created = {
+            let mut tasks = lock(&self.tasks.0);
+            let ttl = self.task_ttl();
+            tasks.retain(|_, t| t.created + ttl > now);
+            if tasks.len() >= MAX_TASKS {
+                return None;
+            }
+            let mut view = task.view(&id, ttl);
+            tasks.insert(id.clone(), task);
+            view["resultType"] = json!("task");
+            view
+        };
+        let reply_id = message.id().cloned().unwrap_or(Value::Null);
+        let (message, evaluator, verdict) = (message.clone(), evaluator.clone(), verdict.clone());
+        let task_id = id.clone();
+        tokio::spawn(async move {
+            let caller = Caller {
+                session: format!("task-{task_id}"),
+                events: None,
+                modern: true,
+            };
+            let work = gateway.run_task(&task_id, message, &evaluator, verdict, &caller);
+            tokio::select! {
+                () = work => {}
+                () = cancel.cancelled() => gateway.in_flight.end_session(&caller.session),
+            }
+        });
+        tracing::info!(task = %id, "an ask answered as a task");
+        Some(Reply::Message(
+            json!({"jsonrpc": "2.0", "id": reply_id, "result": created}),
+        ))
+    }
+
+    /// The task's life: the person's decision, then (approved) the call.
+    async fn run_task(
+        &self,
+        id: &str,
+        message: Message,
+        evaluator: &Arc<Evaluator>,
+        verdict: Verdict,
+        caller: &Caller,
+    ) {
+        let Some(decided) = self.hold(&message, evaluator, verdict, caller).await else {
+            return;
+        };
+        self.record_decision(evaluator, &message, &decided);
+        let reply = if decided.decision == Decision::Allow {
+            self.update_task(id, "working", "approved; the call is running", None);
+            self.serve(message, evaluator, caller).await
+        } else {
+            decided.response().map_or(Reply::Nothing, Reply::Message)
+        };
+        let outcome = match reply {
+            Reply::Message(response) => response,
+            Reply::Nothing => {
+                json!({"error": {"code": codes::INTERNAL_ERROR, "message": "the call ended without a response"}})
+            }
+        };
+        let (status, said) = match outcome.get("error") {
+            Some(e) => (
+                "failed",
+                e["message"].as_str().unwrap_or("failed").to_owned(),
+            ),
+            None => ("completed", "completed".to_owned()),
+        };
+        self.update_task(id, status, &said, Some(outcome));
+    }
+
+    fn update_task(&self, id: &str, status: &'static str, message: &str, outcome: Option<Value>) {
+        if let Some(task) = lock(&self.tasks.0).get_mut(id).filter(|t| !t.ended()) {
+            task.status = status;
+            message.clone_into(&mut task.message);
+            task.updated = SystemTime::now();
+            task.outcome = outcome;
+        }
+    }
+
+    /// `tasks/get`, `tasks/update` and `tasks/cancel` of a modern agent
+    /// that declared the extension, for a task of its own.
+    pub(super) fn task_request(&self, message: &Message) -> Reply {
+        let id = message.id().cloned().unwrap_or(Value::Null);
+        let method = message.method().unwrap_or_default();
+        if !declares_tasks(&message.value) {
+            let why = format!(
+                "{method} needs the {TASKS_EXTENSION} extension declared in the request's capabilities"
+            );
+            let data = json!({"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}});
+            return Reply::Message(error(Some(&id), MISSING_CAPABILITY, &why, Some(data)));
+        }
+        let task_id = message
+            .params()
+            .and_then(|p| p.get("taskId"))
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let owner = owner_of(message);
+        let ttl = self.task_ttl();
+        let mut tasks = lock(&self.tasks.0);
+        let now = SystemTime::now();
+        tasks.retain(|_, t| t.created + ttl > now);
+        let Some(task) = tasks.get_mut(task_id).filter(|t| t.owner == owner) else {
+            let why = format!("Failed to retrieve task: Task not found: {task_id}");
+            return Reply::Message(error(Some(&id), codes::INVALID_PARAMS, &why, None));
+        };
+        let result = match method {
+            "tasks/get" => {
+                let mut view = task.view(task_id, ttl);
+                view["resultType"] = json!("complete");
+                view
+            }
+            "tasks/cancel" => {
+                if !task.ended() {
+                    task.cancel.cancel();
+                    task.status = "cancelled";
+                    "cancelled by the agent".clone_into(&mut task.message);
+                    task.updated = now;
+                }
+                json!({"resultType": "complete"})
+            }
+            "tasks/update" => json!({"resultType": "complete"}), // it asks for no input
+            other => return Reply::Message(super::present::method_not_found(&id, other)),
+        };
+        Reply::Message(json!({"jsonrpc": "2.0", "id": id, "result": result}))
+    }
+}
