@@ -6,7 +6,7 @@ AIP    := target/debug/aip
 PYENV  := target/pyenv
 NPMENV := target/npm
 
-.PHONY: all build test fuzz fuzz-smoke lint fmt clippy chart-lint unit conformance pyenv npmenv go-peers interop-deps mcp-conformance kubectl helm controlplane bench demo demo-cluster demo-policy clean
+.PHONY: all build test fuzz fuzz-smoke lint fmt clippy chart-lint unit conformance pyenv npmenv go-peers interop-deps mcp-conformance kubectl helm controlplane bench demo demo-cluster demo-policy images clean
 
 all: build
 
@@ -123,6 +123,16 @@ demo-cluster: build pyenv kubectl helm controlplane
 ## demo-policy: the aip CLI walking through the example policies.
 demo-policy: build
 	@scripts/demo-policy.sh $(AIP)
+
+## images: OCI images of aip-operator, aip-sidecar and aip-fault-server as
+## archives in target/images/ (ghcr.io/aip-k8s/NAME:VERSION, the chart's
+## defaults), built without a container engine: crane (from Go modules,
+## tools/images) assembles them. `docker load -i`, `kind load
+## image-archive` and `ctr images import` take them; the Dockerfile builds
+## the same images with an engine. cargo test -p aip-images checks them.
+images:
+	@scripts/images.sh
+
 
 clean:
 	$(CARGO) clean
