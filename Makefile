@@ -6,7 +6,7 @@ AIP    := target/debug/aip
 PYENV  := target/pyenv
 NPMENV := target/npm
 
-.PHONY: all build test fuzz fuzz-smoke lint fmt clippy chart-lint unit conformance pyenv npmenv go-peers interop-deps mcp-conformance kubectl helm controlplane bench demo demo-cluster demo-policy images clean
+.PHONY: all build test check-shared fuzz fuzz-smoke lint fmt clippy chart-lint unit conformance pyenv npmenv go-peers interop-deps mcp-conformance kubectl helm controlplane bench demo demo-cluster demo-policy images clean
 
 all: build
 
@@ -17,7 +17,17 @@ build:
 ## conformance vectors (the shared Basic level and the project's own), the
 ## official MCP conformance suite through the gateway, and a short run of
 ## every fuzz target.
-test: lint unit conformance mcp-conformance fuzz-smoke
+test: check-shared lint unit conformance mcp-conformance fuzz-smoke
+
+## check-shared: the shared AIP conformance vectors are where SHARED says
+## (first in `make test`, so a missing folder is reported in seconds, not
+## after the build). They come from the AIP project's shared repository,
+## checked out beside this one as ../shared by default.
+check-shared:
+	@test -d "$(SHARED)/conformance/basic" || { \
+		echo "error: the AIP conformance vectors are not at $(SHARED)/conformance/basic" >&2; \
+		echo "  check out the shared AIP repository there, or point SHARED at it: make test SHARED=/path/to/shared" >&2; \
+		exit 1; }
 
 ## fuzz: every fuzz target for FUZZ_SECONDS each (cargo-fuzz is installed
 ## into target/tools on first use); fuzz-smoke: 10 s each.
@@ -87,15 +97,14 @@ controlplane:
 helm:
 	@scripts/ensure-helm.sh
 
-unit: build interop-deps kubectl helm controlplane
+unit: check-shared build interop-deps kubectl helm controlplane
 	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
 		AIP_SHARED="$(abspath $(SHARED))" PATH="$(CURDIR)/target/bin:$$PATH" $(CARGO) nextest run --workspace --locked --no-fail-fast; \
 	else \
 		AIP_SHARED="$(abspath $(SHARED))" PATH="$(CURDIR)/target/bin:$$PATH" $(CARGO) test --workspace --locked --no-fail-fast; \
 	fi
 
-conformance: build
-	@test -d "$(SHARED)/conformance/basic" || { echo "missing $(SHARED)/conformance/basic (set SHARED=...)"; exit 1; }
+conformance: check-shared build
 	$(AIP) conformance conformance/project
 	$(AIP) conformance "$(SHARED)/conformance/basic"
 
