@@ -6,7 +6,7 @@ AIP    := target/debug/aip
 PYENV  := target/pyenv
 NPMENV := target/npm
 
-.PHONY: all build test check-shared fuzz fuzz-smoke lint fmt clippy chart-lint unit conformance pyenv npmenv go-peers interop-deps mcp-conformance kubectl helm controlplane bench demo demo-cluster demo-policy images clean
+.PHONY: all build test check-shared fuzz fuzz-smoke lint fmt clippy chart-lint unit conformance pyenv npmenv go-peers interop-deps mcp-conformance kubectl helm controlplane bench demo demo-cluster demo-policy images dist clean
 
 all: build
 
@@ -142,6 +142,10 @@ demo-policy: build
 images:
 	@scripts/images.sh
 
+## dist: release archives of kubectl-aip and aip (linux amd64) with
+## SHA-256 checksums in target/dist/ (docs/install.md).
+dist:
+	@scripts/dist.sh
 
 clean:
 	$(CARGO) clean

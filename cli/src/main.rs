@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 mod approvals;
+mod cluster;
 mod conformance;
 mod load;
 mod policy_cmds;
@@ -42,7 +43,9 @@ enum Command {
 
 #[derive(Subcommand)]
 enum PolicyCommand {
-    /// Validate policy files; print every error with its field path.
+    /// Validate policy files, plain AIP documents or cluster AgentPolicy
+    /// objects (with podSelector, toolConnections, approval); print every
+    /// error with its field path.
     Check {
         #[arg(required = true)]
         files: Vec<PathBuf>,

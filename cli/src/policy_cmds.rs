@@ -6,6 +6,7 @@ use aip_policy::{Approval, Decision, Request, Verdict};
 use anyhow::Context;
 use serde_json::{Value, json};
 
+use crate::cluster::{self, Binding};
 use crate::load;
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -20,17 +21,52 @@ pub fn check(files: &[PathBuf]) -> anyhow::Result<bool> {
     let mut all_ok = true;
     for file in files {
         match load::evaluator(file)? {
-            Ok((policy, evaluator)) => println!(
-                "{}: ok (policy {:?}, mode {}, {})",
+            Ok((checked, evaluator)) => println!(
+                "{}: ok (policy {:?}, mode {}, {}{})",
                 file.display(),
-                policy.metadata.name,
+                checked.policy.metadata.name,
                 evaluator.mode().as_str(),
-                evaluator.policy_hash().unwrap_or_default()
+                evaluator.policy_hash().unwrap_or_default(),
+                checked
+                    .binding
+                    .as_ref()
+                    .map(binding_summary)
+                    .unwrap_or_default()
             ),
             Err(()) => all_ok = false,
         }
     }
     Ok(all_ok)
+}
+
+/// What the cluster form binds: `; pods app=agent, connections fs,
+/// approval timeout 120s`.
+fn binding_summary(b: &Binding) -> String {
+    let pods = if b.selector.is_empty() {
+        "every pod of its namespace".to_owned()
+    } else {
+        format!("pods {}", b.selector)
+    };
+    let connections = if b.tool_connections.is_empty() {
+        "no connections".to_owned()
+    } else {
+        format!("connections {}", b.tool_connections.join(","))
+    };
+    let timeout = match b.approval_timeout_seconds {
+        Some(s) => format!("approval timeout {s}s"),
+        None => format!(
+            "approval timeout {}s (default)",
+            cluster::DEFAULT_APPROVAL_TIMEOUT_SECONDS
+        ),
+    };
+    let mut summary = format!("; {pods}, {connections}, {timeout}");
+    if !b.allowed_service_accounts.is_empty() {
+        summary.push_str(&format!(
+            ", also decided by {}",
+            b.allowed_service_accounts.join(",")
+        ));
+    }
+    summary
 }
 
 pub fn eval(
@@ -102,7 +138,16 @@ fn print_verdict(v: &Verdict) {
 pub fn convert(file: &Path, namespace: Option<&str>) -> anyhow::Result<bool> {
     let text = load::read(file)?;
     let policy = match load::parse(file, &text) {
-        Ok(p) => p,
+        Ok(cluster::PolicyFile {
+            binding: Some(_), ..
+        }) => {
+            eprintln!(
+                "{}: already a cluster AgentPolicy (its spec binds pods and connections); convert takes a plain AIP document",
+                file.display()
+            );
+            return Ok(false);
+        }
+        Ok(file) => file.policy,
         Err(errors) => {
             load::print_errors(file, &errors);
             return Ok(false);

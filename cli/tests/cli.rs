@@ -249,6 +249,34 @@ fn check_accepts_every_example() {
 }
 
 #[test]
+fn check_accepts_the_cluster_example_and_says_what_it_binds() {
+    let out = aip(&["policy", "check", "examples/cluster/agentpolicy.yaml"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("; pods app=agent, connections fs, approval timeout 120s"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn check_refuses_a_cluster_object_with_the_binding_field_named() {
+    let dir = temp_dir("cluster-check");
+    let text = std::fs::read_to_string(repo().join("examples/cluster/agentpolicy.yaml"))
+        .unwrap()
+        .replace("toolConnections: [fs]", "toolConnections: [Not_A_Name]");
+    let file = dir.join("bad.yaml");
+    std::fs::write(&file, text).unwrap();
+    let out = aip(&["policy", "check", file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("spec.toolConnections[0]"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
 fn eval_prints_the_exact_error_response() {
     let request = r#"{"jsonrpc":"2.0","id":"r-1","method":"tools/call","params":{"name":"delete_repository","arguments":{"repo":"x"}}}"#;
     let out = aip(&[
