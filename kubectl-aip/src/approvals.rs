@@ -2,7 +2,7 @@
 //! user the kubeconfig names.
 
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use aip_api::ApprovalRequest;
 use aip_api::approval_request::Decision;
@@ -27,6 +27,8 @@ pub enum Verdict {
 pub struct Target {
     client: Client,
     namespace: String,
+    /// The API server's URL, for messages.
+    server: String,
 }
 
 impl Target {
@@ -41,19 +43,76 @@ impl Target {
         };
         let config = match kubeconfig {
             Some(path) => {
-                let file = Kubeconfig::read_from(path)
-                    .with_context(|| format!("reading the kubeconfig {}", path.display()))?;
-                Config::from_custom_kubeconfig(file, &options).await?
+                let file = read_kubeconfig(path)?;
+                Config::from_custom_kubeconfig(file, &options)
+                    .await
+                    .with_context(|| format!("kubeconfig {}", quoted(path)))?
             }
-            None => Config::from_kubeconfig(&options)
-                .await
-                .context("no usable kubeconfig (set KUBECONFIG or --kubeconfig)")?,
+            None => {
+                // kube's own errors say "failed to read kubeconfig from
+                // '\"path\"'" and then the same I/O error again; kubectl
+                // names the file once, so the files are looked for here.
+                let paths = default_kubeconfigs();
+                let listed: Vec<String> = paths.iter().map(|p| quoted(p)).collect();
+                if !paths.iter().any(|p| p.exists()) {
+                    anyhow::bail!(
+                        "no kubeconfig: {} (set KUBECONFIG or pass --kubeconfig)",
+                        match listed.as_slice() {
+                            [one] => format!("{one} does not exist"),
+                            many => format!("none of {} exists", many.join(", ")),
+                        }
+                    );
+                }
+                Config::from_kubeconfig(&options)
+                    .await
+                    .with_context(|| format!("kubeconfig {}", listed.join(", ")))?
+            }
         };
         let namespace = namespace.unwrap_or_else(|| config.default_namespace.clone());
+        let server = config.cluster_url.to_string();
         Ok(Target {
             client: Client::try_from(config)?,
             namespace,
+            server,
         })
+    }
+
+    /// An API error as kubectl words it; a server that cannot be reached
+    /// is named.
+    pub fn server_error(&self, e: kube::Error) -> anyhow::Error {
+        match e {
+            kube::Error::Api(status) => anyhow::anyhow!(
+                "Error from server ({}): {}",
+                if status.reason.is_empty() {
+                    status.code.to_string()
+                } else {
+                    status.reason.clone()
+                },
+                status.message
+            ),
+            // kube's "ServiceError: " prefix says nothing to a reader;
+            // the connection's own errors do.
+            kube::Error::Service(inner) => self.unreachable(&*inner),
+            kube::Error::HyperError(inner) => self.unreachable(&inner),
+            other => anyhow::Error::new(other),
+        }
+    }
+
+    fn unreachable(&self, e: &(dyn std::error::Error + 'static)) -> anyhow::Error {
+        let mut text = e.to_string();
+        let mut source = e.source();
+        while let Some(cause) = source {
+            let said = cause.to_string();
+            if !text.contains(&said) {
+                text.push_str(": ");
+                text.push_str(&said);
+            }
+            source = cause.source();
+        }
+        anyhow::anyhow!(
+            "cannot reach the API server {} (is the kubeconfig's cluster up?): {text}",
+            self.server
+        )
     }
 
     pub fn client(&self) -> Client {
@@ -74,7 +133,7 @@ impl Target {
         let mut requests: Vec<ApprovalRequest> = api
             .list(&ListParams::default())
             .await
-            .map_err(server_error)?
+            .map_err(|e| self.server_error(e))?
             .items
             .into_iter()
             .filter(|r| all || decision(r) == Decision::Pending)
@@ -101,7 +160,7 @@ impl Target {
         reason: Option<String>,
     ) -> anyhow::Result<String> {
         let api: Api<ApprovalRequest> = Api::namespaced(self.client.clone(), &self.namespace);
-        let current = api.get(name).await.map_err(server_error)?;
+        let current = api.get(name).await.map_err(|e| self.server_error(e))?;
         let status = current.status.clone().unwrap_or_default();
         if status.decision != Decision::Pending {
             anyhow::bail!(
@@ -125,12 +184,46 @@ impl Target {
         });
         api.patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
             .await
-            .map_err(server_error)?;
+            .map_err(|e| self.server_error(e))?;
         Ok(format!(
             "approvalrequest.aip.io/{name} {word} ({} from pod {})",
             current.spec.tool, current.spec.pod
         ))
     }
+}
+
+/// The kubeconfig at `path`, or an error naming it once and saying why
+/// (the I/O error without its "(os error N)").
+fn read_kubeconfig(path: &Path) -> anyhow::Result<Kubeconfig> {
+    // Opened here first for the message; read_from then resolves the
+    // file's relative certificate paths against its folder.
+    std::fs::read(path).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot read the kubeconfig {}: {}",
+            quoted(path),
+            without_os_errors(&e.to_string())
+        )
+    })?;
+    Kubeconfig::read_from(path).with_context(|| format!("kubeconfig {}", quoted(path)))
+}
+
+/// Where kubectl looks without `--kubeconfig`: every file KUBECONFIG lists,
+/// else ~/.kube/config.
+fn default_kubeconfigs() -> Vec<PathBuf> {
+    if let Some(list) = std::env::var_os("KUBECONFIG").filter(|v| !v.is_empty()) {
+        return std::env::split_paths(&list)
+            .filter(|p| !p.as_os_str().is_empty())
+            .collect();
+    }
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    vec![home.join(".kube").join("config")]
+}
+
+/// A path in double quotes, as every message of this plugin shows one.
+pub fn quoted(path: &Path) -> String {
+    format!("\"{}\"", path.display())
 }
 
 fn decision(request: &ApprovalRequest) -> Decision {
@@ -141,20 +234,23 @@ fn decision(request: &ApprovalRequest) -> Decision {
         .unwrap_or_default()
 }
 
-/// An API error as kubectl words it.
-pub fn server_error(e: kube::Error) -> anyhow::Error {
-    match e {
-        kube::Error::Api(status) => anyhow::anyhow!(
-            "Error from server ({}): {}",
-            if status.reason.is_empty() {
-                status.code.to_string()
-            } else {
-                status.reason.clone()
-            },
-            status.message
-        ),
-        other => anyhow::Error::new(other),
+/// Removes every " (os error N)": the description before it says the same.
+pub fn without_os_errors(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(" (os error ") {
+        let tail = &rest[at + " (os error ".len()..];
+        let digits = tail.bytes().take_while(u8::is_ascii_digit).count();
+        if digits > 0 && tail[digits..].starts_with(')') {
+            out.push_str(&rest[..at]);
+            rest = &tail[digits + 1..];
+        } else {
+            out.push_str(&rest[..at + 1]);
+            rest = &rest[at + 1..];
+        }
     }
+    out.push_str(rest);
+    out
 }
 
 fn table(requests: &[ApprovalRequest], namespaces: bool, all: bool, now: Timestamp) -> String {

@@ -11,18 +11,29 @@ use aip_api::ToolConnection;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 
-use crate::approvals::{Target, server_error};
+use crate::approvals::Target;
 
 const MANAGER: &str = "kubectl-aip";
 
+/// `--operator NAMESPACE/NAME` split in two.
+pub fn operator_account(operator: &str) -> anyhow::Result<(&str, &str)> {
+    operator
+        .split_once('/')
+        .filter(|(ns, name)| !ns.is_empty() && !name.is_empty() && !name.contains('/'))
+        .ok_or_else(|| {
+            anyhow::anyhow!("--operator must be NAMESPACE/SERVICEACCOUNT, found {operator:?}")
+        })
+}
+
 /// Writes the Role and RoleBinding for `connection`; what was granted.
 pub async fn grant(target: &Target, connection: &str, operator: &str) -> anyhow::Result<String> {
-    let (sa_namespace, sa_name) = operator.split_once('/').ok_or_else(|| {
-        anyhow::anyhow!("--operator must be NAMESPACE/SERVICEACCOUNT, found {operator:?}")
-    })?;
+    let (sa_namespace, sa_name) = operator_account(operator)?;
     let ns = target.namespace();
     let connections: Api<ToolConnection> = Api::namespaced(target.client(), ns);
-    let tc = connections.get(connection).await.map_err(server_error)?;
+    let tc = connections
+        .get(connection)
+        .await
+        .map_err(|e| target.server_error(e))?;
     let secrets: BTreeSet<String> = tc
         .spec
         .secret_refs()
@@ -79,11 +90,11 @@ pub async fn grant(target: &Target, connection: &str, operator: &str) -> anyhow:
     Api::<Role>::namespaced(target.client(), ns)
         .patch(&name, &apply, &Patch::Apply(&role))
         .await
-        .map_err(server_error)?;
+        .map_err(|e| target.server_error(e))?;
     Api::<RoleBinding>::namespaced(target.client(), ns)
         .patch(&name, &apply, &Patch::Apply(&binding))
         .await
-        .map_err(server_error)?;
+        .map_err(|e| target.server_error(e))?;
     Ok(format!(
         "role.rbac.authorization.k8s.io/{name} granted: {operator} may read Secret(s) {} in namespace {ns}",
         secrets.into_iter().collect::<Vec<_>>().join(", ")

@@ -38,7 +38,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Pending ApprovalRequests: tool, pod, redacted arguments, age.
+    /// Pending ApprovalRequests: name, tool, pod, redacted arguments, age
+    /// and time left; with --all also decided ones, their decision and who
+    /// made it.
     Approvals {
         /// Every namespace.
         #[arg(short = 'A', long)]
@@ -80,13 +82,42 @@ async fn main() -> ExitCode {
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", message(&e));
             ExitCode::FAILURE
         }
     }
 }
 
+/// The error and its causes on one line, as kubectl prints them; a cause
+/// whose text its parent already includes (libraries often format their
+/// source into their own message) is said once, and "(os error N)" not
+/// at all.
+fn message(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = approvals::without_os_errors(&cause.to_string());
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    // Arguments first: a bad one is reported without a cluster to ask.
+    match &cli.command {
+        Command::Deny { reason, .. } if reason.trim().is_empty() => {
+            anyhow::bail!("--reason must say why the call is denied")
+        }
+        Command::Grant { operator, .. } => {
+            grant::operator_account(operator)?;
+        }
+        _ => {}
+    }
     let target = approvals::Target::connect(
         cli.kubeconfig.as_deref(),
         cli.context.clone(),
@@ -112,9 +143,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             operator,
         } => println!("{}", grant::grant(&target, &connection, &operator).await?),
         Command::Deny { name, reason } => {
-            if reason.trim().is_empty() {
-                anyhow::bail!("--reason must say why the call is denied");
-            }
             let said = target
                 .decide(&name, approvals::Verdict::Denied, Some(reason))
                 .await?;
