@@ -57,14 +57,17 @@ pyenv: $(PYENV)/.installed
 $(PYENV)/.installed: e2e/fault-server/tests/requirements.txt scripts/requirements-lint.txt scripts/ensure-pyenv.sh
 	@scripts/ensure-pyenv.sh
 
-## npmenv: @modelcontextprotocol/server-everything (pinned), for interop tests.
+## npmenv: @modelcontextprotocol/server-everything and the TypeScript SDK's
+## client, for interop tests: exactly sidecar/tests/interop/package-lock.json
+## (every tarball pinned by its sha512), with npm ci.
 npmenv: $(NPMENV)/.installed
 
-$(NPMENV)/.installed: sidecar/tests/interop/package.json
-	mkdir -p $(NPMENV)
-	cp sidecar/tests/interop/package.json $(NPMENV)/package.json
-	cd $(NPMENV) && npm install --silent --no-audit --no-fund
-	touch $@
+$(NPMENV)/.installed: sidecar/tests/interop/package.json sidecar/tests/interop/package-lock.json
+	@echo "installing the interop tests' npm packages into $(NPMENV) (pinned by sidecar/tests/interop/package-lock.json) ..."
+	@mkdir -p $(NPMENV)
+	@cp sidecar/tests/interop/package.json sidecar/tests/interop/package-lock.json $(NPMENV)/
+	@cd $(NPMENV) && npm ci --ignore-scripts --silent --no-audit --no-fund
+	@touch $@
 
 interop-deps: pyenv npmenv go-peers
 

