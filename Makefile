@@ -6,7 +6,7 @@ AIP    := target/debug/aip
 PYENV  := target/pyenv
 NPMENV := target/npm
 
-.PHONY: all build test check-shared fuzz fuzz-smoke lint fmt clippy chart-lint unit conformance pyenv npmenv go-peers interop-deps mcp-conformance kubectl helm controlplane bench demo demo-cluster demo-policy images dist clean
+.PHONY: all build test check-shared fuzz fuzz-smoke lint fmt clippy chart-lint unit conformance pyenv npmenv go-peers interop-deps mcp-conformance kubectl helm controlplane bench demo demo-cluster demo-policy demo-bins demo-cluster-bins demo-policy-bins images dist clean
 
 all: build
 
@@ -119,9 +119,28 @@ bench: kubectl controlplane
 	PATH="$(CURDIR)/target/bin:$$PATH" $(CARGO) bench --locked -p aip-operator --bench scale
 	python3 scripts/bench-table.py target/criterion
 
+## The demos build only the binaries they run (debug: it shares the test
+## build's artifacts, and a release build is slower end to end on 2 cores),
+## saying so first.
+DEMO_BINS         := -p aip-sidecar -p aip-fault-server --bins
+DEMO_CLUSTER_BINS := -p aip-operator -p aip-sidecar -p aip-fault-server -p kubectl-aip --bins -p aip-kube-test --example control_plane
+DEMO_POLICY_BINS  := -p aip-cli --bin aip
+
+demo-bins:
+	@echo "building aip-sidecar and aip-fault-server (cargo build; the first time takes minutes) ..."
+	@$(CARGO) build --locked --quiet $(DEMO_BINS)
+
+demo-cluster-bins:
+	@echo "building aip-operator, aip-sidecar, aip-fault-server, kubectl-aip and the control-plane launcher (cargo build; the first time takes minutes) ..."
+	@$(CARGO) build --locked --quiet $(DEMO_CLUSTER_BINS)
+
+demo-policy-bins:
+	@echo "building aip (cargo build; the first time takes a minute or two) ..."
+	@$(CARGO) build --locked --quiet $(DEMO_POLICY_BINS)
+
 ## demo: the gateway in front of a scripted MCP server, driven by the Python
 ## MCP SDK: allowed, blocked, redacted, approved, and a failure that stays put.
-demo: build pyenv
+demo: demo-bins pyenv
 	@scripts/demo.sh
 
 ## demo-cluster: the whole system on the genuine control plane (etcd,
@@ -129,11 +148,11 @@ demo: build pyenv
 ## chart, the operator under the chart's RBAC, an injected agent pod whose
 ## sidecar this plays the kubelet for, a blocked call and an ask approved
 ## with kubectl.
-demo-cluster: build pyenv kubectl helm controlplane
+demo-cluster: demo-cluster-bins pyenv kubectl helm controlplane
 	@$(PYENV)/bin/python scripts/demo_cluster.py
 
 ## demo-policy: the aip CLI walking through the example policies.
-demo-policy: build
+demo-policy: demo-policy-bins
 	@scripts/demo-policy.sh $(AIP)
 
 ## images: OCI images of aip-operator, aip-sidecar and aip-fault-server as

@@ -1,22 +1,41 @@
 #!/usr/bin/env bash
 # A walk through the example policies with the `aip` CLI: validation errors,
 # allow, block, ask, protected paths, monitor mode, DLP, and conversion to a
-# Kubernetes object. No cluster, no network.
+# Kubernetes object. No cluster, no network. Every command is printed as it
+# can be pasted into a shell from the repository root.
 set -euo pipefail
 AIP=${1:-target/debug/aip}
 cd "$(dirname "$0")/.."
 
-step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+# Bold headings on a terminal only: a log or a pipe gets plain text.
+if [ -t 1 ]; then BOLD=$'\033[1m' END=$'\033[0m'; else BOLD='' END=''; fi
+step() { printf '\n%s== %s%s\n' "$BOLD" "$*" "$END"; }
+
+# quote ARG: ARG as a shell reads it back — bare when it is only safe
+# characters, else in single quotes.
+quote() {
+  if [[ $1 =~ ^[A-Za-z0-9_./:=@%+,-]+$ ]]; then
+    printf '%s' "$1"
+  else
+    printf "'%s'" "${1//\'/\'\\\'\'}"
+  fi
+}
+# run ARGS...: prints `$ aip ARGS` (with the binary's real path), then runs it.
+run() {
+  local shown="\$ $(quote "$AIP")" a
+  for a in "$@"; do shown+=" $(quote "$a")"; done
+  printf '%s\n' "$shown"
+  "$AIP" "$@"
+}
 call() { # call POLICY TOOL ARGS-JSON [extra aip args...]
   local policy=$1 tool=$2 args=$3; shift 3
-  local req="{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{\"name\":\"$tool\",\"arguments\":$args}}"
-  echo "\$ aip policy eval $policy  # tools/call $tool $args $*"
-  "$AIP" policy eval "$policy" --request "$req" "$@"
+  run policy eval "$policy" \
+    --request "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{\"name\":\"$tool\",\"arguments\":$args}}" "$@"
 }
 
 step "Validate the example policies (the last one is broken on purpose)"
-"$AIP" policy check examples/filesystem-readonly.yaml examples/github-agent.yaml examples/monitor-rollout.yaml
-"$AIP" policy check examples/invalid-policy.yaml || echo "(exit $? — every error names its field)"
+run policy check examples/filesystem-readonly.yaml examples/github-agent.yaml examples/monitor-rollout.yaml
+run policy check examples/invalid-policy.yaml || echo "(exit $? — every error names its field)"
 
 step "A read inside /workspace is allowed"
 call examples/filesystem-readonly.yaml read_file '{"path":"/workspace/README.md"}'
@@ -43,13 +62,13 @@ step "Monitor mode forwards what enforce mode would block, and records it"
 call examples/monitor-rollout.yaml run_query '{"query":"DELETE FROM users"}'
 
 step "...but methods outside allowed_methods stay blocked"
-echo "\$ aip policy eval examples/monitor-rollout.yaml  # resources/read"
-"$AIP" policy eval examples/monitor-rollout.yaml --request '{"jsonrpc":"2.0","id":"r7","method":"resources/read","params":{"uri":"file:///etc/passwd"}}'
+run policy eval examples/monitor-rollout.yaml \
+  --request '{"jsonrpc":"2.0","id":"r7","method":"resources/read","params":{"uri":"file:///etc/passwd"}}'
 
 step "DLP redacts tool results before the agent sees them"
-"$AIP" policy redact examples/github-agent.yaml \
+run policy redact examples/github-agent.yaml \
   --result '{"content":[{"type":"text","text":"token ghp_0123456789abcdefghijABCDEFGHIJ012345 by ops@acme.io"}]}'
 
-step "The same file, ready for kubectl apply"
-"$AIP" policy convert examples/github-agent.yaml --namespace agents | head -12
+step "The same file, ready for kubectl apply (the first 12 lines)"
+run policy convert examples/github-agent.yaml --namespace agents | head -12
 echo "..."

@@ -7,6 +7,10 @@ BIN=${BIN:-target/debug}
 PYTHON=${PYTHON:-target/pyenv/bin/python}
 
 work=$(mktemp -d)
+# What the gateway and the server recorded stays after the demo.
+keep=target/demo
+mkdir -p "$keep"
+rm -f "$keep/audit.jsonl" "$keep/upstream-attempts.jsonl"
 pids=()
 cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
@@ -24,17 +28,18 @@ wait_for() { # wait_for URL: until it answers (bounded)
   echo "timed out waiting for $1" >&2; return 1
 }
 
+echo "starting aip-fault-server (a scripted inventory MCP server) and aip-sidecar in front of it ..."
 upstream_port=$(free_port); agent_port=$(free_port); admin_port=$(free_port)
 sed "s|UPSTREAM_URL|http://127.0.0.1:${upstream_port}/mcp|" examples/gateway/gateway.yaml > "$work/gateway.yaml"
 
 "$BIN/aip-fault-server" --config examples/gateway/faults.yaml --http "127.0.0.1:${upstream_port}" \
-  --log "$work/upstream-attempts.jsonl" 2>/dev/null &
+  --log "$keep/upstream-attempts.jsonl" 2>/dev/null &
 pids+=($!)
 wait_for "http://127.0.0.1:${upstream_port}/healthz"
 
 RUST_LOG=warn "$BIN/aip-sidecar" run --config "$work/gateway.yaml" \
   --listen "127.0.0.1:${agent_port}" --admin "127.0.0.1:${admin_port}" \
-  --audit "$work/audit.jsonl" --approval-token-file "$work/approval-token" 2>/dev/null &
+  --audit "$keep/audit.jsonl" --approval-token-file "$work/approval-token" 2>/dev/null &
 pids+=($!)
 wait_for "http://127.0.0.1:${admin_port}/readyz"
 # Until its first health check passes, a connection lists no tools.
@@ -47,7 +52,9 @@ echo "aip gateway on http://127.0.0.1:${agent_port}/mcp, in front of a scripted 
 "$PYTHON" scripts/demo_agent.py "http://127.0.0.1:${agent_port}/mcp" "http://127.0.0.1:${admin_port}" "$work/approval-token"
 
 if [ -t 1 ]; then printf '\n\033[1m== What the gateway recorded\033[0m\n'; else printf '\n== What the gateway recorded\n'; fi
-echo "   audit lines:    $(wc -l < "$work/audit.jsonl") (decisions, DLP events, upstream failures; arguments redacted)"
-grep -h '"event":"UPSTREAM_FAILURE"\|"decision":"BLOCK"' "$work/audit.jsonl" | sed 's/^/   /' | cut -c1-200
-echo "   upstream calls: $(wc -l < "$work/upstream-attempts.jsonl") (each agent call reached the server at most once)"
+echo "   audit lines:    $(wc -l < "$keep/audit.jsonl") (decisions, DLP events, upstream failures; arguments redacted)"
+# Whole records, one per line, for the blocks and the upstream failure.
+grep -h '"event":"UPSTREAM_FAILURE"\|"decision":"BLOCK"' "$keep/audit.jsonl" | sed 's/^/   /'
+echo "   upstream calls: $(wc -l < "$keep/upstream-attempts.jsonl") (each agent call reached the server at most once)"
 "$PYTHON" -c "import json,sys,urllib.request; print('   connection:', json.dumps(json.load(urllib.request.urlopen(sys.argv[1]))['connections'][0]['health']))" "http://127.0.0.1:${admin_port}/connections"
+echo "   the whole audit log: $keep/audit.jsonl; the server's attempts: $keep/upstream-attempts.jsonl"

@@ -71,8 +71,10 @@ def shown(args):
     return " ".join(a if " " not in a and "{" not in a else f"'{a}'" for a in args)
 
 
-def tool(name, *args, user="admin", stdin=None, show=True, check=True):
-    """Runs kubectl or helm as `user`, echoing the command as a person would type it."""
+def tool(name, *args, user="admin", stdin=None, show=True, check=True, until=None):
+    """Runs kubectl or helm as `user`, echoing the command as a person would
+    type it. `until`: (prefix, command) — the output is cut at the line
+    starting with prefix, and the command that shows the rest is named."""
     if show:
         who = "" if user == "admin" else f"{DIM}(as {user}){END} "
         print(f"   {who}$ {name} {shown(args)}", flush=True)
@@ -86,6 +88,9 @@ def tool(name, *args, user="admin", stdin=None, show=True, check=True):
         raise SystemExit(f"{name} {' '.join(args)} failed:\n{out.stdout}{out.stderr}")
     if show:
         for line in (out.stdout + out.stderr).rstrip().splitlines():
+            if until and line.startswith(until[0]):
+                print(f"     {line} ... (in full: {until[1]})")
+                break
             print(f"     {line}")
     return out.stdout
 
@@ -104,7 +109,7 @@ def control_plane():
     kubeconfig is. The processes go when it is stopped (or dies)."""
     example = os.path.join(BIN, "examples", "control_plane")
     if not os.path.exists(example):
-        raise SystemExit(f"{example} is missing: run `make build` (cargo build --workspace --all-targets)")
+        raise SystemExit(f"{example} is missing: run `make demo-cluster`, which builds it")
     p = start("control-plane", [example], stdout=subprocess.PIPE)
     started = time.monotonic()
     for line in p.stdout:
@@ -146,7 +151,12 @@ async def call(session, name, arguments):
         return f"result: {text}"
     except Exception as exc:
         error = getattr(exc, "error", None)
-        return f"error {error.code}: {error.message}" if error else f"error: {exc}"
+        if error is None:
+            return f"error: {exc}"
+        # The policy's reason travels in error.data (AIP's error object).
+        data = error.data if isinstance(error.data, dict) else {}
+        reason = f" ({data['reason']})" if data.get("reason") else ""
+        return f"error {error.code}: {error.message}{reason}"
 
 
 async def agent(url):
@@ -172,6 +182,38 @@ async def agent(url):
                     "jsonpath={.status.decision} by {.status.decidedBy} at {.status.decidedAt}{\"\\n\"}")
 
 
+def events():
+    """The namespace's Events in order, each once: the operator records an
+    approval's Events on the ApprovalRequest and on the pod, so one line
+    names both; a repeated Event is one line with its count. Warnings about
+    a ToolConnection that is Healthy now are left out: the NeedsCredentials
+    the operator recorded before the demo's `kubectl aip grant` is history,
+    not advice."""
+    print("   $ kubectl get events -n agents --sort-by=.lastTimestamp   (each once)", flush=True)
+    items = json.loads(kubectl("get", "events", "-n", "agents", "-o", "json", show=False))["items"]
+    when = lambda e: e.get("lastTimestamp") or e.get("eventTime") or e["metadata"]["creationTimestamp"]
+    healthy = set(kubectl("get", "toolconnections", "-n", "agents", "-o",
+                          'jsonpath={.items[?(@.status.health.state=="Healthy")].metadata.name}', show=False).split())
+    lines, dropped = {}, []
+    for e in sorted(items, key=when):
+        obj = e["involvedObject"]
+        if e.get("type") == "Warning" and obj["kind"] == "ToolConnection" and obj["name"] in healthy:
+            dropped.append(f"{e['reason']} on {obj['name']}")
+            continue
+        key = (e["reason"], e.get("message", ""))
+        objects, count = lines.get(key, ([], 0))
+        if f"{obj['kind']}/{obj['name']}" not in objects:
+            objects.append(f"{obj['kind']}/{obj['name']}")
+        else:
+            count += max(e.get("count") or 1, 1)
+        lines[key] = (objects, max(count, 1))
+    for (reason, message), (objects, count) in lines.items():
+        times = f" (x{count})" if count > 1 else ""
+        print(f"     {reason}{times} on {', '.join(objects)}:\n       {message}")
+    for d in sorted(set(dropped)):
+        print(f"     ({d}, from before the grant, left out: the connection is Healthy now)")
+
+
 def pending_request():
     for _ in range(300):
         names = kubectl("get", "approvalrequests", "-n", "agents", "-o",
@@ -184,6 +226,7 @@ def pending_request():
 
 def main():
     step("A Kubernetes control plane: the genuine etcd, kube-apiserver and kube-controller-manager")
+    print("   starting them on loopback ...", flush=True)
     took = control_plane()
     version = json.loads(kubectl("version", "--output=json", show=False))["serverVersion"]["gitVersion"]
     print(f"   Kubernetes {version}, ready in {took:.1f} s (no scheduler, no kubelet: pods stay Pending)")
@@ -192,7 +235,8 @@ def main():
     step("Install the Helm chart (its Service points the API server's webhook calls at this host)")
     grpc, webhooks, metrics = free_port(), free_port(), free_port()
     helm("install", "aip", "charts/aip", "--namespace", "aip-system", "--create-namespace",
-         "--set", "service.externalName=localhost", "--set", f"service.webhookPort={webhooks}")
+         "--set", "service.externalName=localhost", "--set", f"service.webhookPort={webhooks}",
+         until=("NOTES:", "helm get notes aip -n aip-system"))
 
     step("Run the operator as the chart's ServiceAccount, under the chart's RBAC")
     manifest = yaml_docs(helm("get", "manifest", "aip", "--namespace", "aip-system", show=False))
@@ -223,8 +267,10 @@ def main():
     kubectl("apply", "-f", "examples/cluster/agent-pod.yaml")
     pod = json.loads(kubectl("get", "pod", "agent-1", "-n", "agents", "-o", "json", show=False))
     sidecar = pod["spec"]["initContainers"][0]
-    print(f"   initContainers: {[c['name'] for c in pod['spec']['initContainers']]} (restartPolicy: {sidecar['restartPolicy']})")
-    print(f"   agent env: {pod['spec']['containers'][0]['env']}")
+    names = ", ".join(c["name"] for c in pod["spec"]["initContainers"])
+    print(f"   initContainers: {names} (restartPolicy: {sidecar['restartPolicy']}: a native sidecar)")
+    env = ", ".join(f"{e['name']}={e.get('value', '')}" for e in pod["spec"]["containers"][0].get("env", []))
+    print(f"   the agent container's environment: {env}")
 
     step("Play the kubelet: start the injected sidecar with a token bound to the pod")
     token = kubectl("create", "token", "agent", "-n", "agents", "--audience=aip.io/sidecar", "--duration=1h",
@@ -252,8 +298,7 @@ def main():
 
     step("What the cluster says")
     kubectl("get", "aip", "-n", "agents")
-    kubectl("get", "events", "-n", "agents", "--sort-by=.metadata.creationTimestamp", "-o",
-            'jsonpath={range .items[*]}{.reason}{"\\t"}{.involvedObject.kind}/{.involvedObject.name}{"\\t"}{.message}{"\\n"}{end}')
+    events()
     attempts = sum(1 for _ in open(os.path.join(work, "upstream-attempts.jsonl")))
     print(f"\n   The file service saw {attempts} tool calls: the blocked one never left the pod.")
     print(f"   All of it against Kubernetes {version}.")

@@ -9,6 +9,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 env_dir=target/pyenv
 reqs=(-r e2e/fault-server/tests/requirements.txt -r scripts/requirements-lint.txt)
+# The pinned MCP SDK needs Python 3.10 or newer; an older one fails deep in
+# pip's resolver with a message that does not say so.
+python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' || {
+  echo "error: python3 is $(python3 -c 'import platform; print(platform.python_version())'); the pinned MCP SDK (mcp 2.x) needs Python 3.10 or newer" >&2
+  exit 1
+}
+echo "creating $env_dir: the Python MCP SDK and kubernetes-validate from PyPI (pinned versions; about 20 s) ..."
 rm -rf "$env_dir"
 if log=$(python3 -m venv "$env_dir" 2>&1); then
   "$env_dir/bin/python3" -m pip install --quiet --disable-pip-version-check "${reqs[@]}"
@@ -19,5 +26,5 @@ else
   python3 -m venv --without-pip "$env_dir"
   python3 -m pip --python "$env_dir/bin/python3" install --quiet --disable-pip-version-check "${reqs[@]}"
 fi
-"$env_dir/bin/python3" -c 'import mcp, kubernetes_validate, sys; print("python MCP SDK and kubernetes-validate ready:", sys.executable)'
+"$env_dir/bin/python3" -c 'import mcp, kubernetes_validate, sys; print("  ready:", sys.executable)'
 touch "$env_dir/.installed"
