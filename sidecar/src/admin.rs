@@ -3,6 +3,12 @@
 //! only, /approvals: `GET` lists pending asks and `POST /approvals/{id}` with
 //! `{"decision": "approve"|"deny"}` decides one. Approval routes need the
 //! bearer token from a file only the machine's operator can read.
+//!
+//! The same routes can be served on a second listener as the [`Surface::Probes`]
+//! surface: /healthz, /readyz and /metrics only. In a pod the admin port stays
+//! on loopback (its /connections names every upstream URL and catalog) and
+//! the probes surface is the one on the pod's IP, for the kubelet and
+//! Prometheus, which cannot reach the pod's loopback.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -35,14 +41,34 @@ pub struct Admin {
     pub approval_token: Option<SecretString>,
 }
 
-/// Serves the admin routes until `shutdown`.
-pub async fn serve(admin: Arc<Admin>, listener: TcpListener, shutdown: CancellationToken) {
+/// Which routes a listener serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Surface {
+    /// Every route: for loopback, where only the pod's own containers (or a
+    /// `kubectl port-forward`) reach it.
+    Admin,
+    /// Only [`PROBE_PATHS`]: nothing that names a connection, an upstream
+    /// or an approval, so it may listen where others can connect.
+    Probes,
+}
+
+/// What the probes surface serves; everything else there is 404, as if the
+/// route did not exist.
+pub const PROBE_PATHS: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
+
+/// Serves `surface`'s routes until `shutdown`.
+pub async fn serve(
+    admin: Arc<Admin>,
+    listener: TcpListener,
+    surface: Surface,
+    shutdown: CancellationToken,
+) {
     let limits = Limits::default();
     let tracker = TaskTracker::new();
     accept_loop(listener, limits, shutdown, tracker, move |stream| {
         let admin = admin.clone();
         async move {
-            let service = service_fn(move |req| route(admin.clone(), req));
+            let service = service_fn(move |req| route(admin.clone(), surface, req));
             let _ = http1(&limits)
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
@@ -51,8 +77,15 @@ pub async fn serve(admin: Arc<Admin>, listener: TcpListener, shutdown: Cancellat
     .await;
 }
 
-async fn route(admin: Arc<Admin>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+async fn route(
+    admin: Arc<Admin>,
+    surface: Surface,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
     let path = req.uri().path().to_owned();
+    if surface == Surface::Probes && !PROBE_PATHS.contains(&path.as_str()) {
+        return Ok(text(StatusCode::NOT_FOUND, "not found\n"));
+    }
     Ok(match (req.method(), path.as_str()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
         (&Method::GET, "/readyz") if admin.gateway.ready() => text(StatusCode::OK, "ready\n"),

@@ -48,7 +48,12 @@ async fn list_approve_and_deny_through_the_admin_port() {
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(admin::serve(admin, listener, shutdown.clone()));
+    tokio::spawn(admin::serve(
+        admin,
+        listener,
+        admin::Surface::Admin,
+        shutdown.clone(),
+    ));
     let dir = std::env::temp_dir().join(format!("aip-cli-approvals-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let token_file = dir.join("token");

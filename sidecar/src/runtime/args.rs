@@ -126,9 +126,15 @@ pub struct RunArgs {
     /// Where agents connect (loopback).
     #[arg(long, default_value = "127.0.0.1:8808")]
     pub listen: String,
-    /// Health, readiness, connections and approvals.
-    #[arg(long, default_value = "127.0.0.1:8809")]
+    /// Every admin route: health, readiness, metrics, connections (upstream
+    /// URLs and catalogs) and approvals. Keep it on loopback.
+    #[arg(long, default_value = "127.0.0.1:8809", value_name = "ADDR")]
     pub admin: String,
+    /// Also serve /healthz, /readyz and /metrics, and nothing else, here
+    /// (e.g. 0.0.0.0:15020, for the kubelet's probes and Prometheus, which
+    /// cannot reach loopback). Default: not served.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
     /// Audit lines go here (default: stdout).
     #[arg(long, value_name = "FILE")]
     pub audit: Option<PathBuf>,

@@ -9,7 +9,7 @@ use tokio_util::task::TaskTracker;
 
 use super::args::RunArgs;
 use super::{audit_sink, token, watch_config};
-use crate::admin::{self, Admin};
+use crate::admin::{self, Admin, Surface};
 use crate::agent::http as agent_http;
 use crate::audit::Audit;
 use crate::control as operator;
@@ -75,10 +75,18 @@ pub(super) async fn run(args: RunArgs) -> anyhow::Result<()> {
         )
     };
 
-    let agent_listener = tokio::net::TcpListener::bind(&args.listen).await?;
-    let admin_listener = tokio::net::TcpListener::bind(&args.admin).await?;
+    let agent_listener = bind(&args.listen, "--listen").await?;
+    let admin_listener = bind(&args.admin, "--admin").await?;
+    let metrics_listener = match &args.metrics_listen {
+        Some(addr) => Some(bind(addr, "--metrics-listen").await?),
+        None => None,
+    };
+    let metrics_note = match &metrics_listener {
+        Some(l) => format!(" ; metrics at http://{}", l.local_addr()?),
+        None => String::new(),
+    };
     eprintln!(
-        "aip-sidecar: agents at http://{}{} ; admin at http://{} ; {token_note}",
+        "aip-sidecar: agents at http://{}{} ; admin at http://{}{metrics_note} ; {token_note}",
         agent_listener.local_addr()?,
         agent_http::MCP_PATH,
         admin_listener.local_addr()?,
@@ -88,7 +96,20 @@ pub(super) async fn run(args: RunArgs) -> anyhow::Result<()> {
         gateway: gateway.clone(),
         approval_token,
     });
-    tokio::spawn(admin::serve(admin, admin_listener, shutdown.clone()));
+    if let Some(listener) = metrics_listener {
+        tokio::spawn(admin::serve(
+            admin.clone(),
+            listener,
+            Surface::Probes,
+            shutdown.clone(),
+        ));
+    }
+    tokio::spawn(admin::serve(
+        admin,
+        admin_listener,
+        Surface::Admin,
+        shutdown.clone(),
+    ));
     let tracker = TaskTracker::new();
     let limits = aip_service::serve::Limits {
         header_timeout: Duration::from_secs(args.header_timeout_seconds),
@@ -111,4 +132,11 @@ pub(super) async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     gateway.close_connections().await;
     Ok(())
+}
+
+/// Binds `addr`, saying which flag gave it when that fails.
+async fn bind(addr: &str, flag: &str) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {flag} {addr}: {e}"))
 }

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::args::StdioArgs;
 use super::{audit_sink, token, watch_config};
-use crate::admin::{self, Admin};
+use crate::admin::{self, Admin, Surface};
 use crate::agent::stdio as agent_stdio;
 use crate::audit::Audit;
 use crate::config::Config;
@@ -50,7 +50,12 @@ pub(super) async fn stdio(args: StdioArgs) -> anyhow::Result<()> {
             gateway: gateway.clone(),
             approval_token: Some(approval_token),
         });
-        tokio::spawn(admin::serve(admin, listener, shutdown.clone()));
+        tokio::spawn(admin::serve(
+            admin,
+            listener,
+            Surface::Admin,
+            shutdown.clone(),
+        ));
     }
     aip_service::busy_poll::start(Duration::from_micros(args.busy_poll_us));
     let (input, output) = agent_stdio::process_stdio();
