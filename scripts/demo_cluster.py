@@ -278,8 +278,10 @@ def main():
                     f"--bound-object-uid={pod['metadata']['uid']}", show=False).strip()
     token_file = os.path.join(work, "sidecar-token")
     open(token_file, "w").write(token)
-    listen, admin = free_port(), free_port()
+    # Every listener on loopback here: the kubelet would probe the pod's IP.
+    listen, admin, probes = free_port(), free_port(), free_port()
     rewrite = {"--listen": f"127.0.0.1:{listen}", "--admin": f"127.0.0.1:{admin}",
+               "--metrics-listen": f"127.0.0.1:{probes}",
                "--operator": f"https://127.0.0.1:{grpc}", "--token-file": token_file}
     argv = list(sidecar["args"])
     for i, a in enumerate(argv[:-1]):
@@ -290,7 +292,7 @@ def main():
     env = {e["name"]: e["value"] for e in sidecar.get("env", [])}
     start("sidecar", [f"{BIN}/aip-sidecar", *argv], env=env)
     wait_for("the sidecar's startup probe (/readyz)",
-             lambda: urllib.request.urlopen(f"http://127.0.0.1:{admin}/readyz").status == 200)
+             lambda: urllib.request.urlopen(f"http://127.0.0.1:{probes}/readyz").status == 200)
     kubectl("wait", "-n", "agents", "agentpolicy/files", "--for=jsonpath={.status.synced}=1/1", "--timeout=30s")
     kubectl("wait", "-n", "agents", "toolconnection/fs", "--for=jsonpath={.status.health.state}=Healthy", "--timeout=30s")
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make lint` for the Helm chart: helm lint --strict, then every rendered
 # variant (and the CRDs) validated offline against the Kubernetes schemas
-# with kubernetes-validate --strict (unknown fields are errors).
+# with kubernetes-validate --strict (unknown fields are errors), and the
+# NetworkPolicy checked against the webhooks and ports it must match.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 helm=target/bin/helm
@@ -16,6 +17,7 @@ variants=(
   "cert-manager|--set tls.certManager.enabled=true --set serviceMonitor.enabled=true --set rbac.approverAggregatesToAdmin=true"
   "minimal|--set injection.enabled=false --set networkPolicy.enabled=false --set replicaCount=1 --set rbac.userRoles=false"
   "outside|--set service.externalName=localhost --set service.webhookPort=9443"
+  "listeners|--set sidecar.adminAddress=0.0.0.0 --set sidecar.metricsAddress=:: --set sidecar.metricsPort=9090 --set-json networkPolicy.metrics.namespaceSelector={} --set networkPolicy.metrics.podSelector.matchLabels.app=prometheus --set networkPolicy.metrics.extraFrom[0].ipBlock.cidr=10.0.0.0/8 --set networkPolicy.grpc.extraFrom[0].ipBlock.cidr=192.168.0.0/16"
 )
 for v in "${variants[@]}"; do
   name=${v%%|*}
@@ -24,6 +26,8 @@ for v in "${variants[@]}"; do
   # Kinds of other projects (cert-manager, Prometheus Operator) have no
   # schema here: warned about, not failed.
   $validate --strict --quiet "$out/$name.yaml"
+  # What it admits, against the webhooks' selectors and the container's ports.
+  target/pyenv/bin/python scripts/check-networkpolicy.py "$out/$name.yaml"
   echo "rendered manifests valid: $name ($(grep -c '^kind:' "$out/$name.yaml") objects)"
 done
 $validate --strict --quiet "$chart/crds/aip.io.yaml"

@@ -3,7 +3,7 @@
 //! and a graceful stop on SIGTERM.
 
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -124,10 +124,25 @@ pub struct InjectionArgs {
     /// (AIP_MCP_URL in the pod's other containers points there).
     #[arg(long, default_value_t = inject::DEFAULT_PORT)]
     pub sidecar_port: u16,
-    /// The loopback port of the injected sidecar's health, readiness and
-    /// metrics.
+    /// The port of the injected sidecar's admin routes (its connections
+    /// with their upstream URLs, catalogs, health and metrics), on
+    /// --sidecar-admin-address.
     #[arg(long, default_value_t = inject::DEFAULT_ADMIN_PORT)]
     pub sidecar_admin_port: u16,
+    /// Where the injected sidecar's admin port listens. The default,
+    /// loopback, keeps it inside the pod (kubectl port-forward still reaches
+    /// it); 0.0.0.0 opens it to anything that can reach the pod's IP.
+    #[arg(long, default_value_t = inject::DEFAULT_ADMIN_ADDRESS)]
+    pub sidecar_admin_address: IpAddr,
+    /// The port of the injected sidecar's /healthz, /readyz and /metrics
+    /// (nothing else), on --sidecar-metrics-address: its probes use it, and
+    /// Prometheus may scrape it (the container port aip-metrics).
+    #[arg(long, default_value_t = inject::DEFAULT_METRICS_PORT)]
+    pub sidecar_metrics_port: u16,
+    /// Where that port listens: every IPv4 address (the pod's IP) by
+    /// default, since the kubelet probes from the node; :: for IPv6 pods.
+    #[arg(long, default_value_t = inject::DEFAULT_METRICS_ADDRESS)]
+    pub sidecar_metrics_address: IpAddr,
     /// The user id the injected sidecar runs as (non-root).
     #[arg(long, default_value_t = inject::DEFAULT_USER)]
     pub sidecar_user: i64,
@@ -143,6 +158,26 @@ pub struct InjectionArgs {
 }
 
 impl InjectionArgs {
+    /// Refuses ports the injected sidecar could not all bind, before any
+    /// pod gets them; warns when its admin routes would leave the pod.
+    fn check(&self) -> anyhow::Result<()> {
+        if self.sidecar_image.is_none() {
+            return Ok(());
+        }
+        let conflict = inject::port_conflict(
+            self.sidecar_port,
+            self.sidecar_admin_port,
+            self.sidecar_metrics_port,
+        );
+        if let Some(conflict) = conflict {
+            anyhow::bail!(conflict);
+        }
+        if !self.sidecar_admin_address.is_loopback() {
+            tracing::warn!(address = %self.sidecar_admin_address, "--sidecar-admin-address is not loopback: injected sidecars' connections, upstream URLs and catalogs will be readable by anything that reaches their pod");
+        }
+        Ok(())
+    }
+
     fn injection(
         &self,
         namespace: &str,
@@ -161,6 +196,9 @@ impl InjectionArgs {
             ca_pem: ca_pem.to_owned(),
             port: self.sidecar_port,
             admin_port: self.sidecar_admin_port,
+            admin_address: self.sidecar_admin_address,
+            metrics_port: self.sidecar_metrics_port,
+            metrics_address: self.sidecar_metrics_address,
             user_id: self.sidecar_user,
             audience: audience.to_owned(),
             cpu_request: self.sidecar_cpu_request.clone(),
@@ -171,6 +209,7 @@ impl InjectionArgs {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
+    args.injection.check()?;
     let shutdown = CancellationToken::new();
     tokio::spawn(aip_service::cancel_on_signal(shutdown.clone()));
     let client = kube::Client::try_default()
@@ -328,5 +367,85 @@ fn server_tls(args: &Args) -> anyhow::Result<ServerTls> {
         _ => anyhow::bail!(
             "give --tls-secret NAME, or --tls-cert and --tls-key, or --dev-tls-names for a self-signed dev certificate"
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use clap::Parser as _;
+
+    use super::*;
+
+    fn parse(flags: &[&str]) -> Args {
+        Args::try_parse_from(
+            [&["aip-operator", "--sidecar-image", "aip-sidecar:t"], flags].concat(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn the_injection_flags_default_to_a_loopback_admin_port() {
+        let args = parse(&[]);
+        let got = args.injection.injection("aip-system", "aud", "CA").unwrap();
+        let want = inject::Injection::new("aip-sidecar:t", "https://x", "CA");
+        assert_eq!(
+            (
+                got.admin_address,
+                got.admin_port,
+                got.metrics_address,
+                got.metrics_port
+            ),
+            (
+                want.admin_address,
+                want.admin_port,
+                want.metrics_address,
+                want.metrics_port
+            )
+        );
+        assert_eq!(got.admin_address.to_string(), "127.0.0.1");
+        assert!(args.injection.check().is_ok());
+    }
+
+    #[test]
+    fn the_injection_flags_set_each_listener() {
+        let args = parse(&[
+            "--sidecar-admin-address",
+            "0.0.0.0",
+            "--sidecar-admin-port",
+            "9001",
+            "--sidecar-metrics-address",
+            "::",
+            "--sidecar-metrics-port",
+            "9002",
+        ]);
+        let got = args.injection.injection("aip-system", "aud", "CA").unwrap();
+        assert_eq!(
+            SocketAddr::new(got.admin_address, got.admin_port).to_string(),
+            "0.0.0.0:9001"
+        );
+        assert_eq!(
+            SocketAddr::new(got.metrics_address, got.metrics_port).to_string(),
+            "[::]:9002"
+        );
+        let err = Args::try_parse_from(["aip-operator", "--sidecar-metrics-address", "pod-ip"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--sidecar-metrics-address"), "{err}");
+    }
+
+    #[test]
+    fn listeners_on_one_port_stop_the_operator_before_it_starts() {
+        let args = parse(&["--sidecar-metrics-port", "15001"]);
+        let err = args.injection.check().unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "--sidecar-metrics-port 15001 is also --sidecar-port: the injected sidecar needs a port of its own for each listener"
+        );
+        // Without injection the sidecar flags are not used.
+        let mut off = parse(&["--sidecar-metrics-port", "15001"]);
+        off.injection.sidecar_image = None;
+        assert!(off.injection.check().is_ok());
     }
 }

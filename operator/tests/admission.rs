@@ -404,6 +404,27 @@ async fn opted_in_pods_come_back_with_their_gateway() {
     let sidecar = &pod["spec"]["initContainers"][0];
     assert_eq!(sidecar["restartPolicy"], "Always");
     assert_eq!(sidecar["startupProbe"]["httpGet"]["path"], "/readyz");
+    // The admin routes stay on the pod's loopback; the kubelet's probes
+    // (and scrapers) get the listener on the pod's IP that serves only
+    // health and metrics, as the API server stored it.
+    let args: Vec<&str> = sidecar["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect();
+    let value_of = |flag: &str| {
+        let at = args.iter().position(|a| *a == flag)?;
+        args.get(at + 1).copied()
+    };
+    assert_eq!(value_of("--admin"), Some("127.0.0.1:15021"), "{args:?}");
+    assert_eq!(value_of("--metrics-listen"), Some("0.0.0.0:15020"));
+    assert_eq!(sidecar["startupProbe"]["httpGet"]["port"], 15020);
+    assert_eq!(sidecar["livenessProbe"]["httpGet"]["port"], 15020);
+    assert_eq!(
+        sidecar["ports"],
+        serde_json::json!([{"name": "aip-metrics", "containerPort": 15020, "protocol": "TCP"}])
+    );
     assert_eq!(sidecar["securityContext"]["readOnlyRootFilesystem"], true);
     assert_eq!(sidecar["volumeMounts"][0]["name"], "aip-token");
     let agent = &pod["spec"]["containers"][0];
@@ -488,6 +509,56 @@ async fn opted_in_pods_come_back_with_their_gateway() {
         err.contains("admission webhook \"namespaces.inject.aip.io\" denied the request: pod host sets hostNetwork"),
         "{err}"
     );
+    admin.ok(
+        &["delete", "mutatingwebhookconfiguration", &configuration],
+        None,
+    );
+}
+
+/// The injection webhooks' failurePolicy is Fail, so while no operator
+/// answers, the API server refuses pods that would be governed (rather
+/// than run them without a gateway) and says which webhook it could not
+/// call; pods nobody opted in are created as ever. What the quickstart
+/// says about an operator that is down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_no_operator_answering_governed_pods_are_refused_and_others_are_not() {
+    let cluster = Cluster::shared().await;
+    let agents = cluster.fresh_namespace("down").await;
+    let other = cluster.fresh_namespace("down-plain").await;
+    let admin = cluster.kubectl(User::Admin, &agents);
+    admin.ok(
+        &["label", "namespace", &agents, "aip.io/inject=enabled"],
+        None,
+    );
+    // Nothing listens on port 1: every call is refused at once.
+    let configuration = format!("{agents}-inject");
+    admin.apply(&injection_webhooks(
+        &configuration,
+        "https://127.0.0.1:1/inject",
+        &rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()])
+            .unwrap()
+            .cert
+            .pem(),
+        &[&agents, &other],
+    ));
+    for (ns, extra, hook) in [
+        (&agents, "", "namespaces.inject.aip.io"),
+        (
+            &other,
+            ", labels: {aip.io/inject: enabled}",
+            "pods.inject.aip.io",
+        ),
+    ] {
+        let (ok, _, err) = admin.run(&["apply", "-f", "-"], Some(&agent_pod(ns, "agent", extra)));
+        assert!(!ok, "a governed pod was created without its gateway");
+        assert!(
+            err.contains(&format!("failed calling webhook \"{hook}\"")),
+            "{err}"
+        );
+        let (found, _, _) = admin.run(&["get", "pod", "agent", "-n", ns], None);
+        assert!(!found, "{ns}/agent exists");
+    }
+    admin.apply(&agent_pod(&other, "plain", ""));
     admin.ok(
         &["delete", "mutatingwebhookconfiguration", &configuration],
         None,

@@ -5,9 +5,14 @@
 //! once the gateway is ready and Jobs still complete. Only the sidecar
 //! mounts the projected token with this system's audience; it runs as its
 //! own non-root user with a read-only root filesystem and no capabilities.
-//! Every other container is told where its gateway is. Injecting twice
-//! changes nothing; a pod that shares the node's network or its processes
-//! is refused, because there the gateway could be bypassed or read.
+//! Every other container is told where its gateway is. Its admin port
+//! (connections, upstream URLs, catalogs) listens on loopback; only
+//! /healthz, /readyz and /metrics are served on the pod's IP, where the
+//! kubelet's probes and Prometheus reach them. Injecting twice changes
+//! nothing; a pod that shares the node's network or its processes is
+//! refused, because there the gateway could be bypassed or read.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::DynamicObject;
@@ -39,8 +44,18 @@ pub struct Injection {
     pub ca_pem: String,
     /// The agents' port on loopback.
     pub port: u16,
-    /// Health and metrics, for the kubelet's probes.
+    /// Every admin route (connections with their upstream URLs, catalogs,
+    /// health, metrics), on `admin_address`.
     pub admin_port: u16,
+    /// Loopback by default: the pod's own containers (and `kubectl
+    /// port-forward`) reach it there, nothing outside the pod does.
+    pub admin_address: IpAddr,
+    /// /healthz, /readyz and /metrics only, on `metrics_address`: the
+    /// probes' port.
+    pub metrics_port: u16,
+    /// Every address by default, i.e. the pod's IP: the kubelet probes from
+    /// the node, which cannot reach the pod's loopback.
+    pub metrics_address: IpAddr,
     pub user_id: i64,
     pub audience: String,
     pub cpu_request: String,
@@ -67,6 +82,9 @@ pub enum Refusal {
 /// Defaults of the injected container (the operator's flags use them too).
 pub const DEFAULT_PORT: u16 = 15001;
 pub const DEFAULT_ADMIN_PORT: u16 = 15021;
+pub const DEFAULT_ADMIN_ADDRESS: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+pub const DEFAULT_METRICS_PORT: u16 = 15020;
+pub const DEFAULT_METRICS_ADDRESS: IpAddr = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
 pub const DEFAULT_USER: i64 = 65532;
 pub const DEFAULT_PULL_POLICY: &str = "IfNotPresent";
 pub const DEFAULT_CPU_REQUEST: &str = "50m";
@@ -85,6 +103,9 @@ impl Injection {
             ca_pem: ca_pem.to_owned(),
             port: DEFAULT_PORT,
             admin_port: DEFAULT_ADMIN_PORT,
+            admin_address: DEFAULT_ADMIN_ADDRESS,
+            metrics_port: DEFAULT_METRICS_PORT,
+            metrics_address: DEFAULT_METRICS_ADDRESS,
             user_id: DEFAULT_USER,
             audience: aip_proto::TOKEN_AUDIENCE.to_owned(),
             cpu_request: DEFAULT_CPU_REQUEST.to_owned(),
@@ -92,6 +113,35 @@ impl Injection {
             memory_limit: DEFAULT_MEMORY_LIMIT.to_owned(),
         }
     }
+
+    /// See [`port_conflict`].
+    pub fn port_conflict(&self) -> Option<String> {
+        port_conflict(self.port, self.admin_port, self.metrics_port)
+    }
+
+    /// True when the admin routes would be reachable from outside the pod.
+    pub fn admin_exposed(&self) -> bool {
+        !self.admin_address.is_loopback()
+    }
+}
+
+/// Why the sidecar could not start with these ports: its three listeners
+/// share the pod's network namespace, and a port bound on every address is
+/// taken on loopback too. Names the operator's flags.
+pub fn port_conflict(port: u16, admin_port: u16, metrics_port: u16) -> Option<String> {
+    let ports = [
+        ("--sidecar-port", port),
+        ("--sidecar-admin-port", admin_port),
+        ("--sidecar-metrics-port", metrics_port),
+    ];
+    ports.iter().enumerate().find_map(|(i, (flag, port))| {
+        ports[i + 1..]
+            .iter()
+            .find(|(_, other)| other == port)
+            .map(|(other, _)| {
+                format!("{other} {port} is also {flag}: the injected sidecar needs a port of its own for each listener")
+            })
+    })
 }
 
 /// The verdict on one pod.
@@ -216,7 +266,9 @@ fn container(injection: &Injection) -> Value {
         "--listen".to_owned(),
         format!("127.0.0.1:{}", injection.port),
         "--admin".to_owned(),
-        format!("0.0.0.0:{}", injection.admin_port),
+        SocketAddr::new(injection.admin_address, injection.admin_port).to_string(),
+        "--metrics-listen".to_owned(),
+        SocketAddr::new(injection.metrics_address, injection.metrics_port).to_string(),
         "--operator".to_owned(),
         injection.operator_url.clone(),
         "--token-file".to_owned(),
@@ -225,10 +277,20 @@ fn container(injection: &Injection) -> Value {
     if let Some(name) = &injection.server_name {
         args.extend(["--operator-server-name".to_owned(), name.clone()]);
     }
+    // The probes go to the metrics listener: the kubelet connects from the
+    // node to the pod's IP, and the admin port is on loopback.
     let probe = |path: &str, period: u32, failures: u32| {
-        json!({"httpGet": {"path": path, "port": injection.admin_port},
+        json!({"httpGet": {"path": path, "port": injection.metrics_port},
                "periodSeconds": period, "failureThreshold": failures})
     };
+    let mut ports = vec![
+        json!({"name": "aip-metrics", "containerPort": injection.metrics_port, "protocol": "TCP"}),
+    ];
+    if injection.admin_exposed() {
+        ports.push(
+            json!({"name": "aip-admin", "containerPort": injection.admin_port, "protocol": "TCP"}),
+        );
+    }
     json!({
         "name": SIDECAR,
         "image": injection.image,
@@ -236,7 +298,7 @@ fn container(injection: &Injection) -> Value {
         "restartPolicy": "Always",
         "args": args,
         "env": [{"name": "AIP_OPERATOR_CA_PEM", "value": injection.ca_pem}],
-        "ports": [{"name": "aip-admin", "containerPort": injection.admin_port}],
+        "ports": ports,
         // Ready means configured by the operator: until then the agents
         // would meet a gateway that refuses everything.
         "startupProbe": probe("/readyz", 1, 300),
@@ -333,6 +395,85 @@ mod tests {
         assert_eq!(
             after.metadata.annotations.unwrap()[INJECTED_ANNOTATION],
             "injected"
+        );
+    }
+
+    fn sidecar_of(injection: &Injection) -> k8s_openapi::api::core::v1::Container {
+        let before = pod(json!({"containers": [{"name": "agent", "image": "a"}]}));
+        let ops = patch(injection, &before).unwrap().unwrap();
+        let mut doc = serde_json::to_value(&before).unwrap();
+        let p: json_patch::Patch = serde_json::from_value(Value::Array(ops)).unwrap();
+        json_patch::patch(&mut doc, &p).unwrap();
+        let after: Pod = serde_json::from_value(doc).unwrap();
+        after.spec.unwrap().init_containers.unwrap().remove(0)
+    }
+
+    fn flag(c: &k8s_openapi::api::core::v1::Container, name: &str) -> Option<String> {
+        let args = c.args.clone().unwrap();
+        let at = args.iter().position(|a| a == name)?;
+        args.get(at + 1).cloned()
+    }
+
+    fn probe_port(probe: Option<k8s_openapi::api::core::v1::Probe>) -> i32 {
+        match probe.unwrap().http_get.unwrap().port {
+            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(p) => p,
+            other => panic!("a numbered port, not {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_admin_port_is_on_loopback_and_the_probes_use_the_metrics_port() {
+        let sidecar = sidecar_of(&injection());
+        assert_eq!(flag(&sidecar, "--admin").unwrap(), "127.0.0.1:15021");
+        assert_eq!(flag(&sidecar, "--metrics-listen").unwrap(), "0.0.0.0:15020");
+        assert_eq!(flag(&sidecar, "--listen").unwrap(), "127.0.0.1:15001");
+        assert_eq!(probe_port(sidecar.startup_probe.clone()), 15020);
+        assert_eq!(probe_port(sidecar.liveness_probe.clone()), 15020);
+        let ports: Vec<(Option<String>, i32)> = sidecar
+            .ports
+            .unwrap()
+            .into_iter()
+            .map(|p| (p.name, p.container_port))
+            .collect();
+        assert_eq!(ports, [(Some("aip-metrics".to_owned()), 15020)]);
+    }
+
+    #[test]
+    fn addresses_and_ports_are_configurable_and_an_exposed_admin_port_is_declared() {
+        let mut custom = injection();
+        custom.admin_address = "0.0.0.0".parse().unwrap();
+        custom.admin_port = 9901;
+        custom.metrics_address = "::".parse().unwrap();
+        custom.metrics_port = 9902;
+        let sidecar = sidecar_of(&custom);
+        assert_eq!(flag(&sidecar, "--admin").unwrap(), "0.0.0.0:9901");
+        assert_eq!(flag(&sidecar, "--metrics-listen").unwrap(), "[::]:9902");
+        assert_eq!(probe_port(sidecar.startup_probe.clone()), 9902);
+        let names: Vec<String> = sidecar
+            .ports
+            .unwrap()
+            .into_iter()
+            .filter_map(|p| p.name)
+            .collect();
+        assert_eq!(names, ["aip-metrics", "aip-admin"]);
+        assert!(custom.admin_exposed() && !injection().admin_exposed());
+    }
+
+    #[test]
+    fn listeners_sharing_a_port_are_named_by_their_flags() {
+        assert_eq!(injection().port_conflict(), None);
+        let mut same = injection();
+        same.metrics_port = same.admin_port;
+        assert_eq!(
+            same.port_conflict().unwrap(),
+            "--sidecar-metrics-port 15021 is also --sidecar-admin-port: the injected sidecar needs a port of its own for each listener"
+        );
+        let mut same = injection();
+        same.metrics_port = same.port;
+        assert!(
+            same.port_conflict()
+                .unwrap()
+                .starts_with("--sidecar-metrics-port 15001 is also --sidecar-port")
         );
     }
 
