@@ -257,7 +257,8 @@ def main():
                        "--http", f"127.0.0.1:{upstream}", "--log", os.path.join(work, "upstream-attempts.jsonl")])
     wait_for("the MCP server", lambda: urllib.request.urlopen(f"http://127.0.0.1:{upstream}/healthz"))
     kubectl("apply", "-f", "examples/cluster/namespace.yaml")
-    connection = open("examples/cluster/toolconnection.yaml").read().replace("UPSTREAM_URL", f"http://127.0.0.1:{upstream}/mcp")
+    connection = open("examples/cluster/toolconnection.yaml").read().replace(
+        "http://files.tools.svc.cluster.local:8080/mcp", f"http://127.0.0.1:{upstream}/mcp")
     kubectl("apply", "-f", "-", stdin=connection)
     kubectl("aip", "grant", "fs", "-n", "agents")
     kubectl("apply", "-f", "examples/cluster/agentpolicy.yaml")

@@ -39,6 +39,12 @@ pub(crate) const CONTROLLERS: &[&str] = &[
     "root-ca-certificate-publisher-controller",
     // Fills aggregated ClusterRoles: view, edit, admin.
     "clusterrole-aggregation-controller",
+    // Make the pods of Deployments and Jobs, as examples/cluster applies
+    // them: their pods meet the injection webhook as a controller's do
+    // (no scheduler, so they stay Pending).
+    "deployment-controller",
+    "replicaset-controller",
+    "job-controller",
 ];
 
 /// How long the API server may take to report ready (a loaded 2-core

@@ -113,6 +113,43 @@ impl Agent {
     }
 }
 
+/// A 2026-07-28 request (no session: version, capabilities and client in
+/// `_meta`, mirrored in the headers) from the client named `client`, which
+/// declares the tasks extension when `tasks`; the HTTP status and the body.
+pub async fn modern(
+    addr: SocketAddr,
+    client: &str,
+    tasks: bool,
+    method: &str,
+    mut params: Value,
+) -> (u16, Value) {
+    let capabilities = if tasks {
+        json!({"extensions": {"io.modelcontextprotocol/tasks": {}}})
+    } else {
+        json!({})
+    };
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": capabilities,
+        "io.modelcontextprotocol/clientInfo": {"name": client, "version": "1"},
+    });
+    let name = ["name", "taskId"]
+        .iter()
+        .find_map(|k| params.get(*k).and_then(Value::as_str))
+        .map(str::to_owned);
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+    let mut headers = vec![
+        ("mcp-protocol-version", "2026-07-28"),
+        ("mcp-method", method),
+    ];
+    if let Some(name) = &name {
+        headers.push(("mcp-name", name));
+    }
+    let (status, _, body) = post(addr, &headers, &body).await;
+    let body = serde_json::from_str(&body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"));
+    (status, body)
+}
+
 /// One HTTP/1.1 POST to /mcp; (status, headers, body).
 async fn post(
     addr: SocketAddr,

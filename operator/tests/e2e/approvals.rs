@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use aip_kube_test::User;
 
 use crate::common::Cluster;
-use crate::common::agent::Agent;
+use crate::common::agent::{Agent, modern};
 use crate::common::kubectl::{Kubectl, tempdir};
 use crate::support::*;
 
@@ -438,4 +438,98 @@ async fn patch_status_as(kubeconfig: &std::path::Path, name: &str, decision: &st
         Ok(_) => String::new(),
         Err(e) => e.to_string(),
     }
+}
+
+/// A 2026-07-28 agent that declares the tasks extension: its held call is a
+/// task at once; the ApprovalRequest is the same one a held call makes;
+/// alice's approval (`kubectl patch --subresource=status`) runs the call
+/// exactly once and the task completes with its result; a denial fails the
+/// next task with the AIP code; another client cannot read the task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_modern_agent_follows_its_approval_as_a_task() {
+    let dir = tempdir();
+    let cluster = Cluster::dedicated().await;
+    if !cluster.calls_back_here("a_modern_agent_follows_its_approval_as_a_task") {
+        return;
+    }
+    let admin = cluster.kubectl(User::Admin, "agents");
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let (fault_url, attempts) = start_fault_server(&dir, &shutdown).await;
+    let (installed, _operator) = Installed::start(&cluster, &admin, &dir).await;
+    admin.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: agents}\n");
+    admin.apply(&secret("tok-A"));
+    admin.apply(&connection(&fault_url));
+    let (ok, out, err) = admin.aip(&["grant", "fs", "-n", "agents"]);
+    assert!(ok, "{out}{err}");
+    admin.apply(&asking_policy(""));
+    cluster.service_account("agents", "agent").await;
+    admin.apply(RBAC);
+    let uid = cluster
+        .pod("agents", "agent-1", "agent", json!({"app": "agent"}))
+        .await;
+    let sidecar_token = sidecar_token(&cluster, &dir, "agent", "agent-1", &uid).await;
+    let sidecar = start_sidecar(&installed.ca, installed.ports.grpc, &sidecar_token);
+    let agent = agent_of(&sidecar).await;
+    lists(&agent, "fs_delete_file").await;
+    let alice = cluster.kubectl(User::Alice, "agents");
+    let addr = agent.addr;
+
+    let call = |path: &'static str| async move {
+        let (status, created) = modern(
+            addr,
+            "planner",
+            true,
+            "tools/call",
+            json!({"name": "fs_delete_file", "arguments": {"path": path}}),
+        )
+        .await;
+        assert_eq!(status, 200, "{created}");
+        assert_eq!(created["result"]["resultType"], "task", "{created}");
+        assert_eq!(created["result"]["status"], "working", "{created}");
+        created["result"]["taskId"].as_str().unwrap().to_owned()
+    };
+    let get = |client: &'static str, task: String| async move {
+        modern(addr, client, true, "tasks/get", json!({"taskId": task})).await
+    };
+    let ended = |task: String| {
+        eventually("the task ends", move || {
+            let task = task.clone();
+            async move {
+                let (_, got) = get("planner", task).await;
+                (got["result"]["status"] != "working").then_some(got)
+            }
+        })
+    };
+
+    // Approved: the call runs once, and the task has its result.
+    let task = call("approved").await;
+    let name = pending_request(&admin).await;
+    assert_eq!(deletes(&attempts), 0, "nothing sent while it waits");
+    let (_, other) = get("someone-else", task.clone()).await;
+    assert_eq!(error_code(&other), Some(-32602), "{other}");
+    let (ok, said) = alice.decide(&name, "Approved", r#","reason":"ok""#);
+    assert!(ok, "{said}");
+    let done = ended(task.clone()).await;
+    assert_eq!(done["result"]["status"], "completed", "{done}");
+    assert_eq!(
+        done["result"]["result"]["content"][0]["text"], "deleted",
+        "{done}"
+    );
+    assert_eq!(deletes(&attempts), 1, "forwarded exactly once");
+    assert_eq!(
+        admin.get(&format!("approvalrequest/{name}"), "{.status.decidedBy}"),
+        "alice"
+    );
+
+    // Denied: the task fails with -32004, and nothing is sent.
+    let task = call("denied").await;
+    let name = pending_request(&admin).await;
+    let (ok, said) = alice.decide(&name, "Denied", r#","reason":"no""#);
+    assert!(ok, "{said}");
+    let done = ended(task).await;
+    assert_eq!(done["result"]["status"], "failed", "{done}");
+    assert_eq!(done["result"]["error"]["code"], -32004, "{done}");
+    assert_eq!(deletes(&attempts), 1, "a denied call is never sent");
+    drop(sidecar);
 }

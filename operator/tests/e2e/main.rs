@@ -12,4 +12,5 @@ mod common;
 mod approvals;
 mod chart;
 mod enforcement;
+mod examples;
 mod support;

@@ -1,0 +1,138 @@
+//! examples/cluster as a platform team applies it, on the genuine control
+//! plane with the chart installed: `kubectl apply -k` creates every object
+//! (the API server's validation and the operator's webhooks accept them),
+//! kube-controller-manager makes the Deployment's and the Job's pods, the
+//! injector gives the agent's pod its gateway and leaves the tool server's
+//! alone, the policy is accepted, the connection waits for its grant and
+//! stops waiting once `kubectl aip grant` ran. The scripts the ConfigMaps
+//! carry are valid (the fault server's check, Python's parser), and the
+//! images named are the ones `make images` builds. (No kubelet: the pods
+//! stay Pending; the quickstart runs them on kind.)
+
+use std::path::Path;
+use std::process::Command;
+
+use aip_kube_test::User;
+use serde_json::Value;
+
+use crate::common::Cluster;
+use crate::common::kubectl::{Kubectl, tempdir};
+use crate::support::*;
+
+const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/cluster");
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_cluster_example_applies_and_its_pods_come_out_as_described() {
+    let dir = tempdir();
+    let cluster = Cluster::dedicated().await;
+    if !cluster.calls_back_here("the_cluster_example_applies_and_its_pods_come_out_as_described") {
+        return;
+    }
+    let admin = cluster.kubectl(User::Admin, "agents");
+    let (_installed, _operator) = Installed::start(&cluster, &admin, &dir).await;
+
+    let applied = admin.ok(&["apply", "-k", EXAMPLE], None);
+    for created in [
+        "namespace/agents created",
+        "namespace/tools created",
+        "serviceaccount/agent created",
+        "secret/fs-token created",
+        "service/files created",
+        "deployment.apps/files created",
+        "job.batch/agent created",
+        "toolconnection.aip.io/fs created",
+        "agentpolicy.aip.io/files created",
+        "rolebinding.rbac.authorization.k8s.io/approvers created",
+    ] {
+        assert!(
+            applied.contains(created),
+            "{created} missing from:\n{applied}"
+        );
+    }
+    assert_eq!(applied.matches("configmap/").count(), 2, "{applied}");
+
+    // The Job controller's pod comes back from the injector with its
+    // gateway; the Deployment's, in a namespace not opted in, without.
+    let agent = pod_of(&admin, "agents", "job-name=agent").await;
+    let containers = |pod: &Value, kind: &str| -> Vec<String> {
+        pod["spec"][kind]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| c["image"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    assert_eq!(
+        containers(&agent, "initContainers"),
+        [format!("ghcr.io/aip-k8s/aip-sidecar:{VERSION}")],
+        "{agent}"
+    );
+    let env = agent["spec"]["containers"][0]["env"].to_string();
+    assert!(env.contains("AIP_MCP_URL"), "{env}");
+    let files = pod_of(&admin, "tools", "app=files").await;
+    assert_eq!(containers(&files, "initContainers"), Vec::<String>::new());
+    assert_eq!(
+        containers(&files, "containers"),
+        [format!("ghcr.io/aip-k8s/aip-fault-server:{VERSION}")]
+    );
+
+    // The policy is the operator's; the connection names its missing grant
+    // until the grant is there.
+    admin.wait(
+        "agentpolicy/files",
+        "{.status.conditions[?(@.type==\"Accepted\")].status}",
+        "True",
+    );
+    let credentials = "{.status.conditions[?(@.type==\"CredentialsResolved\")].status}";
+    admin.wait("toolconnection/fs", credentials, "False");
+    let (ok, out, err) = admin.aip(&["grant", "fs", "-n", "agents"]);
+    assert!(ok, "{out}{err}");
+    admin.wait("toolconnection/fs", credentials, "True");
+}
+
+#[test]
+fn the_example_scripts_are_valid() {
+    let script = Path::new(EXAMPLE).join("upstream.yaml");
+    let checked = Command::new(binary("aip-fault-server"))
+        .args(["--check", "--config"])
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(
+        checked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&checked.stderr)
+    );
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/pyenv/bin/python");
+    let compiled = Command::new(python)
+        // Compiled, not run, and nothing written beside it.
+        .args([
+            "-c",
+            "import ast, sys; ast.parse(open(sys.argv[1]).read(), sys.argv[1])",
+        ])
+        .arg(Path::new(EXAMPLE).join("agent.py"))
+        .output()
+        .unwrap();
+    assert!(
+        compiled.status.success(),
+        "{}",
+        String::from_utf8_lossy(&compiled.stderr)
+    );
+}
+
+/// The first pod matching `selector` in `ns`, once a controller made it.
+async fn pod_of(kubectl: &Kubectl, ns: &'static str, selector: &'static str) -> Value {
+    eventually(&format!("a pod {selector} in {ns}"), || {
+        let kubectl = kubectl.clone();
+        async move {
+            let (ok, out, _) = kubectl.run(
+                &["get", "pods", "-n", ns, "-l", selector, "-o", "json"],
+                None,
+            );
+            let list: Value = serde_json::from_str(&out).ok().filter(|_| ok)?;
+            list["items"].get(0).cloned()
+        }
+    })
+    .await
+}
