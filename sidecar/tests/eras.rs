@@ -235,8 +235,17 @@ async fn a_modern_agent_with_a_legacy_server() {
         !s.gateway.connections()[0].upstream.modern(),
         "the probe was refused"
     );
-    let report = client(&s, "auto", calls("test_simple_text")).await;
+    let report = client(&s, "auto", calls("test_elicitation")).await;
     check(&report, "2026-07-28");
+    // The server asked by a request mid-call; the agent got it as an
+    // input_required result, answered, and its retry took the same
+    // upstream call up again.
+    assert_eq!(
+        report["elicited"][0]["message"], "What is your name?",
+        "{report}"
+    );
+    let answered = report["results"][1].to_string();
+    assert!(answered.contains("octocat"), "{report}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -277,4 +286,87 @@ async fn the_typescript_sdk_in_both_eras_with_a_legacy_server() {
         let report = ts_client(&s, mode, calls("test_simple_text")).await;
         check(&report, version);
     }
+}
+
+/// A modern tools/call of the Go server's test_elicitation from client
+/// `agent` (declaring elicitation), with `extra` params; the response.
+async fn elicitation_call(s: &Stack, agent: &str, extra: Value) -> Value {
+    let mut params = json!({"name": "test_elicitation", "arguments": {"message": "who?"}, "_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}},
+        "io.modelcontextprotocol/clientInfo": {"name": agent, "version": "1"},
+    }});
+    if let (Some(params), Value::Object(extra)) = (params.as_object_mut(), extra) {
+        params.extend(extra);
+    }
+    let body = json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": params});
+    let headers = [
+        ("mcp-protocol-version", "2026-07-28"),
+        ("mcp-method", "tools/call"),
+        ("mcp-name", "test_elicitation"),
+    ];
+    s.post(&headers, &body.to_string()).await.json()
+}
+
+/// The state the gateway hands a modern agent for a legacy server's
+/// question is a one-time handle for that client's retry of that call:
+/// another client, other arguments, a second use and a made-up state are
+/// refused, and only the right retry reaches the server's open call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_call_resumes_only_for_its_clients_retry() {
+    let server = GoServer::start(false);
+    let s = gateway(&server).await;
+    let ask = |agent: &'static str| {
+        let s = &s;
+        async move {
+            let asked = elicitation_call(s, agent, json!({})).await;
+            assert_eq!(asked["result"]["resultType"], "input_required", "{asked}");
+            let question = &asked["result"]["inputRequests"]["aip"];
+            assert_eq!(question["method"], "elicitation/create", "{asked}");
+            asked["result"]["requestState"].as_str().unwrap().to_owned()
+        }
+    };
+    let answer = json!({"aip": {"action": "accept", "content": {"username": "octocat"}}});
+    let refused = |r: &Value| {
+        assert_eq!(r["error"]["code"], -32602, "{r}");
+        assert!(
+            r["error"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("requestState"),
+            "{r}"
+        );
+    };
+
+    let state = ask("a").await;
+    let stolen = elicitation_call(
+        &s,
+        "b",
+        json!({"requestState": state, "inputResponses": answer}),
+    )
+    .await;
+    refused(&stolen);
+    // The call it named is gone (its server told), so its owner's retry is too.
+    let late = elicitation_call(
+        &s,
+        "a",
+        json!({"requestState": state, "inputResponses": answer}),
+    )
+    .await;
+    refused(&late);
+
+    let state = ask("a").await;
+    let other =
+        json!({"requestState": state, "inputResponses": answer, "arguments": {"message": "else"}});
+    refused(&elicitation_call(&s, "a", other).await);
+
+    let state = ask("a").await;
+    let retry = json!({"requestState": state, "inputResponses": answer});
+    let done = elicitation_call(&s, "a", retry.clone()).await;
+    assert_eq!(done["result"]["resultType"], "complete", "{done}");
+    assert!(done["result"].to_string().contains("octocat"), "{done}");
+    refused(&elicitation_call(&s, "a", retry).await);
+
+    let made_up = json!({"requestState": "aip-parked-0123", "inputResponses": answer});
+    refused(&elicitation_call(&s, "a", made_up).await);
 }

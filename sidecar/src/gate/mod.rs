@@ -19,6 +19,7 @@ mod connections;
 mod inflight;
 mod input;
 mod listings;
+mod parked;
 mod present;
 mod relay;
 mod subscriptions;
@@ -122,6 +123,7 @@ pub struct Gateway {
     routes: Routes,
     in_flight: InFlight,
     relayed: relay::Relayed,
+    parked: parked::Parked,
     tasks: tasks::Tasks,
     audit: Audit,
     options: GatewayOptions,
@@ -150,6 +152,7 @@ impl Gateway {
             routes: Routes::default(),
             in_flight: InFlight::default(),
             relayed: relay::Relayed::default(),
+            parked: parked::Parked::default(),
             tasks: tasks::Tasks::default(),
             audit,
             options,
@@ -585,6 +588,7 @@ impl Gateway {
         if let Some(refusal) = refuse_by_state(&route, &connection, &name) {
             return Reply::Message(json!({"jsonrpc": "2.0", "id": id, "error": refusal}));
         }
+        let resuming = caller.modern.then(|| parked::handle_in(&message)).flatten();
         // The agent's message as it was checked, under a gateway id and the
         // tool's upstream name (nothing of the envelope beyond JSON-RPC's).
         let mut upstream_call = message.value;
@@ -601,15 +605,29 @@ impl Gateway {
         // modern server, which may ask for input.
         let retry =
             (!caller.modern && route.connection.upstream.modern()).then(|| upstream_call.clone());
-        let outcome = self
-            .call_upstream(
-                &route.connection,
-                upstream_call,
-                caller,
-                evaluator,
-                &tracked.cancelled,
-            )
-            .await;
+        let outcome = match resuming {
+            // A modern agent's answer to a legacy server's question.
+            Some(handle) => {
+                let resumed = self.resume(
+                    &handle,
+                    &upstream_call,
+                    caller,
+                    evaluator,
+                    &tracked.cancelled,
+                );
+                Box::pin(resumed).await
+            }
+            None => {
+                self.call_upstream(
+                    &route.connection,
+                    upstream_call,
+                    caller,
+                    evaluator,
+                    &tracked.cancelled,
+                )
+                .await
+            }
+        };
         let outcome = match (outcome, retry) {
             (Some(Ok(x)), Some(request)) if input::requires_input(&x) => {
                 let cancel = &tracked.cancelled;

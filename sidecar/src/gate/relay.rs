@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::present::error_object;
-use super::{Caller, Gateway};
+use super::{Caller, Gateway, parked};
 use crate::upstream::health::ConnectionState;
 
 /// Requests made of agents, relayed and awaiting the agent's reply: (agent
@@ -45,7 +45,7 @@ pub(super) struct RelayedRequest {
 /// One upstream request's relaying: the agent's progress token and the
 /// gateway's stand-in for it, and the server requests relayed meanwhile
 /// (their agent-facing keys, forgotten when the request ends).
-struct CallRelay<'a> {
+pub(super) struct CallRelay<'a> {
     gateway: &'a Gateway,
     connection: &'a Arc<ConnectionState>,
     caller: &'a Caller,
@@ -56,7 +56,24 @@ struct CallRelay<'a> {
     /// Whether log messages may reach the agent: a modern request opts in
     /// with `_meta` logLevel, and hears none without it.
     logs: bool,
+    /// For a modern agent in front of a legacy server: the input requests
+    /// the agent declared it can answer (`_meta` clientCapabilities), which
+    /// the gateway turns into `input_required` (parked.rs).
+    answerable: parked::Answerable,
 }
+
+/// How one stretch of relaying a call ended.
+pub(super) enum Pumped {
+    Done(Result<Exchange, Failure>),
+    Cancelled,
+    /// The server asked the modern agent for input: the call waits parked.
+    Asked(parked::Question),
+}
+
+/// The upstream exchange of a call that may be parked: spawned, so that it
+/// can outlive the agent's request.
+pub(super) type Detached =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Exchange, Failure>> + Send>>;
 
 impl Gateway {
     /// Sends `request` (which has its gateway id) to `connection` and relays
@@ -106,6 +123,7 @@ impl Gateway {
         if let (Some(token), Some(meta)) = (&upstream_token, meta) {
             meta["progressToken"] = token.clone();
         }
+        let answerable = parked::Answerable::of(caller, connection, &request);
         let mut call = CallRelay {
             gateway: self,
             connection,
@@ -115,35 +133,65 @@ impl Gateway {
             upstream_token,
             relayed: Vec::new(),
             logs,
+            answerable,
         };
         let _busy = connection.busy();
         let (related, mut heard) = mpsc::unbounded_channel();
-        let outcome = {
+        if answerable.any() {
+            let detached = detach(connection, &request, related);
+            return self
+                .pump_detached(call, detached, heard, &request, cancel)
+                .await;
+        }
+        let pumped = {
             let upstream = connection
                 .upstream
                 .request_related(&request, Some(&related));
             tokio::pin!(upstream);
-            loop {
-                tokio::select! {
-                    biased;
-                    Some(message) = heard.recv() => Box::pin(call.relay(message)).await,
-                    outcome = &mut upstream => break Some(outcome),
-                    () = cancel.cancelled() => break None,
-                }
-            }
+            call.pump(&mut upstream, &mut heard, cancel).await
         };
-        match outcome {
-            // What came just before the response goes out before it.
-            Some(_) => {
-                while let Ok(message) = heard.try_recv() {
-                    Box::pin(call.relay(message)).await;
-                }
+        self.end_call(call, pumped, &request).await
+    }
+
+    /// Relays a detached call until it ends, or parks it when the server
+    /// asks the agent for input (then the agent gets `input_required`).
+    pub(super) async fn pump_detached(
+        &self,
+        mut call: CallRelay<'_>,
+        mut upstream: Detached,
+        mut heard: mpsc::UnboundedReceiver<Value>,
+        request: &Value,
+        cancel: &CancellationToken,
+    ) -> Option<Result<Exchange, Failure>> {
+        match call.pump(&mut upstream, &mut heard, cancel).await {
+            Pumped::Asked(question) => {
+                call.forget();
+                let waiting = parked::Waiting {
+                    upstream,
+                    heard,
+                    upstream_token: call.upstream_token.clone(),
+                    upstream_id: request["id"].clone(),
+                };
+                Some(Ok(self.park(call.connection, request, question, waiting)))
             }
-            None => {
-                let notice = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
-                    "params": {"requestId": request["id"], "reason": "canceled by the agent"}});
-                let _ = Box::pin(connection.upstream.notify(&notice)).await;
-            }
+            pumped => self.end_call(call, pumped, request).await,
+        }
+    }
+
+    /// After the response (or the cancellation): what came just before the
+    /// response goes out before it; a cancellation is told upstream.
+    async fn end_call(
+        &self,
+        call: CallRelay<'_>,
+        pumped: Pumped,
+        request: &Value,
+    ) -> Option<Result<Exchange, Failure>> {
+        let outcome = match pumped {
+            Pumped::Done(outcome) => Some(outcome),
+            Pumped::Cancelled | Pumped::Asked(_) => None,
+        };
+        if outcome.is_none() {
+            cancel_upstream(call.connection, &request["id"], "canceled by the agent").await;
         }
         call.forget();
         outcome
@@ -205,16 +253,110 @@ impl Gateway {
     }
 }
 
+/// Tells `connection` that the gateway gave up on its request `id`.
+pub(super) async fn cancel_upstream(connection: &ConnectionState, id: &Value, reason: &str) {
+    let notice = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": id, "reason": reason}});
+    let _ = Box::pin(connection.upstream.notify(&notice)).await;
+}
+
+/// `request` sent on a task of its own, so that its exchange can wait
+/// parked while the agent answers the server's question.
+fn detach(
+    connection: &Arc<ConnectionState>,
+    request: &Value,
+    related: mpsc::UnboundedSender<Value>,
+) -> Detached {
+    let connection = connection.clone();
+    let request = request.clone();
+    let exchange = tokio::spawn(async move {
+        connection
+            .upstream
+            .request_related(&request, Some(&related))
+            .await
+    });
+    let abort = exchange.abort_handle();
+    let guard = parked::AbortOnDrop(Some(abort));
+    Box::pin(async move {
+        let outcome = exchange.await;
+        drop(guard);
+        outcome.unwrap_or_else(|e| Err(Failure::Malformed(format!("the call's task ended: {e}"))))
+    })
+}
+
+impl<'a> CallRelay<'a> {
+    /// A relay for a call resumed after the agent's answer (parked.rs).
+    pub(super) fn resumed(
+        gateway: &'a Gateway,
+        connection: &'a Arc<ConnectionState>,
+        caller: &'a Caller,
+        evaluator: &'a Evaluator,
+        retry: &Value,
+        upstream_token: Option<Value>,
+    ) -> CallRelay<'a> {
+        let agent_token = aip_mcp::protocol::progress_token(retry).cloned();
+        let logs = aip_mcp::modern::meta(retry)
+            .is_some_and(|m| m.contains_key(aip_mcp::modern::META_LOG_LEVEL));
+        CallRelay {
+            gateway,
+            connection,
+            caller,
+            evaluator,
+            upstream_token: agent_token.as_ref().and(upstream_token),
+            agent_token,
+            relayed: Vec::new(),
+            logs,
+            answerable: parked::Answerable::of(caller, connection, retry),
+        }
+    }
+}
+
 impl CallRelay<'_> {
-    async fn relay(&mut self, message: Value) {
+    /// Relays what the server says until its response, the agent's
+    /// cancellation, or (when the agent can answer it) a server's question.
+    async fn pump<F>(
+        &mut self,
+        upstream: &mut F,
+        heard: &mut mpsc::UnboundedReceiver<Value>,
+        cancel: &CancellationToken,
+    ) -> Pumped
+    where
+        F: std::future::Future<Output = Result<Exchange, Failure>> + Unpin,
+    {
+        let outcome = loop {
+            tokio::select! {
+                biased;
+                Some(message) = heard.recv() => {
+                    if let Some(question) = Box::pin(self.relay(message)).await {
+                        return Pumped::Asked(question);
+                    }
+                }
+                outcome = &mut *upstream => break outcome,
+                () = cancel.cancelled() => return Pumped::Cancelled,
+            }
+        };
+        // What came just before the response goes out before it.
+        while let Ok(message) = heard.try_recv() {
+            if let Some(question) = Box::pin(self.relay(message)).await {
+                // Asked with its last breath: nobody will hear the answer.
+                let why = "the call already ended";
+                let error = error_object(codes::INTERNAL_ERROR, "Internal error", why);
+                self.answer(&json!({"id": question.id}), error).await;
+            }
+        }
+        Pumped::Done(outcome)
+    }
+
+    async fn relay(&mut self, message: Value) -> Option<parked::Question> {
         match (
             message.get("id"),
             message.get("method").and_then(Value::as_str),
         ) {
-            (Some(_), Some(_)) => self.server_request(message).await,
+            (Some(_), Some(_)) => return self.server_request(message).await,
             (None, Some(_)) => self.notification(message),
             _ => {} // a stray response: nothing asked for it
         }
+        None
     }
 
     /// Progress for this call (under the agent's own token), logging, and a
@@ -250,13 +392,17 @@ impl CallRelay<'_> {
 
     /// A request the server makes of the client: relayed under a gateway id
     /// when the connection opted in to its capability and the agent's
-    /// transport can carry it; otherwise answered with an error at once,
-    /// so the server need not wait.
-    async fn server_request(&mut self, mut request: Value) {
+    /// transport can carry it; for a modern agent that declared it can
+    /// answer it, the question to put in an `input_required`; otherwise
+    /// answered with an error at once, so the server need not wait.
+    async fn server_request(&mut self, mut request: Value) -> Option<parked::Question> {
         let method = request["method"].as_str().unwrap_or_default().to_owned();
         let offered = self.connection.connection().capabilities;
         let refusal = match method.as_str() {
-            "ping" => return self.answer(&request, json!({"result": {}})).await,
+            "ping" => {
+                self.answer(&request, json!({"result": {}})).await;
+                return None;
+            }
             "sampling/createMessage" if offered.sampling => None,
             "elicitation/create" if offered.elicitation => None,
             "roots/list" if offered.roots => None,
@@ -265,9 +411,17 @@ impl CallRelay<'_> {
             }
             _ => Some("the gateway relays only sampling, elicitation and roots requests"),
         };
+        if refusal.is_none() && self.caller.modern && self.answerable.covers(&method) {
+            if let Some(params) = request.get_mut("params") {
+                self.connection.redact_credentials(params);
+                self.gateway
+                    .redact_audited(params, self.evaluator, Direction::Downstream);
+            }
+            return Some(parked::Question::from_request(request));
+        }
         let refusal = refusal.or_else(|| {
             self.caller.modern.then_some(
-                "the agent speaks MCP 2026-07-28, where a server asks for input in its result, not by a request",
+                "the agent speaks MCP 2026-07-28 and did not declare this capability in its request",
             )
         });
         let refusal = refusal.or_else(|| {
@@ -280,7 +434,8 @@ impl CallRelay<'_> {
             let connection = &self.connection.connection().name;
             tracing::warn!(connection = %connection, method, why, "a server request was refused");
             let error = error_object(codes::METHOD_NOT_FOUND, "Method not found", why);
-            return self.answer(&request, error).await;
+            self.answer(&request, error).await;
+            return None;
         }
         let upstream_id = request["id"].clone();
         let agent_id = json!(format!("aip-s-{}", self.gateway.fresh_id()));
@@ -306,6 +461,7 @@ impl CallRelay<'_> {
             );
             self.answer(&json!({"id": upstream_id}), error).await;
         }
+        None
     }
 
     /// Sends the server a reply of our own to its request.

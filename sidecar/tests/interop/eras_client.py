@@ -22,8 +22,12 @@ ELICITED = []
 
 
 async def elicit(context, params):
-    ELICITED.append(params.model_dump(mode="json", by_alias=True, exclude_none=True))
-    return types.ElicitResult(action="accept", content={"name": os.environ.get("AIP_ELICIT_NAME", "octocat")})
+    asked = params.model_dump(mode="json", by_alias=True, exclude_none=True)
+    ELICITED.append(asked)
+    # The same answer under every property the form requires.
+    required = asked.get("requestedSchema", {}).get("required") or ["name"]
+    name = os.environ.get("AIP_ELICIT_NAME", "octocat")
+    return types.ElicitResult(action="accept", content={key: name for key in required})
 
 
 def dump(value):

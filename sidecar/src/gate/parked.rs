@@ -1,0 +1,279 @@
+//! A legacy server asking a modern agent for input. A 2025-11-25 server
+//! asks in the middle of a call, with a request of its own (elicitation,
+//! sampling, roots) it expects answered on the same session; a 2026-07-28
+//! agent hears no server requests and answers questions only as a call's
+//! `input_required` result, retrying the call with its answers and the
+//! state it was given. The gateway joins the two: the server's question
+//! becomes the agent's `input_required`, the call waits here — parked, its
+//! upstream exchange still open — and the agent's retry delivers the answer
+//! to the server and takes the call up again, so the server sees one call.
+//!
+//! The `requestState` the agent carries is a handle, not state: 128 random
+//! bits naming a parked call, good once, only for the client that made the
+//! call (its `clientInfo` name) and only for a retry of the very call (the
+//! same tool and arguments); the policy decides the retry like any call.
+//! Nothing of the gateway's rides in it, so there is nothing to forge or
+//! replay. At most `MAX_PARKED` calls wait at once, each at most as long as
+//! an approval may; one that expires is cancelled upstream.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use aip_mcp::jsonrpc::Message;
+use aip_mcp::modern::{META_CAPABILITIES, META_CLIENT_INFO};
+use aip_mcp::{Exchange, Failure};
+use aip_policy::{Direction, Evaluator, codes};
+use aip_service::sync::lock;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::relay::{CallRelay, Detached, cancel_upstream};
+use super::{Caller, Gateway};
+use crate::upstream::health::ConnectionState;
+
+/// Calls parked at once, at most; past it a server's question is refused.
+const MAX_PARKED: usize = 256;
+/// What marks a `requestState` as one of the gateway's handles.
+const STATE_PREFIX: &str = "aip-parked-";
+/// The key of the one question in `inputRequests`.
+const QUESTION_KEY: &str = "aip";
+
+/// The input requests a modern agent declared it can answer, that its
+/// call's connection also offers; none for a legacy agent or a modern
+/// server (which asks in its own results).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Answerable {
+    elicitation: bool,
+    sampling: bool,
+    roots: bool,
+}
+
+impl Answerable {
+    pub(super) fn of(caller: &Caller, connection: &ConnectionState, request: &Value) -> Self {
+        if !caller.modern || connection.upstream.modern() {
+            return Answerable::default();
+        }
+        let declared = aip_mcp::modern::meta(request).and_then(|m| m.get(META_CAPABILITIES));
+        let has = |name: &str| declared.is_some_and(|c| c.get(name).is_some());
+        let offered = connection.connection().capabilities;
+        Answerable {
+            elicitation: offered.elicitation && has("elicitation"),
+            sampling: offered.sampling && has("sampling"),
+            roots: offered.roots && has("roots"),
+        }
+    }
+
+    pub(super) fn any(self) -> bool {
+        self.elicitation || self.sampling || self.roots
+    }
+
+    pub(super) fn covers(self, method: &str) -> bool {
+        match method {
+            "elicitation/create" => self.elicitation,
+            "sampling/createMessage" => self.sampling,
+            "roots/list" => self.roots,
+            _ => false,
+        }
+    }
+}
+
+/// A server's request of the agent, redacted, to be put as an input
+/// request.
+pub(super) struct Question {
+    pub(super) id: Value,
+    method: String,
+    params: Value,
+}
+
+impl Question {
+    pub(super) fn from_request(mut request: Value) -> Question {
+        Question {
+            id: request["id"].take(),
+            method: request["method"].as_str().unwrap_or_default().to_owned(),
+            params: request
+                .get_mut("params")
+                .map(Value::take)
+                .unwrap_or(json!({})),
+        }
+    }
+}
+
+/// An upstream exchange waiting for the agent's answer.
+pub(super) struct Waiting {
+    pub(super) upstream: Detached,
+    pub(super) heard: mpsc::UnboundedReceiver<Value>,
+    pub(super) upstream_token: Option<Value>,
+    /// The gateway's id of the upstream request.
+    pub(super) upstream_id: Value,
+}
+
+struct ParkedCall {
+    owner: String,
+    /// The tool and arguments the retry must repeat.
+    call: (Value, Value),
+    connection: Arc<ConnectionState>,
+    question: Value,
+    waiting: Waiting,
+}
+
+#[derive(Default)]
+pub(super) struct Parked(Mutex<HashMap<String, ParkedCall>>);
+
+/// Aborts a detached exchange's task when its call is dropped unanswered.
+pub(super) struct AbortOnDrop(pub(super) Option<AbortHandle>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+        }
+    }
+}
+
+fn owner_of(request: &Value) -> String {
+    aip_mcp::modern::meta(request)
+        .and_then(|m| m.get(META_CLIENT_INFO))
+        .and_then(|i| i.get("name"))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The tool and arguments of a tools/call, as the retry must repeat them.
+fn call_of(request: &Value) -> (Value, Value) {
+    let params = request.get("params");
+    let field = |k: &str| {
+        params
+            .and_then(|p| p.get(k))
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    (field("name"), field("arguments"))
+}
+
+/// The gateway's handle in a retry, if it carries one.
+pub(super) fn handle_in(message: &Message) -> Option<String> {
+    let state = message.params()?.get("requestState")?.as_str()?;
+    state.strip_prefix(STATE_PREFIX).map(str::to_owned)
+}
+
+impl Gateway {
+    /// Parks a call whose server asked `question`; the `input_required`
+    /// exchange the agent gets, or the refusal the server gets (too many
+    /// parked).
+    pub(super) fn park(
+        &self,
+        connection: &Arc<ConnectionState>,
+        request: &Value,
+        question: Question,
+        waiting: Waiting,
+    ) -> Exchange {
+        let handle = format!("{:032x}", rand::random::<u128>());
+        let input_request = json!({"method": question.method, "params": question.params});
+        let parked = ParkedCall {
+            owner: owner_of(request),
+            call: call_of(request),
+            connection: connection.clone(),
+            question: question.id,
+            waiting,
+        };
+        {
+            let mut calls = lock(&self.parked.0);
+            if calls.len() >= MAX_PARKED {
+                drop(calls);
+                let why = format!("{MAX_PARKED} calls already wait for their agents' input");
+                return exchange(json!({"code": codes::INTERNAL_ERROR, "message": why}));
+            }
+            calls.insert(handle.clone(), parked);
+        }
+        self.expire_later(handle.clone());
+        Exchange {
+            response: json!({"jsonrpc": "2.0", "id": request["id"], "result": {
+                "resultType": "input_required",
+                "inputRequests": {QUESTION_KEY: input_request},
+                "requestState": format!("{STATE_PREFIX}{handle}"),
+            }}),
+            session_id: None,
+        }
+    }
+
+    /// Forgets a parked call nobody came back for, and tells its server.
+    fn expire_later(&self, handle: String) {
+        let Some(me) = self.me.upgrade() else { return };
+        let patience = self.options.approval_timeout;
+        tokio::spawn(async move {
+            tokio::time::sleep(patience).await;
+            let expired = lock(&me.parked.0).remove(&handle);
+            if let Some(call) = expired {
+                let why = "the agent did not answer the server's question in time";
+                cancel_upstream(&call.connection, &call.waiting.upstream_id, why).await;
+            }
+        });
+    }
+
+    /// The retry of a parked call (`handle` from its `requestState`): the
+    /// agent's answer goes to the server, and the call is relayed on.
+    pub(super) async fn resume(
+        &self,
+        handle: &str,
+        retry: &Value,
+        caller: &Caller,
+        evaluator: &Evaluator,
+        cancel: &CancellationToken,
+    ) -> Option<Result<Exchange, Failure>> {
+        let taken = lock(&self.parked.0).remove(handle);
+        let refuse = |why: &str| {
+            Some(Ok(exchange(
+                json!({"code": codes::INVALID_PARAMS, "message": format!("requestState: {why}")}),
+            )))
+        };
+        let Some(parked) = taken else {
+            return refuse(
+                "names no call waiting for input (unknown, answered already, or expired)",
+            );
+        };
+        if parked.owner != owner_of(retry) || parked.call != call_of(retry) {
+            // Dropped: its exchange is aborted and its server told.
+            let why = "the call was retried by another client or with other arguments";
+            cancel_upstream(&parked.connection, &parked.waiting.upstream_id, why).await;
+            return refuse("is not this client's retry of the call it was given for");
+        }
+        let answer = retry.pointer(&format!("/params/inputResponses/{QUESTION_KEY}"));
+        let Some(answer) = answer.cloned() else {
+            let why = "the agent did not answer the server's question";
+            cancel_upstream(&parked.connection, &parked.waiting.upstream_id, why).await;
+            return refuse(&format!(
+                "inputResponses has no answer under {QUESTION_KEY:?}"
+            ));
+        };
+        let mut answer = answer;
+        self.redact_audited(&mut answer, evaluator, Direction::Upstream);
+        let reply = json!({"jsonrpc": "2.0", "id": parked.question, "result": answer});
+        let connection = parked.connection;
+        if let Err(failure) = connection.upstream.notify(&reply).await {
+            return Some(Err(failure));
+        }
+        let Waiting {
+            upstream,
+            heard,
+            upstream_token,
+            upstream_id,
+        } = parked.waiting;
+        let call = CallRelay::resumed(self, &connection, caller, evaluator, retry, upstream_token);
+        // The call as the relay knows it: the retry under the upstream
+        // request's id (what a later question parks, a cancellation names).
+        let mut request = retry.clone();
+        request["id"] = upstream_id;
+        Box::pin(self.pump_detached(call, upstream, heard, &request, cancel)).await
+    }
+}
+
+/// An exchange that carries an error for the agent.
+fn exchange(error: Value) -> Exchange {
+    Exchange {
+        response: json!({"jsonrpc": "2.0", "id": null, "error": error}),
+        session_id: None,
+    }
+}
