@@ -108,6 +108,25 @@ fn otlp_provider(
         .build())
 }
 
+/// Makes `span` a child of the caller's span that `traceparent` (and
+/// `tracestate`) name, W3C trace context as MCP carries it in `_meta`; an
+/// invalid traceparent is ignored (the span starts a trace of its own).
+pub fn join_remote_trace(span: &tracing::Span, traceparent: &str, tracestate: Option<&str>) {
+    use opentelemetry::propagation::TextMapPropagator;
+    use opentelemetry::trace::TraceContextExt;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    let mut fields =
+        std::collections::HashMap::from([("traceparent".to_owned(), traceparent.to_owned())]);
+    if let Some(state) = tracestate {
+        fields.insert("tracestate".to_owned(), state.to_owned());
+    }
+    let remote = opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&fields);
+    if remote.span().span_context().is_remote() {
+        // Refused only for a span already started, which this is not.
+        let _ = span.set_parent(remote);
+    }
+}
+
 /// Cancels `shutdown` on the first SIGTERM or SIGINT.
 pub async fn cancel_on_signal(shutdown: CancellationToken) {
     use tokio::signal::unix::{SignalKind, signal};

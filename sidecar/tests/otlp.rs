@@ -24,6 +24,13 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 const PATIENCE: Duration = Duration::from_secs(20);
+/// The trace and span the agent's call carries.
+const AGENT_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const AGENT_SPAN: &str = "00f067aa0ba902b7";
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
 
 /// Hands every export to the test.
 struct Collector(mpsc::UnboundedSender<ExportTraceServiceRequest>);
@@ -115,7 +122,9 @@ async fn spans_reach_an_otlp_collector() {
     let initialize = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
         "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
     let session = post(agent, None, &initialize.to_string()).await.0.unwrap();
-    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "up_read", "arguments": {}}});
+    // The agent's own trace, in W3C trace context in `_meta`.
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "up_read", "arguments": {},
+        "_meta": {"traceparent": format!("00-{AGENT_TRACE}-{AGENT_SPAN}-01")}}});
     let (_, body) = post(agent, Some(&session), &call.to_string()).await;
     assert!(body.contains("\"ok\""), "{body}");
 
@@ -161,6 +170,12 @@ async fn spans_reach_an_otlp_collector() {
     assert_eq!(attribute(upstream, "aip.connection").as_deref(), Some("up"));
     assert_eq!(attribute(upstream, "aip.outcome").as_deref(), Some("ok"));
     assert_eq!(upstream.trace_id, message.trace_id, "one trace");
+    assert_eq!(hex(&message.trace_id), AGENT_TRACE, "the agent's trace");
+    assert_eq!(
+        hex(&message.parent_span_id),
+        AGENT_SPAN,
+        "the gateway's span is a child of the agent's"
+    );
     assert_eq!(
         upstream.parent_span_id, message.span_id,
         "the upstream call is a child"

@@ -315,6 +315,7 @@ impl Gateway {
             rpc.method = message.method().unwrap_or("(reply)"),
             mcp.tool = tracing::field::Empty,
             aip.decision = tracing::field::Empty);
+        join_callers_trace(&span, &message);
         let Some(method) = caller.modern.then(|| message.method().map(str::to_owned)) else {
             return self.decide(message, caller).instrument(span).await;
         };
@@ -773,4 +774,15 @@ fn misspelled_method(method: &str) -> Option<&'static str> {
         .iter()
         .find(|known| normalize_name(known) == normal)
         .copied()
+}
+
+/// The agent's trace context (W3C `traceparent`/`tracestate` in the
+/// request's `_meta`, either era) as the parent of the gateway's span. It
+/// also reaches the server as it came, in the forwarded `_meta`.
+fn join_callers_trace(span: &tracing::Span, message: &Message) {
+    let meta = message.params().and_then(|p| p.get("_meta"));
+    let field = |k: &str| meta.and_then(|m| m.get(k)).and_then(Value::as_str);
+    if let Some(parent) = field("traceparent") {
+        aip_service::join_remote_trace(span, parent, field("tracestate"));
+    }
 }
