@@ -179,6 +179,7 @@ fn large_requests_past_the_budget_get_503_before_their_bodies_are_read() {
     let head = |addr: SocketAddr| {
         let mut s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(PATIENCE)).unwrap();
+        s.set_write_timeout(Some(PATIENCE)).unwrap();
         write!(
             s,
             "POST /mcp HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\naccept: application/json\r\nmcp-session-id: x\r\ncontent-length: {}\r\n\r\n",
@@ -193,6 +194,7 @@ fn large_requests_past_the_budget_get_503_before_their_bodies_are_read() {
     // ... so a third is refused as soon as they are reserved. Connections
     // are served concurrently: a third whose headers were read first is
     // served in full (it sends its body too), and another is tried.
+    let deadline = std::time::Instant::now() + PATIENCE;
     let refused = loop {
         let mut third = head(sidecar.addr);
         let _ = third.write_all(body.as_bytes());
@@ -202,10 +204,18 @@ fn large_requests_past_the_budget_get_503_before_their_bodies_are_read() {
         if reply.starts_with("HTTP/1.1 503") {
             break reply;
         }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never refused; the last reply: {reply}"
+        );
     };
     assert!(
         refused.to_lowercase().contains("retry-after: 1"),
         "{refused}"
+    );
+    assert!(
+        refused.to_lowercase().contains("connection: close"),
+        "the unread body is not waited for: {refused}"
     );
     assert!(refused.contains("retry in a second"), "{refused}");
     // The first body arrives: it is served (404: its session is unknown,

@@ -499,6 +499,11 @@ fn busy() -> Response<Body> {
     );
     r.headers_mut()
         .insert("retry-after", HeaderValue::from_static("1"));
+    // The body it refused to read is not read later either: closing the
+    // connection tells a client still sending it to stop, instead of
+    // leaving it blocked on a full socket.
+    r.headers_mut()
+        .insert("connection", HeaderValue::from_static("close"));
     r
 }
 
