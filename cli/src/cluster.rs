@@ -9,8 +9,9 @@
 
 use std::collections::BTreeSet;
 
+use aip_policy::fields::{self, join_key, type_name};
 use aip_policy::kubernetes::name_problem;
-use aip_policy::{AgentPolicy, FieldError, PolicyErrors};
+use aip_policy::{AgentPolicy, PolicyErrors};
 use serde_json::{Map, Value};
 
 pub const BINDING_FIELDS: [&str; 3] = ["podSelector", "toolConnections", "approval"];
@@ -81,7 +82,7 @@ pub fn validate(value: &Value) -> Result<PolicyFile, PolicyErrors> {
         }),
         (policy, _) => {
             let mut errors = policy.err().unwrap_or_default();
-            errors.extend(check.errors);
+            errors.extend(check.0.errors);
             // A stable sort: apiVersion and kind, then metadata, then spec,
             // aip-policy's findings before the binding's within each.
             errors.sort_by_key(|e| section(&e.path));
@@ -99,19 +100,24 @@ fn section(path: &str) -> u8 {
     }
 }
 
+/// aip-policy's field checker, with the binding fields' checks.
 #[derive(Default)]
-struct Checker {
-    errors: Vec<FieldError>,
+struct Checker(fields::Checker);
+
+impl std::ops::Deref for Checker {
+    type Target = fields::Checker;
+    fn deref(&self) -> &fields::Checker {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Checker {
+    fn deref_mut(&mut self) -> &mut fields::Checker {
+        &mut self.0
+    }
 }
 
 impl Checker {
-    fn error(&mut self, path: &str, message: impl Into<String>) {
-        self.errors.push(FieldError {
-            path: path.to_owned(),
-            message: message.into(),
-        });
-    }
-
     /// What Kubernetes refuses in metadata that a plain AIP file may hold
     /// (aip-policy checks the shapes the two share).
     fn metadata(&mut self, metadata: &Map<String, Value>) {
@@ -372,40 +378,6 @@ impl Checker {
 
     // --- typed accessors, worded as aip-policy words them ----------------
 
-    fn known_keys(&mut self, map: &Map<String, Value>, path: &str, known: &[&str]) {
-        for key in map.keys() {
-            if !known.contains(&key.as_str()) {
-                self.error(
-                    &join_key(path, key),
-                    format!("unknown field; expected one of: {}", known.join(", ")),
-                );
-            }
-        }
-    }
-
-    fn object<'v>(&mut self, value: &'v Value, path: &str) -> Option<&'v Map<String, Value>> {
-        match value {
-            Value::Object(map) => Some(map),
-            other => {
-                self.error(
-                    path,
-                    format!("value must be a mapping, found {}", type_name(other)),
-                );
-                None
-            }
-        }
-    }
-
-    fn array<'v>(&mut self, value: &'v Value, path: &str) -> Option<&'v Vec<Value>> {
-        match value {
-            Value::Array(items) => Some(items),
-            other => {
-                self.error(path, format!("must be a list, found {}", type_name(other)));
-                None
-            }
-        }
-    }
-
     fn required_string(
         &mut self,
         map: &Map<String, Value>,
@@ -471,32 +443,6 @@ fn label_problem(name: &str) -> Option<String> {
         ));
     }
     name_problem(name)
-}
-
-/// `spec.podSelector.matchLabels.app`, or `...matchLabels["app.kubernetes.io/name"]`
-/// when the key would not read as one path segment (as aip-policy writes
-/// paths).
-fn join_key(path: &str, key: &str) -> String {
-    let plain = !key.is_empty()
-        && key
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-    if plain {
-        format!("{path}.{key}")
-    } else {
-        format!("{path}[{key:?}]")
-    }
-}
-
-fn type_name(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "a mapping",
-    }
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use std::fmt;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use crate::fields::{Checker, join_key, type_name};
 use crate::limits;
 use crate::ratelimit::RateLimit;
 
@@ -239,20 +240,7 @@ pub fn parse_yaml(text: &str) -> Result<Value, PolicyErrors> {
         .map_err(|e| PolicyErrors::one("", format!("invalid YAML: {e}")))
 }
 
-/// Walks a document, collecting errors as it goes.
-#[derive(Default)]
-struct Checker {
-    errors: Vec<FieldError>,
-}
-
 impl Checker {
-    fn error(&mut self, path: &str, message: impl Into<String>) {
-        self.errors.push(FieldError {
-            path: path.to_owned(),
-            message: message.into(),
-        });
-    }
-
     fn document(&mut self, value: &Value) -> Option<AgentPolicy> {
         let root = self.object(value, "")?;
         self.known_keys(root, "", &["apiVersion", "kind", "metadata", "spec"]);
@@ -530,45 +518,6 @@ impl Checker {
 
     // --- typed accessors -------------------------------------------------
 
-    fn object<'v>(&mut self, value: &'v Value, path: &str) -> Option<&'v Map<String, Value>> {
-        match value {
-            Value::Object(map) => Some(map),
-            other => {
-                let what = if path.is_empty() {
-                    "the document"
-                } else {
-                    "value"
-                };
-                self.error(
-                    path,
-                    format!("{what} must be a mapping, found {}", type_name(other)),
-                );
-                None
-            }
-        }
-    }
-
-    fn array<'v>(&mut self, value: &'v Value, path: &str) -> Option<&'v Vec<Value>> {
-        match value {
-            Value::Array(items) => Some(items),
-            other => {
-                self.error(path, format!("must be a list, found {}", type_name(other)));
-                None
-            }
-        }
-    }
-
-    fn known_keys(&mut self, map: &Map<String, Value>, path: &str, known: &[&str]) {
-        for key in map.keys() {
-            if !known.contains(&key.as_str()) {
-                self.error(
-                    &join_key(path, key),
-                    format!("unknown field; expected one of: {}", known.join(", ")),
-                );
-            }
-        }
-    }
-
     fn required_string(
         &mut self,
         map: &Map<String, Value>,
@@ -668,31 +617,6 @@ impl Checker {
             }
         }
         Some(out)
-    }
-}
-
-/// `spec.tool_rules[0].allow_args.url`, or `...allow_args["odd key"]` when the
-/// key would not read as one path segment.
-fn join_key(path: &str, key: &str) -> String {
-    let plain = !key.is_empty()
-        && key
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-    match (path.is_empty(), plain) {
-        (true, true) => key.to_owned(),
-        (false, true) => format!("{path}.{key}"),
-        (_, false) => format!("{path}[{key:?}]"),
-    }
-}
-
-fn type_name(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "a mapping",
     }
 }
 

@@ -20,6 +20,7 @@ pub mod dlp;
 pub mod document;
 pub mod errors;
 pub mod evaluate;
+pub mod fields;
 pub mod hash;
 pub mod kubernetes;
 pub mod limits;
