@@ -156,10 +156,15 @@ impl ProtectedPaths {
             return None;
         }
         let decoded = decode_lower(s);
-        // As a path (a backslash separates, as on Windows) and as a shell
-        // word (quotes and backslash escapes removed).
+        // As a path (a backslash separates, as on Windows), with `file://`
+        // dropped and as written (`sfile://etc/shadow` loses the name when
+        // the scheme goes, yet split at its colon it is one), and as a
+        // shell word (quotes and backslash escapes removed).
+        let slashed = decoded.replace('\\', "/");
         let shell = as_shell_word(&decoded);
-        let readings = std::iter::once(as_path(&decoded)).chain(brace_expansions(&shell));
+        let readings = [strip_file_scheme(&slashed), slashed]
+            .into_iter()
+            .chain(brace_expansions(&shell));
         for text in readings {
             if let Some(e) = self
                 .entries
@@ -257,11 +262,6 @@ fn decode_lower(s: &str) -> String {
         text = decoded;
     }
     text.to_lowercase().replace("${home}", "$home")
-}
-
-/// The text as a path: backslashes are separators, `file://` is dropped.
-fn as_path(decoded: &str) -> String {
-    strip_file_scheme(&decoded.replace('\\', "/"))
 }
 
 /// The text as a shell would read a word of it: quotes removed, a backslash
@@ -517,6 +517,20 @@ mod tests {
             assert!(hit(&p, json!(evasive)).is_some(), "{evasive}");
         }
         assert_eq!(hit(&p, json!("/etc/aip/other.yaml")), None);
+    }
+
+    #[test]
+    fn a_scheme_glued_to_a_word_does_not_swallow_the_path() {
+        // Found by the paths fuzz target: dropping `file://` from
+        // `sfile://etc/shadow` left `setc/shadow`.
+        let p = paths(&["/etc/shadow"]);
+        for glued in [
+            "sfile://etc/shadow",
+            "x}/.lssfile://etc/shadow",
+            "rs2{om e}/m e//lssfile://etc/shadow/l}",
+        ] {
+            assert!(hit(&p, json!(glued)).is_some(), "{glued}");
+        }
     }
 
     #[test]
