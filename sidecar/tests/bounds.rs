@@ -190,12 +190,19 @@ fn large_requests_past_the_budget_get_503_before_their_bodies_are_read() {
     };
     // Two 4 MiB requests reserve the whole budget (4 x their size each)...
     let mut first = head(sidecar.addr);
-    let second = head(sidecar.addr);
+    let mut second = head(sidecar.addr);
     // ... so a third is refused as soon as they are reserved. Connections
     // are served concurrently: a third whose headers were read first is
-    // served in full (it sends its body too), and another is tried.
+    // served in full (it sends its body too), and another is tried; and a
+    // holder served after a third was refused itself (its connection then
+    // answers at once), so it is opened again.
     let deadline = std::time::Instant::now() + PATIENCE;
     let refused = loop {
+        for holder in [&mut first, &mut second] {
+            if answered(holder) {
+                *holder = head(sidecar.addr);
+            }
+        }
         let mut third = head(sidecar.addr);
         let _ = third.write_all(body.as_bytes());
         let mut reply = vec![0u8; 4096];
@@ -226,6 +233,17 @@ fn large_requests_past_the_budget_get_503_before_their_bodies_are_read() {
     assert_eq!(&status, b"HTTP/1.1 404");
     drop((first, second));
     assert!(sidecar.ping().unwrap().starts_with("HTTP/1.1 200"));
+}
+
+/// Whether the server has answered (or closed) `stream` already: a
+/// request still waiting for its body has nothing to read.
+fn answered(stream: &mut TcpStream) -> bool {
+    stream.set_nonblocking(true).unwrap();
+    let mut byte = [0u8; 1];
+    let answered =
+        !matches!(stream.peek(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+    stream.set_nonblocking(false).unwrap();
+    answered
 }
 
 #[test]
