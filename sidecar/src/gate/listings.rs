@@ -252,7 +252,9 @@ impl Gateway {
             .await
     }
 
-    pub(super) async fn resources_read(
+    /// `resources/read`, and (legacy) `resources/subscribe` and
+    /// `resources/unsubscribe`: to the connection whose resource the URI is.
+    pub(super) async fn by_resource(
         &self,
         message: &Message,
         evaluator: &Evaluator,
@@ -265,7 +267,8 @@ impl Gateway {
             return Reply::Message(error(Some(&id), codes::INVALID_PARAMS, &unknown, None));
         };
         let params = message.params().cloned().unwrap_or_else(|| json!({}));
-        let request = json!({"jsonrpc": "2.0", "method": "resources/read", "params": params});
+        let method = message.method().unwrap_or_default();
+        let request = json!({"jsonrpc": "2.0", "method": method, "params": params});
         self.forward(&connection, request, message, evaluator, caller)
             .await
     }
@@ -322,30 +325,6 @@ impl Gateway {
         let request = json!({"jsonrpc": "2.0", "method": "completion/complete", "params": params});
         self.forward(&connection, request, message, evaluator, caller)
             .await
-    }
-
-    /// `resources/subscribe` and `resources/unsubscribe` (legacy) go to
-    /// the connection whose resource the URI is.
-    pub(super) async fn resources_subscribe(
-        &self,
-        message: &Message,
-        evaluator: &Evaluator,
-        caller: &Caller,
-    ) -> Reply {
-        let id = message.id().cloned().unwrap_or(Value::Null);
-        let uri = string_param(message, "uri");
-        let Some(connection) = self.resource_route(&uri).await else {
-            let unknown = format!("Unknown resource: {uri}");
-            return Reply::Message(error(Some(&id), codes::INVALID_PARAMS, &unknown, None));
-        };
-        self.forward(
-            &connection,
-            message.value.clone(),
-            message,
-            evaluator,
-            caller,
-        )
-        .await
     }
 
     /// `logging/setLevel` (legacy) reaches every usable legacy connection

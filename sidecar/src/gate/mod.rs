@@ -447,11 +447,10 @@ impl Gateway {
                 Box::pin(self.list_page(message, evaluator)).await
             }
             "prompts/get" => Box::pin(self.prompts_get(message, evaluator, caller)).await,
-            "resources/read" => Box::pin(self.resources_read(message, evaluator, caller)).await,
-            "completion/complete" => Box::pin(self.complete(message, evaluator, caller)).await,
-            "resources/subscribe" | "resources/unsubscribe" => {
-                Box::pin(self.resources_subscribe(message, evaluator, caller)).await
+            "resources/read" | "resources/subscribe" | "resources/unsubscribe" => {
+                Box::pin(self.by_resource(message, evaluator, caller)).await
             }
+            "completion/complete" => Box::pin(self.complete(message, evaluator, caller)).await,
             "logging/setLevel" => Box::pin(self.set_level(message, evaluator)).await,
             // The gateway's own tasks (approvals); upstream tasks are not
             // relayed: no server is offered the extension.
@@ -602,41 +601,17 @@ impl Gateway {
         }
         let tracked = self.in_flight.track(&caller.session, Some(&id));
         let started = Instant::now();
-        // Kept only where a retry may follow: a legacy agent's call to a
-        // modern server, which may ask for input.
-        let retry =
-            (!caller.modern && route.connection.upstream.modern()).then(|| upstream_call.clone());
+        let cancel = &tracked.cancelled;
         let outcome = match resuming {
             // A modern agent's answer to a legacy server's question.
             Some(handle) => {
-                let resumed = self.resume(
-                    &handle,
-                    &upstream_call,
-                    caller,
-                    evaluator,
-                    &tracked.cancelled,
-                );
-                Box::pin(resumed).await
+                Box::pin(self.resume(&handle, &upstream_call, caller, evaluator, cancel)).await
             }
             None => {
-                self.call_upstream(
-                    &route.connection,
-                    upstream_call,
-                    caller,
-                    evaluator,
-                    &tracked.cancelled,
-                )
-                .await
+                let exchange =
+                    self.exchange(&route.connection, upstream_call, caller, evaluator, cancel);
+                Box::pin(exchange).await
             }
-        };
-        let outcome = match (outcome, retry) {
-            (Some(Ok(x)), Some(request)) if input::requires_input(&x) => {
-                let cancel = &tracked.cancelled;
-                let input =
-                    self.provide_input(&route.connection, &request, x, caller, evaluator, cancel);
-                Box::pin(input).await
-            }
-            (outcome, _) => outcome,
         };
         drop(tracked);
         let connection_labels = ConnectionLabels {
@@ -685,18 +660,8 @@ impl Gateway {
         let name = connection.connection().name.clone();
         request["id"] = json!(self.fresh_id());
         let tracked = self.in_flight.track(&caller.session, message.id());
-        let retry = (!caller.modern && connection.upstream.modern()).then(|| request.clone());
-        let outcome = self
-            .call_upstream(connection, request, caller, evaluator, &tracked.cancelled)
-            .await;
-        let outcome = match (outcome, retry) {
-            (Some(Ok(x)), Some(request)) if input::requires_input(&x) => {
-                let cancel = &tracked.cancelled;
-                let input = self.provide_input(connection, &request, x, caller, evaluator, cancel);
-                Box::pin(input).await
-            }
-            (outcome, _) => outcome,
-        };
+        let exchange = self.exchange(connection, request, caller, evaluator, &tracked.cancelled);
+        let outcome = Box::pin(exchange).await;
         drop(tracked);
         match outcome {
             None => Reply::Nothing,
@@ -714,6 +679,31 @@ impl Gateway {
                     json!({"jsonrpc": "2.0", "id": id, "error": failure.to_error(&name, None)}),
                 )
             }
+        }
+    }
+
+    /// Sends `request` upstream and sees it through: when a modern server
+    /// asks a legacy agent for input, the gateway asks the agent and
+    /// retries (input.rs); the request is kept for that only where a retry
+    /// may follow.
+    async fn exchange(
+        &self,
+        connection: &Arc<ConnectionState>,
+        request: Value,
+        caller: &Caller,
+        evaluator: &Evaluator,
+        cancel: &CancellationToken,
+    ) -> Option<Result<aip_mcp::Exchange, Failure>> {
+        let retry = (!caller.modern && connection.upstream.modern()).then(|| request.clone());
+        let outcome = self
+            .call_upstream(connection, request, caller, evaluator, cancel)
+            .await;
+        match (outcome, retry) {
+            (Some(Ok(x)), Some(request)) if input::requires_input(&x) => {
+                let input = self.provide_input(connection, &request, x, caller, evaluator, cancel);
+                Box::pin(input).await
+            }
+            (outcome, _) => outcome,
         }
     }
 
