@@ -160,6 +160,12 @@ pub(super) fn handle_in(message: &Message) -> Option<String> {
 }
 
 impl Gateway {
+    /// Whether another call may not be parked: its server's question is then
+    /// refused, and the call goes on.
+    pub(super) fn parking_full(&self) -> bool {
+        lock(&self.parked.0).len() >= MAX_PARKED
+    }
+
     /// Parks a call whose server asked `question`; the `input_required`
     /// exchange the agent gets, or the refusal the server gets (too many
     /// parked).
@@ -180,6 +186,8 @@ impl Gateway {
             waiting,
         };
         {
+            // parking_full() was asked first; concurrent parks may pass it
+            // at once, which this bound catches (the call then fails).
             let mut calls = lock(&self.parked.0);
             if calls.len() >= MAX_PARKED {
                 drop(calls);

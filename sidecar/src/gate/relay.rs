@@ -411,7 +411,12 @@ impl CallRelay<'_> {
             }
             _ => Some("the gateway relays only sampling, elicitation and roots requests"),
         };
-        if refusal.is_none() && self.caller.modern && self.answerable.covers(&method) {
+        let answerable = refusal.is_none() && self.caller.modern && self.answerable.covers(&method);
+        let refusal = match answerable && self.gateway.parking_full() {
+            true => Some("too many calls already wait for their agents' input"),
+            false => refusal,
+        };
+        if refusal.is_none() && answerable {
             if let Some(params) = request.get_mut("params") {
                 self.connection.redact_credentials(params);
                 self.gateway
