@@ -141,9 +141,12 @@ impl Gateway {
         let reply_id = message.id().cloned().unwrap_or(Value::Null);
         let (message, evaluator, verdict) = (message.clone(), evaluator.clone(), verdict.clone());
         let task_id = id.clone();
+        // The id is the task's only credential: it stays out of session
+        // names and logs.
+        let session = format!("task-{}", self.fresh_id());
         tokio::spawn(async move {
             let caller = Caller {
-                session: format!("task-{task_id}"),
+                session,
                 events: None,
                 modern: true,
             };
@@ -153,7 +156,7 @@ impl Gateway {
                 () = cancel.cancelled() => gateway.in_flight.end_session(&caller.session),
             }
         });
-        tracing::info!(task = %id, "an ask answered as a task");
+        tracing::info!("an ask answered as a task");
         Some(Reply::Message(
             json!({"jsonrpc": "2.0", "id": reply_id, "result": created}),
         ))
