@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::admin;
+use crate::certs::{Served, ServedRx};
 use crate::controllers::{approval_lifecycle, connection_health, feed, policy_status};
 use crate::grpc::{self, ConfigService, Signals, TokenReviewer, tls::ServerTls};
 use crate::index::Index;
@@ -56,6 +57,15 @@ pub struct Args {
     /// the certificate is made.
     #[arg(long, value_delimiter = ',', requires = "tls_secret")]
     pub tls_extra_names: Vec<String>,
+    /// How long a --tls-secret certificate (and its CA) is valid; a new CA
+    /// and certificate are made two thirds into it.
+    #[arg(long, default_value = "365d", value_parser = humantime::parse_duration)]
+    pub tls_validity: Duration,
+    /// How long the CA bundle holds both the old and the new CA before a
+    /// certificate of a CA the sidecars have not been handed is served:
+    /// after a --tls-secret rotation, or a --tls-cert renewal into a new CA.
+    #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+    pub tls_overlap: Duration,
     /// With --tls-secret: write its CA into every webhook's caBundle of
     /// these MutatingWebhookConfigurations...
     #[arg(long, env = "AIP_CA_BUNDLE_MUTATING", value_delimiter = ',')]
@@ -65,6 +75,7 @@ pub struct Args {
     pub ca_bundle_validating: Vec<String>,
     /// The CA bundle sidecars trust for the operator, with --tls-cert
     /// (default: the serving certificate itself, right when self-signed).
+    /// Read again with the certificate, every 10 s.
     #[arg(long, env = "AIP_TLS_CA", requires = "tls_cert")]
     pub tls_ca: Option<PathBuf>,
     /// The operator's own user name as the API server sees it (the only
@@ -194,6 +205,7 @@ impl InjectionArgs {
                 .unwrap_or_else(|| format!("https://{}.{namespace}.svc:8443", self.service_name)),
             server_name: None,
             ca_pem: ca_pem.to_owned(),
+            trust: None,
             port: self.sidecar_port,
             admin_port: self.sidecar_admin_port,
             admin_address: self.sidecar_admin_address,
@@ -215,7 +227,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API (KUBECONFIG or in-cluster)")?;
-    let (tls, ca_pem) = serving(&args, &client).await?;
+    let served = serving(&args, &client, &shutdown).await?;
     let identity = args
         .pod_name
         .clone()
@@ -244,9 +256,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         operator: args.operator_username.clone(),
         injection: args
             .injection
-            .injection(&args.namespace, &args.token_audience, &ca_pem),
+            .injection(&args.namespace, &args.token_audience, "")
+            .map(|i| i.following(served.clone())),
     });
-    let webhook_tls = tls.rustls()?;
+    let webhook_tls = crate::certs::server_config(&served, &[])?;
 
     let (ready_tx, ready) = watch::channel(false);
     let admin = Arc::new(admin::Admin {
@@ -294,7 +307,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if args.tls_secret.is_some() {
         tokio::spawn(crate::certs::keep_ca_bundles(
             client.clone(),
-            ca_pem.clone(),
+            served.clone(),
             args.ca_bundle_mutating.clone(),
             args.ca_bundle_validating.clone(),
             shutdown.clone(),
@@ -307,7 +320,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         shutdown.clone(),
     ));
     tokio::select! {
-        r = grpc::serve(grpc_listener, tls, service) => r.context("the gRPC server")?,
+        r = grpc::serve(grpc_listener, served, service) => r.context("the gRPC server")?,
         () = until(feed::run(client.clone(), index.clone(), touched, ready_tx), shutdown.clone()) => {}
         () = until(approval_lifecycle::run(status_ctx.clone(), args.approval_retention, pods_gone_rx), shutdown.clone()) => {}
         () = until(policy_status::run(status_ctx, policies_rx), shutdown.clone()) => {}
@@ -329,9 +342,19 @@ async fn until<F: Future<Output = ()>>(f: F, shutdown: CancellationToken) {
     }
 }
 
-/// The serving certificate, and the CA bundle sidecars are to trust.
-async fn serving(args: &Args, client: &kube::Client) -> anyhow::Result<(ServerTls, String)> {
+/// The serving certificate and the CA bundle sidecars are to trust, as
+/// they change.
+async fn serving(
+    args: &Args,
+    client: &kube::Client,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<ServedRx> {
+    let lifetimes = crate::certs::Lifetimes {
+        validity: args.tls_validity,
+        overlap: args.tls_overlap,
+    };
     if let Some(secret) = &args.tls_secret {
+        lifetimes.check()?;
         let service = format!("{}.{}", args.injection.service_name, args.namespace);
         let mut names = vec![
             args.injection.service_name.clone(),
@@ -340,34 +363,43 @@ async fn serving(args: &Args, client: &kube::Client) -> anyhow::Result<(ServerTl
             format!("{service}.svc.cluster.local"),
         ];
         names.extend(args.tls_extra_names.iter().cloned());
-        let made = crate::certs::ensure(client, &args.namespace, secret, &names).await?;
-        return Ok((made.tls, made.ca_pem));
+        return crate::certs::made::start(
+            client.clone(),
+            args.namespace.clone(),
+            secret.clone(),
+            names,
+            lifetimes,
+            shutdown.clone(),
+        )
+        .await;
+    }
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        let files = crate::certs::files::Files {
+            cert: cert.clone(),
+            key: key.clone(),
+            ca: args.tls_ca.clone(),
+        };
+        return crate::certs::files::start(files, args.tls_overlap, shutdown.clone());
     }
     let tls = server_tls(args)?;
-    let ca = match &args.tls_ca {
-        Some(path) => std::fs::read_to_string(path)
-            .with_context(|| format!("reading the CA bundle {}", path.display()))?,
-        None => tls.cert_pem.clone(),
-    };
-    Ok((tls, ca))
+    let bundle = tls.cert_pem.clone();
+    Served::fixed(tls, bundle)
 }
 
+/// Dev mode's self-signed certificate.
 fn server_tls(args: &Args) -> anyhow::Result<ServerTls> {
-    match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => ServerTls::from_files(cert, key),
-        _ if !args.dev_tls_names.is_empty() => {
-            let tls = ServerTls::self_signed(&args.dev_tls_names)?;
-            if let Some(out) = &args.dev_tls_out {
-                std::fs::write(out, &tls.cert_pem)
-                    .with_context(|| format!("writing the dev certificate to {}", out.display()))?;
-            }
-            tracing::warn!(names = ?args.dev_tls_names, "dev mode: serving a self-signed certificate");
-            Ok(tls)
-        }
-        _ => anyhow::bail!(
+    if args.dev_tls_names.is_empty() {
+        anyhow::bail!(
             "give --tls-secret NAME, or --tls-cert and --tls-key, or --dev-tls-names for a self-signed dev certificate"
-        ),
+        );
     }
+    let tls = ServerTls::self_signed(&args.dev_tls_names)?;
+    if let Some(out) = &args.dev_tls_out {
+        std::fs::write(out, &tls.cert_pem)
+            .with_context(|| format!("writing the dev certificate to {}", out.display()))?;
+    }
+    tracing::warn!(names = ?args.dev_tls_names, "dev mode: serving a self-signed certificate");
+    Ok(tls)
 }
 
 #[cfg(test)]

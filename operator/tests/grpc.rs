@@ -115,7 +115,8 @@ async fn serve<A: Authenticate>(
     let tls = ServerTls::self_signed(&["localhost".to_owned()]).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(aip_operator::grpc::serve(listener, tls.clone(), service));
+    let served = aip_operator::certs::Served::fixed(tls.clone(), tls.cert_pem.clone()).unwrap();
+    tokio::spawn(aip_operator::grpc::serve(listener, served, service));
     Endpoint::from_shared(format!("https://{addr}"))
         .unwrap()
         .tls_config(

@@ -171,6 +171,7 @@ async fn harness(max_staleness: Option<Duration>) -> Harness {
         OperatorSource {
             url: format!("https://{addr}"),
             ca: OperatorCa::File(ca_file),
+            ca_cache: None,
             server_name: Some("operator.test".to_owned()),
             token_file: token_file.clone(),
             max_staleness,

@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use crate::approvals::Approvals;
+use crate::certs::ServedRx;
 use crate::identity::PodIdentity;
 use crate::index::{Index, ObjectKey};
 use crate::metrics::Metrics;
@@ -73,6 +74,9 @@ pub struct ConfigService<A> {
     /// Where ApprovalRequests are created; None: RequestApproval is
     /// refused.
     approvals: Option<Arc<Approvals>>,
+    /// What the listener serves, whose CA bundle each stream hands its
+    /// sidecar (set by `serve`).
+    served: Option<ServedRx>,
 }
 
 impl<A: Authenticate> ConfigService<A> {
@@ -92,6 +96,7 @@ impl<A: Authenticate> ConfigService<A> {
             reviewed: Mutex::new(HashMap::new()),
             sent: Arc::new(Mutex::new(HashMap::new())),
             approvals: None,
+            served: None,
         }
     }
 
@@ -191,6 +196,7 @@ impl<A: Authenticate> Config for ConfigService<A> {
             tx,
             metrics: self.metrics.clone(),
             sent: self.sent.clone(),
+            served: self.served.clone(),
             shutdown: self.shutdown.clone(),
         };
         tokio::spawn(stream.run());
@@ -268,16 +274,17 @@ impl<A: Authenticate> Config for ConfigService<A> {
 /// Serves the Config service on `listener` until `shutdown`.
 pub async fn serve<A: Authenticate>(
     listener: tokio::net::TcpListener,
-    tls: tls::ServerTls,
-    service: ConfigService<A>,
+    served: ServedRx,
+    mut service: ConfigService<A>,
 ) -> anyhow::Result<()> {
     let shutdown = service.shutdown.clone();
+    let tls = crate::certs::server_config(&served, &[b"h2"])?;
+    service.served = Some(served);
     let addr: Option<SocketAddr> = listener.local_addr().ok();
     tracing::info!(address = ?addr, "gRPC config service listening");
     // Each sidecar holds one Watch and at most a few approval streams; dead
     // peers are found by keepalive; headers are small.
     tonic::transport::Server::builder()
-        .tls_config(tls.config())?
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .tcp_keepalive(Some(Duration::from_secs(60)))
@@ -285,7 +292,10 @@ pub async fn serve<A: Authenticate>(
         .concurrency_limit_per_connection(64)
         .http2_max_header_list_size(Some(16 * 1024))
         .add_service(ConfigServer::new(service))
-        .serve_with_incoming_shutdown(incoming::incoming(listener), shutdown.cancelled_owned())
+        .serve_with_incoming_shutdown(
+            incoming::incoming(listener, tls),
+            shutdown.cancelled_owned(),
+        )
         .await?;
     Ok(())
 }

@@ -1,6 +1,8 @@
 //! One Watch stream: the pod's current configuration, then every new one,
-//! until the pod goes away, its token expires, the sidecar leaves or the
-//! operator stops.
+//! until the pod goes away, its token expires, the sidecar leaves, the
+//! operator stops or starts serving another certificate. Every snapshot
+//! carries the CA bundle the sidecar is to trust, and a new bundle is sent
+//! at once with the configuration it goes with.
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -12,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use super::{SentLog, lock};
+use crate::certs::ServedRx;
 use crate::identity::PodIdentity;
 use crate::index::{PodConfig, ResolvedConnection};
 use crate::metrics::Metrics;
@@ -22,6 +25,7 @@ pub(super) struct Stream {
     pub tx: mpsc::Sender<Result<v1::Snapshot, Status>>,
     pub metrics: Arc<Metrics>,
     pub sent: SentLog,
+    pub served: Option<ServedRx>,
     pub shutdown: CancellationToken,
 }
 
@@ -39,10 +43,18 @@ impl Stream {
             let left = at.duration_since(SystemTime::now()).unwrap_or_default();
             tokio::time::Instant::now() + left
         });
+        let mut served = self.served.clone();
+        let serving = served
+            .as_mut()
+            .map(|s| s.borrow_and_update().tls.cert_pem.clone());
         loop {
             let config = self.configs.borrow_and_update().clone();
             let version = config.version;
-            if self.tx.send(Ok(to_proto(&config))).await.is_err() {
+            let mut snapshot = to_proto(&config);
+            if let Some(served) = &served {
+                snapshot.trust_bundle_pem = served.borrow().bundle_pem.clone();
+            }
+            if self.tx.send(Ok(snapshot)).await.is_err() {
                 return;
             }
             self.metrics.pushed();
@@ -56,12 +68,34 @@ impl Stream {
                     Err(_) => Status::not_found(format!("pod {}/{} is gone", self.id.namespace, self.id.pod)),
                 },
                 () = sleep_until(expires) => Status::unauthenticated("the token has expired; reconnect with the refreshed one"),
+                () = served_changed(&mut served) => {
+                    let same = served.as_ref().map(|s| s.borrow().tls.cert_pem.clone()) == serving;
+                    // A new bundle beside the same certificate is sent on;
+                    // a new certificate is met at once by reconnecting,
+                    // rather than whenever the connection happens to break.
+                    if same {
+                        continue;
+                    }
+                    Status::unavailable("the operator serves a new certificate; reconnect")
+                }
                 () = self.tx.closed() => return,
                 () = self.shutdown.cancelled() => Status::unavailable("the operator is shutting down"),
             };
             let _ = self.tx.send(Err(end)).await;
             return;
         }
+    }
+}
+
+/// Until what `served` holds changes (never, for a fixed certificate).
+async fn served_changed(served: &mut Option<ServedRx>) {
+    match served {
+        Some(rx) => {
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
     }
 }
 
@@ -89,6 +123,7 @@ pub fn to_proto(config: &PodConfig) -> v1::Snapshot {
         approval: Some(v1::Approval {
             timeout_seconds: u32::try_from(config.approval_timeout().as_secs()).unwrap_or(u32::MAX),
         }),
+        trust_bundle_pem: String::new(),
     }
 }
 

@@ -1,11 +1,10 @@
-//! The gRPC server's TLS identity: a certificate and key from mounted files,
-//! or, in dev mode, a self-signed pair made at start (its CA written out so
-//! sidecars and tests can trust it).
+//! A TLS identity as PEM text: a certificate and key from mounted files, made
+//! by the operator (`certs`), or, in dev mode, a self-signed pair made at
+//! start (written out so sidecars and tests can trust it).
 
 use std::path::Path;
 
 use anyhow::Context;
-use tonic::transport::{Identity, ServerTlsConfig};
 
 #[derive(Clone)]
 pub struct ServerTls {
@@ -50,9 +49,5 @@ impl ServerTls {
     /// The same identity for the HTTPS webhook server.
     pub fn rustls(&self) -> anyhow::Result<std::sync::Arc<rustls::ServerConfig>> {
         crate::webhooks::tls_config(&self.cert_pem, &self.key_pem)
-    }
-
-    pub fn config(&self) -> ServerTlsConfig {
-        ServerTlsConfig::new().identity(Identity::from_pem(&self.cert_pem, &self.key_pem))
     }
 }

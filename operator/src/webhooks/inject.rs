@@ -19,6 +19,8 @@ use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use serde_json::{Value, json};
 
+use crate::certs::ServedRx;
+
 /// The opt-in label, on a namespace or a pod; `disabled` on a pod opts out.
 pub const INJECT_LABEL: &str = "aip.io/inject";
 /// Stamped on injected pods; the operator reads it to find pods a policy
@@ -30,6 +32,11 @@ pub const SIDECAR: &str = "aip-sidecar";
 pub const MCP_URL_ENV: &str = "AIP_MCP_URL";
 const TOKEN_VOLUME: &str = "aip-token";
 const TOKEN_DIR: &str = "/var/run/secrets/aip.io/serviceaccount";
+/// Where the sidecar keeps the newest CA bundle the operator handed it, so
+/// that a restarted sidecar container still trusts a rotated operator: an
+/// emptyDir lives as long as the pod, across container restarts.
+const TRUST_VOLUME: &str = "aip-trust";
+const TRUST_DIR: &str = "/var/run/aip/trust";
 
 /// What an injected sidecar looks like.
 #[derive(Clone, Debug)]
@@ -40,8 +47,12 @@ pub struct Injection {
     pub operator_url: String,
     /// The name the operator's certificate is verified for.
     pub server_name: Option<String>,
-    /// The CA bundle the sidecar trusts for the operator (PEM).
+    /// The CA bundle the sidecar trusts for the operator (PEM), unless
+    /// `trust` says otherwise.
     pub ca_pem: String,
+    /// The operator's serving certificate as it rotates: each pod gets the
+    /// bundle of the moment it is created.
+    pub trust: Option<ServedRx>,
     /// The agents' port on loopback.
     pub port: u16,
     /// Every admin route (connections with their upstream URLs, catalogs,
@@ -101,6 +112,7 @@ impl Injection {
             operator_url: operator_url.to_owned(),
             server_name: None,
             ca_pem: ca_pem.to_owned(),
+            trust: None,
             port: DEFAULT_PORT,
             admin_port: DEFAULT_ADMIN_PORT,
             admin_address: DEFAULT_ADMIN_ADDRESS,
@@ -111,6 +123,20 @@ impl Injection {
             cpu_request: DEFAULT_CPU_REQUEST.to_owned(),
             memory_request: DEFAULT_MEMORY_REQUEST.to_owned(),
             memory_limit: DEFAULT_MEMORY_LIMIT.to_owned(),
+        }
+    }
+
+    /// Hands each pod the bundle `trust` holds when the pod is created.
+    pub fn following(mut self, trust: ServedRx) -> Injection {
+        self.trust = Some(trust);
+        self
+    }
+
+    /// The bundle a pod created now is to trust.
+    fn ca_bundle(&self) -> String {
+        match &self.trust {
+            Some(trust) => trust.borrow().bundle_pem.clone(),
+            None => self.ca_pem.clone(),
         }
     }
 
@@ -210,11 +236,13 @@ pub fn patch(injection: &Injection, pod: &Pod) -> Result<Option<Vec<Value>>, Ref
     } else {
         ops.push(json!({"op": "add", "path": "/spec/initContainers/0", "value": sidecar}));
     }
-    let volume = token_volume(&injection.audience);
+    let volumes = [token_volume(&injection.audience), trust_volume()];
     if spec.volumes.is_none() {
-        ops.push(json!({"op": "add", "path": "/spec/volumes", "value": [volume]}));
+        ops.push(json!({"op": "add", "path": "/spec/volumes", "value": volumes}));
     } else {
-        ops.push(json!({"op": "add", "path": "/spec/volumes/-", "value": volume}));
+        for volume in volumes {
+            ops.push(json!({"op": "add", "path": "/spec/volumes/-", "value": volume}));
+        }
     }
     let url = format!("http://127.0.0.1:{}/mcp", injection.port);
     let env = json!({"name": MCP_URL_ENV, "value": url});
@@ -258,6 +286,11 @@ fn token_volume(audience: &str) -> Value {
     })
 }
 
+/// The sidecar's own copy of the newest CA bundle (small, in memory).
+fn trust_volume() -> Value {
+    json!({"name": TRUST_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}})
+}
+
 fn container(injection: &Injection) -> Value {
     let mut args = vec![
         "--log-format".to_owned(),
@@ -273,6 +306,8 @@ fn container(injection: &Injection) -> Value {
         injection.operator_url.clone(),
         "--token-file".to_owned(),
         format!("{TOKEN_DIR}/token"),
+        "--operator-ca-cache".to_owned(),
+        format!("{TRUST_DIR}/operator-ca.crt"),
     ];
     if let Some(name) = &injection.server_name {
         args.extend(["--operator-server-name".to_owned(), name.clone()]);
@@ -297,7 +332,7 @@ fn container(injection: &Injection) -> Value {
         "imagePullPolicy": injection.pull_policy,
         "restartPolicy": "Always",
         "args": args,
-        "env": [{"name": "AIP_OPERATOR_CA_PEM", "value": injection.ca_pem}],
+        "env": [{"name": "AIP_OPERATOR_CA_PEM", "value": injection.ca_bundle()}],
         "ports": ports,
         // Ready means configured by the operator: until then the agents
         // would meet a gateway that refuses everything.
@@ -316,7 +351,10 @@ fn container(injection: &Injection) -> Value {
             "requests": {"cpu": injection.cpu_request, "memory": injection.memory_request},
             "limits": {"memory": injection.memory_limit}
         },
-        "volumeMounts": [{"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": true}]
+        "volumeMounts": [
+            {"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": true},
+            {"name": TRUST_VOLUME, "mountPath": TRUST_DIR}
+        ]
     })
 }
 
@@ -419,6 +457,48 @@ mod tests {
             k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(p) => p,
             other => panic!("a numbered port, not {other:?}"),
         }
+    }
+
+    /// A pod gets the bundle of the moment it is created, and a place of
+    /// its own to keep the newer ones its sidecar is handed.
+    #[test]
+    fn each_pod_trusts_the_bundle_of_its_creation_and_keeps_newer_ones() {
+        use crate::certs::Served;
+        use crate::grpc::tls::ServerTls;
+        let (old, new) = (
+            ServerTls::self_signed(&["a".to_owned()]).unwrap(),
+            ServerTls::self_signed(&["a".to_owned()]).unwrap(),
+        );
+        let served = |tls: &ServerTls, bundle: String| {
+            std::sync::Arc::new(Served::new(tls.clone(), bundle).unwrap())
+        };
+        let (tx, rx) = tokio::sync::watch::channel(served(&old, old.cert_pem.clone()));
+        let injection = injection().following(rx);
+        let ca = |c: &k8s_openapi::api::core::v1::Container| {
+            let env = c.env.clone().unwrap();
+            let e = env
+                .iter()
+                .find(|e| e.name == "AIP_OPERATOR_CA_PEM")
+                .unwrap();
+            e.value.clone().unwrap()
+        };
+        assert_eq!(ca(&sidecar_of(&injection)), old.cert_pem);
+        let both = format!("{}{}", old.cert_pem, new.cert_pem);
+        tx.send(served(&old, both.clone())).unwrap();
+        let sidecar = sidecar_of(&injection);
+        assert_eq!(ca(&sidecar), both, "a pod created during a rotation");
+        assert_eq!(
+            flag(&sidecar, "--operator-ca-cache").unwrap(),
+            format!("{TRUST_DIR}/operator-ca.crt")
+        );
+        let mount = sidecar
+            .volume_mounts
+            .unwrap()
+            .into_iter()
+            .find(|m| m.name == TRUST_VOLUME)
+            .unwrap();
+        assert_eq!(mount.mount_path, TRUST_DIR);
+        assert_ne!(mount.read_only, Some(true), "the sidecar writes there");
     }
 
     #[test]

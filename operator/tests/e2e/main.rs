@@ -13,4 +13,5 @@ mod approvals;
 mod chart;
 mod enforcement;
 mod examples;
+mod rotation;
 mod support;

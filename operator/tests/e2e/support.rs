@@ -46,6 +46,36 @@ impl Proc {
         Proc { child, lines, name }
     }
 
+    /// Waits until `count` stderr lines contain `needle`.
+    pub async fn lines_with(&self, needle: &str, count: usize) {
+        self.lines_within(needle, count, PATIENCE).await;
+    }
+
+    /// The same, waiting up to `patience`.
+    pub async fn lines_within(&self, needle: &str, count: usize, patience: Duration) {
+        let mut lines = self.lines.clone();
+        let found = tokio::time::timeout(
+            patience,
+            lines.wait_for(|all| all.iter().filter(|l| l.contains(needle)).count() >= count),
+        )
+        .await;
+        assert!(
+            matches!(found, Ok(Ok(_))),
+            "{} never said {needle:?} {count} times:\n{}",
+            self.name,
+            self.lines.borrow().join("\n")
+        );
+    }
+
+    /// How many stderr lines so far contain `needle`.
+    pub fn count(&self, needle: &str) -> usize {
+        self.lines
+            .borrow()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
+    }
+
     /// Waits for a stderr line containing `needle`; returns it.
     pub async fn line(&self, needle: &str) -> String {
         let mut lines = self.lines.clone();
@@ -172,6 +202,16 @@ pub fn clone_agent(agent: &Agent) -> Agent {
 
 /// The sidecar in Kubernetes mode, pointed at the operator on `grpc`.
 pub fn start_sidecar(ca: &Path, grpc: u16, token_file: &Path) -> Proc {
+    start_sidecar_with(ca, grpc, token_file, &[])
+}
+
+/// The same with `extra` arguments to `run`.
+pub fn start_sidecar_with(
+    ca: &Path,
+    grpc: u16,
+    token_file: &Path,
+    extra: &[&std::ffi::OsStr],
+) -> Proc {
     let mut c = Command::new(binary("aip-sidecar"));
     c.args(["--log-format", "json", "run"])
         .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
@@ -183,7 +223,8 @@ pub fn start_sidecar(ca: &Path, grpc: u16, token_file: &Path) -> Proc {
         // chart's Service).
         .args(["--operator-server-name", "aip-operator.aip-system.svc"])
         .arg("--token-file")
-        .arg(token_file);
+        .arg(token_file)
+        .args(extra);
     Proc::start("aip-sidecar", c)
 }
 
@@ -430,6 +471,16 @@ impl Installed {
         admin: &Kubectl,
         dir: &Path,
     ) -> (Installed, Proc) {
+        Installed::start_with(cluster, admin, dir, &[]).await
+    }
+
+    /// The same, the operator given `extra` flags besides the chart's.
+    pub async fn start_with(
+        cluster: &crate::common::Cluster,
+        admin: &Kubectl,
+        dir: &Path,
+        extra: &[&str],
+    ) -> (Installed, Proc) {
         let ports = Ports {
             grpc: crate::common::local::free_port(),
             webhook: crate::common::local::free_port(),
@@ -439,7 +490,7 @@ impl Installed {
         let args = operator_args(&helm.manifest());
         let token = cluster.account_token("aip-system", "aip-operator").await;
         let kubeconfig = cluster.kubeconfig(dir, &token);
-        let operator = start_chart_operator(&kubeconfig, &args, ports, &[]);
+        let operator = start_chart_operator(&kubeconfig, &args, ports, extra);
         operator.line("caBundle written").await;
         operator.line("cluster state loaded").await;
         let ca = operator_ca(admin, dir);

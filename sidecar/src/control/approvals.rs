@@ -4,9 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use aip_proto::v1;
-use aip_proto::v1::config_client::ConfigClient;
 use tokio::time::Instant;
-use tonic::transport::Channel;
 
 use super::{Backoff, Retry, UnlessRefused, authorize, read_token};
 
@@ -15,7 +13,7 @@ use super::{Backoff, Retry, UnlessRefused, authorize, read_token};
 /// resumed by the request's name, so an operator restart loses nothing;
 /// dropping the wait ends the stream, and the operator withdraws the request.
 pub struct OperatorApprovals {
-    pub(super) client: ConfigClient<Channel>,
+    pub(super) link: std::sync::Arc<super::Link>,
     pub(super) token_file: PathBuf,
     pub(super) instance: String,
 }
@@ -40,7 +38,7 @@ impl OperatorApprovals {
         let mut name = String::new();
         let mut backoff = Backoff::new();
         loop {
-            let mut client = self.client.clone();
+            let mut client = self.link.client();
             let mut request = tonic::Request::new(v1::ApprovalRequest {
                 connection: ask.connection.clone(),
                 tool: ask.tool.clone(),

@@ -5,9 +5,11 @@
 //! and asks turned into ApprovalRequests (`approvals`). Every call carries
 //! the pod's projected token, read afresh each time (the kubelet rotates
 //! it); one backoff and one rule for which gRPC codes are worth retrying
-//! serve them all.
+//! serve them all. The CAs trusted for the operator are those it hands out
+//! on the stream (`Link`): a rotation of its certificate strands no sidecar.
 
 mod approvals;
+mod link;
 mod report;
 mod snapshot;
 mod watch;
@@ -20,6 +22,7 @@ use tonic::Code;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint as GrpcEndpoint};
 
 pub use approvals::OperatorApprovals;
+pub use link::Link;
 pub use report::{EvidenceFn, evidence_of};
 pub use snapshot::{connection, from_snapshot};
 pub use watch::{Watched, watch};
@@ -31,6 +34,8 @@ pub struct OperatorSource {
     pub url: String,
     /// The CAs that signed the operator's certificate.
     pub ca: OperatorCa,
+    /// Where the newest bundle the operator handed out is kept.
+    pub ca_cache: Option<PathBuf>,
     /// Verify the operator's certificate for this name instead of the URL's
     /// host.
     pub server_name: Option<String>,
@@ -52,7 +57,7 @@ pub enum OperatorCa {
 }
 
 impl OperatorCa {
-    fn pem(&self) -> anyhow::Result<String> {
+    pub(crate) fn pem(&self) -> anyhow::Result<String> {
         match self {
             OperatorCa::File(path) => std::fs::read_to_string(path).map_err(|e| {
                 anyhow::anyhow!(
@@ -69,9 +74,10 @@ impl OperatorCa {
     }
 }
 
-fn channel(source: &OperatorSource) -> anyhow::Result<Channel> {
-    let ca = source.ca.pem()?;
-    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+/// A channel to the operator that trusts `bundle` (PEM); it connects at its
+/// first use.
+fn channel(source: &OperatorSource, bundle: &str) -> anyhow::Result<Channel> {
+    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(bundle));
     if let Some(name) = &source.server_name {
         tls = tls.domain_name(name.clone());
     }

@@ -6,19 +6,17 @@
 
 use std::sync::Arc;
 
-use aip_proto::v1::config_client::ConfigClient;
 use aip_proto::v1::{self, WatchRequest};
 use aip_service::time::sleep_until;
 use secrecy::SecretString;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 
 use super::report::{EvidenceFn, report};
 use super::snapshot::from_snapshot;
 use super::{
-    Always, Backoff, OperatorApprovals, OperatorSource, Retry, authorize, channel, read_token,
+    Always, Backoff, Link, OperatorApprovals, OperatorSource, Retry, authorize, read_token,
 };
 use crate::config::Config;
 
@@ -41,19 +39,19 @@ pub fn watch(
     evidence: watch::Receiver<Option<EvidenceFn>>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<Watched> {
-    let channel = channel(&source)?;
+    let link = Arc::new(Link::new(source.clone())?);
     let (config_tx, config) = watch::channel(Arc::new(Config::empty()));
     let (version_tx, version) = watch::channel(0u64);
     let instance = format!("{:032x}", rand::random::<u128>());
     let approvals = Arc::new(OperatorApprovals {
-        client: ConfigClient::new(channel.clone()),
+        link: link.clone(),
         token_file: source.token_file.clone(),
         instance: instance.clone(),
     });
     let follower = Follower {
         source,
         instance,
-        client: ConfigClient::new(channel),
+        link,
         config: config_tx,
         version: version_tx,
         evidence,
@@ -71,7 +69,7 @@ struct Follower {
     source: OperatorSource,
     /// This process's instance id (see WatchRequest.sidecar_instance).
     instance: String,
-    client: ConfigClient<Channel>,
+    link: Arc<Link>,
     config: watch::Sender<Arc<Config>>,
     version: watch::Sender<u64>,
     evidence: watch::Receiver<Option<EvidenceFn>>,
@@ -136,8 +134,10 @@ impl Follower {
             sidecar_instance: self.instance.clone(),
         });
         authorize(&mut request, &token)?;
+        // The channel of the moment: trusting the newest bundle handed out.
+        let mut client = self.link.client();
         let mut stream = tokio::select! {
-            r = self.client.watch(request) => r?.into_inner(),
+            r = client.watch(request) => r?.into_inner(),
             () = self.shutdown.cancelled() => return Ok(()),
         };
         let mut report_tick = tokio::time::interval(REPORT_EVERY);
@@ -168,6 +168,10 @@ impl Follower {
     }
 
     fn apply(&mut self, snapshot: &v1::Snapshot) -> Result<(), String> {
+        // The CAs to trust do not depend on the policy being valid.
+        if let Err(e) = self.link.trust(&snapshot.trust_bundle_pem) {
+            tracing::error!(error = %e, "CA bundle from the operator refused; trusting the previous one");
+        }
         let previous = self.config.borrow().clone();
         let config = from_snapshot(snapshot, &previous)?;
         self.config.send_replace(Arc::new(config));
@@ -184,7 +188,7 @@ impl Follower {
             .unwrap_or_default();
         let applied = *self.version.borrow();
         report(
-            &mut self.client,
+            &mut self.link.client(),
             token,
             applied,
             refused_reason,

@@ -108,6 +108,11 @@ pub struct RunArgs {
         hide_env_values = true
     )]
     pub operator_ca_pem: Option<String>,
+    /// Where to keep the newest CA bundle the operator hands out (a file in
+    /// a writable emptyDir), so that after a rotation a restarted sidecar
+    /// still trusts the operator. Read at start beside the bundle above.
+    #[arg(long, env = "AIP_OPERATOR_CA_CACHE", requires = "operator")]
+    pub operator_ca_cache: Option<PathBuf>,
     /// Verify the operator's certificate for this name instead of the
     /// URL's host.
     #[arg(long, env = "AIP_OPERATOR_SERVER_NAME")]

@@ -33,6 +33,7 @@ pub(super) async fn run(args: RunArgs) -> anyhow::Result<()> {
             let source = operator::OperatorSource {
                 url: url.clone(),
                 ca,
+                ca_cache: args.operator_ca_cache.clone(),
                 server_name: args.operator_server_name.clone(),
                 token_file: args.token_file.clone(),
                 max_staleness: args.max_staleness,
