@@ -54,7 +54,7 @@ clippy:
 ## pyenv: a virtualenv with the Python MCP SDK, for the interop tests.
 pyenv: $(PYENV)/.installed
 
-$(PYENV)/.installed: e2e/fault-server/tests/requirements.txt scripts/requirements-lint.txt scripts/ensure-pyenv.sh
+$(PYENV)/.installed: e2e/fault-server/tests/requirements.txt scripts/requirements-lint.txt scripts/requirements.lock scripts/ensure-pyenv.sh
 	@scripts/ensure-pyenv.sh
 
 ## npmenv: @modelcontextprotocol/server-everything and the TypeScript SDK's

@@ -8,14 +8,25 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 env_dir=target/pyenv
-reqs=(-r e2e/fault-server/tests/requirements.txt -r scripts/requirements-lint.txt)
+# Everything comes from scripts/requirements.lock: every package of the
+# closure pinned with the sha256 of each file PyPI serves, so pip refuses
+# anything else (scripts/lock-python.sh regenerates it).
+lock=scripts/requirements.lock
+reqs=(--require-hashes -r "$lock")
+for pin in $(grep -hv '^#' e2e/fault-server/tests/requirements.txt scripts/requirements-lint.txt); do
+  name=${pin%%==*}
+  if ! grep -qi "^${name//_/-}==${pin#*==} " "$lock" && ! grep -qi "^${name}==${pin#*==} " "$lock"; then
+    echo "error: $lock does not pin $pin: run scripts/lock-python.sh" >&2
+    exit 1
+  fi
+done
 # The pinned MCP SDK needs Python 3.10 or newer; an older one fails deep in
 # pip's resolver with a message that does not say so.
 python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' || {
   echo "error: python3 is $(python3 -c 'import platform; print(platform.python_version())'); the pinned MCP SDK (mcp 2.x) needs Python 3.10 or newer" >&2
   exit 1
 }
-echo "creating $env_dir: the Python MCP SDK and kubernetes-validate from PyPI (pinned versions; about 20 s) ..."
+echo "creating $env_dir: the Python MCP SDK and kubernetes-validate from PyPI (every file checked against $lock; about 20 s) ..."
 rm -rf "$env_dir"
 if log=$(python3 -m venv "$env_dir" 2>&1); then
   "$env_dir/bin/python3" -m pip install --quiet --disable-pip-version-check "${reqs[@]}"

@@ -107,7 +107,7 @@ fn main() -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("aip: {e:#}");
+            eprintln!("error: {}", aip_errors::one_line(&e));
             ExitCode::FAILURE
         }
     }

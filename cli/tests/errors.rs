@@ -210,5 +210,19 @@ fn a_missing_file_is_named_by_every_binary_that_reads_one() {
         let text = stderr(&out);
         assert_eq!(out.status.code(), Some(1), "{name} {args:?}: {text}");
         assert!(text.contains(path), "{name} {args:?}: {text}");
+        if name != "aip-fault-server" {
+            // The project's own tools: the path once, the reason without
+            // its errno, kubectl's prefix where the tool ends on an error.
+            assert_eq!(text.matches(path).count(), 1, "{name} {args:?}: {text}");
+            assert!(
+                text.contains("No such file or directory"),
+                "{name} {args:?}: {text}"
+            );
+            assert!(!text.contains("(os error"), "{name} {args:?}: {text}");
+            assert!(
+                args[0] == "check" || text.starts_with("error: "),
+                "{name} {args:?}: {text}"
+            );
+        }
     }
 }

@@ -201,7 +201,7 @@ fn read_kubeconfig(path: &Path) -> anyhow::Result<Kubeconfig> {
         anyhow::anyhow!(
             "cannot read the kubeconfig {}: {}",
             quoted(path),
-            without_os_errors(&e.to_string())
+            aip_errors::without_os_errors(&e.to_string())
         )
     })?;
     Kubeconfig::read_from(path).with_context(|| format!("kubeconfig {}", quoted(path)))
@@ -232,25 +232,6 @@ fn decision(request: &ApprovalRequest) -> Decision {
         .as_ref()
         .map(|s| s.decision)
         .unwrap_or_default()
-}
-
-/// Removes every " (os error N)": the description before it says the same.
-pub fn without_os_errors(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(at) = rest.find(" (os error ") {
-        let tail = &rest[at + " (os error ".len()..];
-        let digits = tail.bytes().take_while(u8::is_ascii_digit).count();
-        if digits > 0 && tail[digits..].starts_with(')') {
-            out.push_str(&rest[..at]);
-            rest = &tail[digits + 1..];
-        } else {
-            out.push_str(&rest[..at + 1]);
-            rest = &rest[at + 1..];
-        }
-    }
-    out.push_str(rest);
-    out
 }
 
 fn table(requests: &[ApprovalRequest], namespaces: bool, all: bool, now: Timestamp) -> String {

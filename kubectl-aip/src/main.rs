@@ -82,29 +82,10 @@ async fn main() -> ExitCode {
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", message(&e));
+            eprintln!("error: {}", aip_errors::one_line(&e));
             ExitCode::FAILURE
         }
     }
-}
-
-/// The error and its causes on one line, as kubectl prints them; a cause
-/// whose text its parent already includes (libraries often format their
-/// source into their own message) is said once, and "(os error N)" not
-/// at all.
-fn message(e: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for cause in e.chain() {
-        let text = approvals::without_os_errors(&cause.to_string());
-        if out.contains(&text) {
-            continue;
-        }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&text);
-    }
-    out
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {

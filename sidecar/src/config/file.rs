@@ -25,7 +25,14 @@ fn read(path: &Path) -> (Option<Vec<u8>>, Result<Config, ConfigErrors>) {
     let bytes = match std::fs::read(path) {
         Ok(b) => b,
         Err(e) => {
-            let error = ConfigError::at("", "", format!("cannot read {}: {e}", path.display()));
+            let error = ConfigError::at(
+                "",
+                "",
+                format!(
+                    "cannot be read: {}",
+                    aip_errors::without_os_errors(&e.to_string())
+                ),
+            );
             return (None, Err(ConfigErrors(vec![error])));
         }
     };

@@ -41,7 +41,10 @@ pub fn main(cli: Cli) -> ExitCode {
     let runtime = match runtime {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("aip-sidecar: cannot start the runtime: {e}");
+            eprintln!(
+                "error: cannot start the runtime: {}",
+                aip_errors::without_os_errors(&e.to_string())
+            );
             return ExitCode::FAILURE;
         }
     };
@@ -62,7 +65,7 @@ pub fn main(cli: Cli) -> ExitCode {
     let code = match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("aip-sidecar: {e:#}");
+            eprintln!("error: {}", aip_errors::one_line(&e));
             ExitCode::FAILURE
         }
     };
