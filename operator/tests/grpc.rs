@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aip_api::AgentPolicySpec;
+use aip_operator::certs::Served;
 use aip_operator::grpc::{
     AuthError, Authenticate, ConfigService, Signals, TokenReviewer, tls::ServerTls,
 };
@@ -42,6 +43,10 @@ struct Harness {
     evidence: mpsc::UnboundedReceiver<aip_operator::grpc::Evidence>,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
+    /// Where the listener is, what it serves, and the hand that rotates it.
+    addr: std::net::SocketAddr,
+    tls: ServerTls,
+    served: tokio::sync::watch::Sender<Arc<Served>>,
 }
 
 impl Drop for Harness {
@@ -73,17 +78,41 @@ async fn harness() -> Harness {
     };
     let auth = TokenReviewer::new(cluster.admin.clone(), AUDIENCE);
     let approvals = Some(cluster.admin.clone());
-    let channel = serve(&index, auth, approvals, signals, &metrics, &shutdown).await;
+    let listening = serve(&index, auth, approvals, signals, &metrics, &shutdown).await;
     Harness {
+        addr: listening.addr,
+        tls: listening.tls,
+        served: listening.served,
+        channel: listening.channel,
         cluster,
         ns,
         index,
-        channel,
         policies,
         evidence,
         metrics,
         shutdown,
     }
+}
+
+/// The service listening over TLS on loopback.
+struct Listening {
+    channel: Channel,
+    addr: std::net::SocketAddr,
+    tls: ServerTls,
+    served: tokio::sync::watch::Sender<Arc<Served>>,
+}
+
+/// A channel to `addr` that trusts `ca` (PEM) for localhost.
+fn channel_to(addr: std::net::SocketAddr, ca: &str) -> Channel {
+    Endpoint::from_shared(format!("https://{addr}"))
+        .unwrap()
+        .tls_config(
+            ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(ca))
+                .domain_name("localhost"),
+        )
+        .unwrap()
+        .connect_lazy()
 }
 
 /// The service over TLS on loopback with `auth`; a channel to it.
@@ -94,7 +123,7 @@ async fn serve<A: Authenticate>(
     signals: Signals,
     metrics: &Arc<Metrics>,
     shutdown: &CancellationToken,
-) -> Channel {
+) -> Listening {
     let mut service = ConfigService::new(
         index.clone(),
         auth,
@@ -115,17 +144,15 @@ async fn serve<A: Authenticate>(
     let tls = ServerTls::self_signed(&["localhost".to_owned()]).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let served = aip_operator::certs::Served::fixed(tls.clone(), tls.cert_pem.clone()).unwrap();
-    tokio::spawn(aip_operator::grpc::serve(listener, served, service));
-    Endpoint::from_shared(format!("https://{addr}"))
-        .unwrap()
-        .tls_config(
-            ClientTlsConfig::new()
-                .ca_certificate(Certificate::from_pem(&tls.cert_pem))
-                .domain_name("localhost"),
-        )
-        .unwrap()
-        .connect_lazy()
+    let first = Served::new(tls.clone(), tls.cert_pem.clone()).unwrap();
+    let (served, rx) = tokio::sync::watch::channel(Arc::new(first));
+    tokio::spawn(aip_operator::grpc::serve(listener, rx, service));
+    Listening {
+        channel: channel_to(addr, &tls.cert_pem),
+        addr,
+        tls,
+        served,
+    }
 }
 
 impl Harness {
@@ -175,6 +202,76 @@ impl Harness {
             .await
             .map(tonic::Response::into_inner)
     }
+}
+
+/// The operator's certificate rotates under an open stream: a new bundle
+/// reaches the sidecar at once, with the same configuration; a new
+/// certificate ends the stream, and the next handshake presents it, which
+/// only the new bundle verifies.
+#[tokio::test]
+async fn a_new_bundle_is_sent_at_once_and_a_new_certificate_ends_the_stream() {
+    let h = harness().await;
+    let uid = h.pod("agent-1", "a").await;
+    h.apply_policy(1, &policy(&["read_file"]));
+    let token = h.token("agent-1", &uid, &[AUDIENCE]).await;
+    let mut stream = h.watch(Some(&token)).await.unwrap();
+    let first = next(&mut stream).await.unwrap().unwrap();
+    assert_eq!(first.trust_bundle_pem, h.tls.cert_pem);
+
+    let rotated = ServerTls::self_signed(&["localhost".to_owned()]).unwrap();
+    let both = format!("{}{}", h.tls.cert_pem, rotated.cert_pem);
+    let serve = |tls: &ServerTls| Arc::new(Served::new(tls.clone(), both.clone()).unwrap());
+    h.served.send(serve(&h.tls)).unwrap();
+    let second = next(&mut stream).await.unwrap().unwrap();
+    assert_eq!(second.trust_bundle_pem, both);
+    assert_eq!(second.version, first.version, "the same configuration");
+
+    h.served.send(serve(&rotated)).unwrap();
+    let end = next(&mut stream).await.unwrap_err();
+    assert_eq!(end.code(), Code::Unavailable, "{end:?}");
+    assert!(end.message().contains("new certificate"), "{end:?}");
+
+    let watch_on = |channel: Channel| {
+        let token = token.clone();
+        async move {
+            let mut request = tonic::Request::new(WatchRequest::default());
+            request
+                .metadata_mut()
+                .insert("authorization", format!("Bearer {token}").parse().unwrap());
+            ConfigClient::new(channel).watch(request).await.map(|_| ())
+        }
+    };
+    let stale = watch_on(channel_to(h.addr, &h.tls.cert_pem)).await;
+    assert!(
+        stale.is_err(),
+        "the old CA alone no longer verifies the operator"
+    );
+    watch_on(channel_to(h.addr, &both)).await.unwrap();
+}
+
+/// A client that opens a connection and never finishes its TLS handshake is
+/// let go after the deadline, and others are served meanwhile.
+#[tokio::test]
+async fn a_handshake_that_never_finishes_is_let_go() {
+    use tokio::io::AsyncReadExt;
+    let h = harness().await;
+    let started = std::time::Instant::now();
+    let mut silent = tokio::net::TcpStream::connect(h.addr).await.unwrap();
+    let uid = h.pod("agent-1", "a").await;
+    h.apply_policy(1, &policy(&["read_file"]));
+    let token = h.token("agent-1", &uid, &[AUDIENCE]).await;
+    let mut stream = h.watch(Some(&token)).await.unwrap();
+    assert!(
+        next(&mut stream).await.unwrap().is_some(),
+        "served meanwhile"
+    );
+    let mut buf = [0u8; 1];
+    let closed = tokio::time::timeout(Duration::from_secs(30), silent.read(&mut buf)).await;
+    assert!(matches!(closed, Ok(Ok(0)) | Ok(Err(_))), "{closed:?}");
+    assert!(
+        started.elapsed() >= Duration::from_secs(9),
+        "closed by the deadline, not at once"
+    );
 }
 
 async fn next(stream: &mut Streaming<Snapshot>) -> Result<Option<Snapshot>, tonic::Status> {
@@ -441,7 +538,9 @@ async fn the_stream_ends_when_the_token_expires() {
         policies: ptx,
         evidence: etx,
     };
-    let channel = serve(&index, auth, None, signals, &metrics, &shutdown).await;
+    let channel = serve(&index, auth, None, signals, &metrics, &shutdown)
+        .await
+        .channel;
     let mut request = tonic::Request::new(WatchRequest::default());
     request
         .metadata_mut()

@@ -665,7 +665,13 @@ async fn a_server_echoing_the_connections_credentials_never_reaches_the_agent() 
             Some("tools/list") => (
                 200,
                 json!({"tools": [{"name": "echo", "description": format!("called with Bearer {echo}"),
-                    "inputSchema": {"type": "object"}}]}),
+                    "inputSchema": {"type": "object"}},
+                    {"name": "fail", "inputSchema": {"type": "object"}}]}),
+            ),
+            Some("tools/call") if m["params"]["name"] == "fail" => (
+                200,
+                json!({"__error": {"code": -32000, "message": format!("rejected token {echo}"),
+                    "data": {"authorization": format!("Bearer {echo_b64}")}}}),
             ),
             Some("tools/call") => (
                 200,
@@ -678,7 +684,7 @@ async fn a_server_echoing_the_connections_credentials_never_reaches_the_agent() 
     )
     .await;
     let s = Stack::start(Setup {
-        policy: "  allowed_tools: [up_echo]\n",
+        policy: "  allowed_tools: [up_echo, up_fail]\n",
         url: Some(url),
         connection: &format!(
             "  bearerToken:\n    valueFrom: {{file: {}}}\n",
@@ -690,7 +696,10 @@ async fn a_server_echoing_the_connections_credentials_never_reaches_the_agent() 
     let session = s.session().await;
     let list = s.request(&session, json!(1), "tools/list").await;
     let reply = s.call(&session, json!(2), "up_echo", json!({})).await;
-    for shown in [list.to_string(), reply.to_string()] {
+    // An error the server sends echoing it, in its message and its data.
+    let failed = s.call(&session, json!(3), "up_fail", json!({})).await;
+    assert!(failed.get("error").is_some(), "{failed}");
+    for shown in [list.to_string(), reply.to_string(), failed.to_string()] {
         assert!(!shown.contains(token) && !shown.contains(&b64), "{shown}");
         assert!(shown.contains("[REDACTED:credential]"), "{shown}");
     }

@@ -197,3 +197,47 @@ async fn a_waiting_ask_sends_progress_and_a_cancel_withdraws_it() {
     assert_eq!(response["result"]["content"][0]["text"], "first");
     h.hang_up().await;
 }
+
+/// A client that pipelines faster than its calls end is slowed down, not
+/// queued: with `MAX_IN_FLIGHT` asks waiting, the wrap reads no further
+/// line, so the client's writes stall and no further ask is made, however
+/// many lines it has left to send.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelining_client_is_held_back_at_the_in_flight_bound() {
+    let script = std::env::temp_dir().join(format!("aip-wrap-bound-{}.yaml", std::process::id()));
+    std::fs::write(&script, "apiVersion: aip.io/v1alpha1\nkind: FaultServer\nmetadata: {name: f}\nspec:\n  tools:\n    - name: deploy\n      responses: [{sequence: [{return: done}]}]\n").unwrap();
+    let mut h = Harness::start(&script, "  tool_rules: [{tool: deploy, action: ask}]\n");
+    let approvals = h.approvals.clone();
+    let mut changes = approvals.subscribe();
+    const SENT: usize = 20 * stdio::MAX_IN_FLIGHT;
+    let mut to_wrap = h.to_wrap.take().unwrap();
+    let written = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = written.clone();
+    let writer = tokio::spawn(async move {
+        for id in 0..SENT {
+            let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                "params": {"name": "deploy", "arguments": {"n": id}}});
+            to_wrap
+                .write_all(format!("{call}\n").as_bytes())
+                .await
+                .unwrap();
+            count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    while approvals.list().len() < stdio::MAX_IN_FLIGHT {
+        tokio::time::timeout(PATIENCE, changes.changed())
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    // The bound is reached; the client still has most of its lines to send
+    // and cannot: nothing more is read, so nothing more is asked.
+    let settled = tokio::time::timeout(Duration::from_millis(500), changes.changed()).await;
+    assert!(settled.is_err(), "no ask past the bound");
+    assert_eq!(approvals.list().len(), stdio::MAX_IN_FLIGHT);
+    assert!(!writer.is_finished());
+    let sent = written.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(sent < SENT / 4, "{sent} of {SENT} lines taken in");
+    writer.abort();
+    let _ = std::fs::remove_file(&script);
+}

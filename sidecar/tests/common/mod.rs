@@ -475,7 +475,11 @@ pub async fn scripted_server(
                                 Some(_) => answer(&message),
                                 None => (202, Value::Null),
                             };
-                            let text = if status == 200 {
+                            // A result of {"__error": E} is sent as the JSON-RPC error E.
+                            let text = if status == 200 && result.get("__error").is_some() {
+                                json!({"jsonrpc": "2.0", "id": message["id"], "error": result["__error"]})
+                                    .to_string()
+                            } else if status == 200 {
                                 json!({"jsonrpc": "2.0", "id": message["id"], "result": result})
                                     .to_string()
                             } else {
