@@ -411,7 +411,7 @@ pub fn start_chart_operator(
         extra
             .iter()
             .filter(|e| e.starts_with("--"))
-            .any(|flag| arg.split('=').next() == Some(*flag))
+            .any(|flag| arg.split('=').next() == flag.split('=').next())
     };
     let mut c = Command::new(binary("aip-operator"));
     c.env("KUBECONFIG", kubeconfig)

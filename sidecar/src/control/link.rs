@@ -56,15 +56,16 @@ impl Link {
         let count = certificates(bundle)?;
         let channel = channel(&self.source, bundle).map_err(|e| format!("{e:#}"))?;
         *lock(&self.current) = (channel, bundle.to_owned());
-        tracing::info!(
-            certificates = count,
-            "trusting the CA bundle the operator handed out"
-        );
+        // Kept first: once the line below is logged, a restart trusts it.
         if let Some(path) = &self.source.ca_cache
             && let Err(e) = keep(path, bundle)
         {
             tracing::warn!(file = %path.display(), error = %e, "could not keep the operator's CA bundle; a restart of this container would trust only the one it was started with");
         }
+        tracing::info!(
+            certificates = count,
+            "trusting the CA bundle the operator handed out"
+        );
         Ok(true)
     }
 }
