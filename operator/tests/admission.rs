@@ -15,6 +15,7 @@
 mod common;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use aip_kube_test::User;
 use aip_operator::metrics::Metrics;
@@ -684,4 +685,85 @@ async fn the_operator_makes_one_certificate_and_fills_the_ca_bundles() {
         }
         admin.ok(&["delete", &object], None);
     }
+}
+
+/// The webhook listener is bounded like the sidecar's: reviews declaring
+/// the largest size reserve room in a memory budget before their bodies are
+/// read, so past the budget a review waits and is then answered 503 with
+/// Retry-After (its connection closed); a body that never arrives is given
+/// up after its deadline, which frees the room again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reviews_past_the_memory_budget_wait_then_get_503_and_stalled_bodies_time_out() {
+    use rustls_pki_types::pem::PemObject;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let cluster = Cluster::shared().await;
+    let hooks = start_webhooks(&cluster).await;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pki_types::CertificateDer::pem_slice_iter(hooks.cert_pem.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+    // Headers declaring 3 MiB, and no body: each holds 12 MiB of the 64.
+    let stalled = || {
+        let connector = connector.clone();
+        async move {
+            let tcp = tokio::net::TcpStream::connect(hooks.addr).await.unwrap();
+            let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
+            let mut tls = connector.connect(name, tcp).await.unwrap();
+            tls.write_all(b"POST /validate HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: 3145728\r\n\r\n{")
+                .await
+                .unwrap();
+            tls
+        }
+    };
+    let answer = |mut tls: tokio_rustls::client::TlsStream<tokio::net::TcpStream>| async move {
+        let mut text = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(30), tls.read_to_end(&mut text)).await;
+        String::from_utf8_lossy(&text).into_owned()
+    };
+    let started = std::time::Instant::now();
+    let mut holders = Vec::new();
+    for _ in 0..5 {
+        holders.push(stalled().await);
+    }
+    let refused = answer(stalled().await).await;
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+    assert!(
+        refused.to_ascii_lowercase().contains("retry-after: 1"),
+        "{refused}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_secs(4),
+        "it waited for room first"
+    );
+    let mut timed_out = Vec::new();
+    for holder in holders {
+        timed_out.push(answer(holder).await);
+    }
+    for text in &timed_out {
+        assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    }
+    // The room is back: a real review is decided.
+    let body = r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u1","kind":{"group":"","version":"v1","kind":"Pod"},"resource":{"group":"","version":"v1","resource":"pods"},"operation":"CREATE","userInfo":{"username":"x"},"object":{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p"}}}}"#;
+    let mut tls = stalled_free(&connector, hooks.addr).await;
+    tls.write_all(format!("POST /mutate HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len()).as_bytes())
+        .await
+        .unwrap();
+    let decided = answer(tls).await;
+    assert!(decided.starts_with("HTTP/1.1 200"), "{decided}");
+}
+
+async fn stalled_free(
+    connector: &tokio_rustls::TlsConnector,
+    addr: std::net::SocketAddr,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    connector.connect(name, tcp).await.unwrap()
 }

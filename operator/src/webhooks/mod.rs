@@ -11,7 +11,9 @@ pub mod validate;
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Duration;
 
+use aip_service::budget::Budget;
 use aip_service::serve::{Limits, accept_loop, http1};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -32,6 +34,17 @@ use crate::metrics::Metrics;
 /// Largest AdmissionReview accepted (the API server's own request limit is
 /// 3 MiB; a policy is far smaller).
 const MAX_REVIEW_BYTES: usize = 3 * 1024 * 1024;
+/// What the reviews being read and decided may hold together: each reserves
+/// four times its declared size (the body, its parse, the object) before
+/// its body is read, so 512 connections declaring 3 MiB cannot take the
+/// operator past its memory limit.
+const IN_FLIGHT_BUDGET: usize = 64 * 1024 * 1024;
+const EXPANSION: usize = 4;
+/// How long a review waits for room in the budget before it is answered
+/// 503 (the API server's own webhook timeout is 10 s by default).
+const BUDGET_WAIT: Duration = Duration::from_secs(5);
+/// How long a review's body may take to arrive once its headers have.
+const BODY_DEADLINE: Duration = Duration::from_secs(10);
 
 pub struct Webhooks {
     pub client: kube::Client,
@@ -63,6 +76,7 @@ pub async fn serve(
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let limits = Limits::default();
+    let budget = Budget::new(IN_FLIGHT_BUDGET);
     accept_loop(
         listener,
         limits,
@@ -71,6 +85,7 @@ pub async fn serve(
         move |stream| {
             let webhooks = webhooks.clone();
             let acceptor = acceptor.clone();
+            let budget = budget.clone();
             async move {
                 // The handshake gets the same deadline as a request's headers.
                 let handshake =
@@ -78,7 +93,7 @@ pub async fn serve(
                 let Ok(Ok(tls)) = handshake.await else {
                     return;
                 };
-                let service = service_fn(move |req| route(webhooks.clone(), req));
+                let service = service_fn(move |req| route(webhooks.clone(), budget.clone(), req));
                 let _ = http1(&limits)
                     .serve_connection(TokioIo::new(tls), service)
                     .await;
@@ -90,6 +105,7 @@ pub async fn serve(
 
 async fn route(
     webhooks: Arc<Webhooks>,
+    budget: Budget,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let hook = match (req.method(), req.uri().path()) {
@@ -98,12 +114,40 @@ async fn route(
         (&Method::POST, "/inject") => Hook::Inject,
         _ => return Ok(plain(StatusCode::NOT_FOUND, "not found\n")),
     };
-    let body = match Limited::new(req.into_body(), MAX_REVIEW_BYTES)
-        .collect()
-        .await
-    {
-        Ok(b) => b.to_bytes(),
-        Err(_) => return Ok(plain(StatusCode::PAYLOAD_TOO_LARGE, "review too large\n")),
+    let declared = req
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+        .unwrap_or(MAX_REVIEW_BYTES)
+        .min(MAX_REVIEW_BYTES);
+    let Ok(_held) = tokio::time::timeout(BUDGET_WAIT, budget.reserve(EXPANSION * declared)).await
+    else {
+        let mut busy = plain(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many reviews in flight\n",
+        );
+        let headers = busy.headers_mut();
+        headers.insert(
+            hyper::header::RETRY_AFTER,
+            hyper::header::HeaderValue::from_static("1"),
+        );
+        // Its body was never read: the connection cannot carry another.
+        headers.insert(
+            hyper::header::CONNECTION,
+            hyper::header::HeaderValue::from_static("close"),
+        );
+        return Ok(busy);
+    };
+    let reading = Limited::new(req.into_body(), MAX_REVIEW_BYTES).collect();
+    let body = match tokio::time::timeout(BODY_DEADLINE, reading).await {
+        Ok(Ok(b)) => b.to_bytes(),
+        Ok(Err(_)) => return Ok(plain(StatusCode::PAYLOAD_TOO_LARGE, "review too large\n")),
+        Err(_) => {
+            return Ok(plain(
+                StatusCode::REQUEST_TIMEOUT,
+                "the review's body did not arrive in time\n",
+            ));
+        }
     };
     let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(&body) {
         Ok(r) => r,
