@@ -25,6 +25,11 @@ struct Sidecar {
 
 impl Sidecar {
     fn start(prefix: &[&str], name: &str) -> Sidecar {
+        Sidecar::start_with(prefix, name, &["--header-timeout-seconds", "1"])
+    }
+
+    /// The same, with `extra` arguments to `run`.
+    fn start_with(prefix: &[&str], name: &str, extra: &[&str]) -> Sidecar {
         let dir = std::env::temp_dir().join(format!("aip-bounds-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let config = dir.join("config.yaml");
@@ -46,7 +51,8 @@ impl Sidecar {
             .args(["run", "--config"])
             .arg(&config)
             .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
-            .args(["--header-timeout-seconds", "1", "--audit", "/dev/null"])
+            .args(extra)
+            .args(["--audit", "/dev/null"])
             .arg("--approval-token-file")
             .arg(dir.join("token"))
             .stdout(Stdio::null())
@@ -66,6 +72,13 @@ impl Sidecar {
     fn ping(&self) -> Option<String> {
         let mut s = TcpStream::connect(self.addr).ok()?;
         s.set_read_timeout(Some(PATIENCE)).unwrap();
+        self.send_ping(&mut s)?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        Some(out)
+    }
+
+    fn send_ping(&self, s: &mut TcpStream) -> Option<()> {
         let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
         write!(
             s,
@@ -73,10 +86,7 @@ impl Sidecar {
             self.addr,
             body.len()
         )
-        .ok()?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).ok()?;
-        Some(out)
+        .ok()
     }
 }
 
@@ -145,6 +155,38 @@ fn running_out_of_file_descriptors_does_not_end_the_process() {
     };
     assert!(served);
     assert!(sidecar.child.try_wait().unwrap().is_none());
+}
+
+/// Past `--max-connections`, a new connection waits in the kernel's
+/// backlog: its request is answered only once a served connection ends.
+#[test]
+fn connections_past_the_cap_wait_until_one_ends() {
+    let sidecar = Sidecar::start_with(
+        &[],
+        "cap",
+        &["--max-connections", "2", "--header-timeout-seconds", "60"],
+    );
+    let mut holders: Vec<TcpStream> = (0..2)
+        .map(|_| TcpStream::connect(sidecar.addr).unwrap())
+        .collect();
+    // Both are served: a request on each would be answered.
+    let mut third = TcpStream::connect(sidecar.addr).unwrap();
+    sidecar.send_ping(&mut third).unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .unwrap();
+    let mut first = [0u8; 12];
+    let waited = third.read(&mut first);
+    assert!(
+        matches!(&waited, Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)),
+        "answered past the cap: {waited:?}"
+    );
+    drop(holders.remove(0));
+    third.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut out = String::new();
+    third.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    drop(holders);
 }
 
 #[test]

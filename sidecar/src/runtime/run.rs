@@ -114,7 +114,7 @@ pub(super) async fn run(args: RunArgs) -> anyhow::Result<()> {
     let tracker = TaskTracker::new();
     let limits = aip_service::serve::Limits {
         header_timeout: Duration::from_secs(args.header_timeout_seconds),
-        ..agent_http::default_limits()
+        max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
     };
     agent_http::serve(
         gateway.clone(),
