@@ -4,7 +4,9 @@
 //! wire to the upstream. The sequence covers every decision (allowed,
 //! blocked, protected path, redacted results, an approved ask), method-name
 //! variants, case-variant keys, resources and prompts, a method the gateway
-//! only relays, and agent replies to nothing.
+//! only relays, and agent replies to nothing; then the same comparison over
+//! generated sequences drawn from the same kinds of message, spelled every
+//! way a lenient server might still read as a method or a key.
 
 #![allow(clippy::unwrap_used)]
 
@@ -281,7 +283,7 @@ fn finish(replies: Vec<Option<Value>>, recorder: &Recorder, lines: &Lines) -> Ru
     }
 }
 
-async fn over_http() -> Run {
+async fn over_http(sequence: &[String]) -> Run {
     let shutdown = CancellationToken::new();
     let (gateway, recorder, lines) = gateway(&shutdown).await;
     approve_when_asked(&gateway);
@@ -297,8 +299,8 @@ async fn over_http() -> Run {
     let client = reqwest_like::Client::new(addr);
     let mut session = None;
     let mut replies = Vec::new();
-    for body in sequence() {
-        let (status, headers, text) = client.post(&body, session.as_deref()).await;
+    for body in sequence {
+        let (status, headers, text) = client.post(body, session.as_deref()).await;
         if let Some(s) = headers {
             session = Some(s);
         }
@@ -313,7 +315,7 @@ async fn over_http() -> Run {
     run
 }
 
-async fn over_stdio() -> Run {
+async fn over_stdio(sequence: &[String]) -> Run {
     let shutdown = CancellationToken::new();
     let (gateway, recorder, lines) = gateway(&shutdown).await;
     approve_when_asked(&gateway);
@@ -325,9 +327,9 @@ async fn over_stdio() -> Run {
     let mut replies = Vec::new();
     // One message at a time, each answered (or not) before the next, as the
     // HTTP agent does: the upstream sees the same order.
-    for body in sequence() {
+    for body in sequence {
         to.write_all(format!("{body}\n").as_bytes()).await.unwrap();
-        let message: Value = serde_json::from_str(&body).unwrap();
+        let message: Value = serde_json::from_str(body).unwrap();
         // Requests are answered, and so is a request without an id (it is
         // refused); notifications and the agent's replies are not.
         let method = message["method"].as_str();
@@ -364,22 +366,10 @@ async fn over_stdio() -> Run {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_and_stdio_agents_get_one_pipeline() {
-    let http = over_http().await;
-    let stdio = over_stdio().await;
     let sent = sequence();
-    assert_eq!(http.replies.len(), stdio.replies.len());
-    for (i, (h, s)) in http.replies.iter().zip(&stdio.replies).enumerate() {
-        assert_eq!(h, s, "reply to {}", sent[i]);
-    }
-    // A notification gets no reply to wait for, so the line after it may be
-    // handled first over stdio: the audit lines are compared as a set.
-    let sorted = |lines: &[Value]| {
-        let mut lines: Vec<String> = lines.iter().map(Value::to_string).collect();
-        lines.sort();
-        lines
-    };
-    assert_eq!(sorted(&http.audit), sorted(&stdio.audit), "audit lines");
-    assert_eq!(http.forwarded, stdio.forwarded, "bytes forwarded upstream");
+    let http = over_http(&sent).await;
+    let stdio = over_stdio(&sent).await;
+    same(&sent, &http, &stdio);
 
     // And what they agree on is right: decisions, redactions, refusals.
     let reply = |i: usize| http.replies[i].clone().unwrap_or(Value::Null);
@@ -405,6 +395,11 @@ async fn http_and_stdio_agents_get_one_pipeline() {
     );
     assert_eq!(reply(13)["result"]["completion"]["values"][0], "alice");
     assert_eq!(reply(14)["result"]["echo"], "x/custom");
+    assert_eq!(
+        reply(14)["result"]["params"]["mail"],
+        "[REDACTED:Email]",
+        "a relayed method's result is redacted too"
+    );
     assert_eq!(reply(15)["error"]["code"], -32006, "not in allowed_methods");
     assert_eq!(
         reply(19)["result"]["content"][0]["text"],
@@ -431,6 +426,140 @@ async fn http_and_stdio_agents_get_one_pipeline() {
         3,
         "read, leak and the approved deploy: {methods:?}"
     );
+}
+
+/// Both runs of `sent` agree: replies, audit lines, forwarded bytes; and no
+/// agent reply to nothing reached the server.
+fn same(sent: &[String], http: &Run, stdio: &Run) {
+    assert_eq!(http.replies.len(), stdio.replies.len());
+    for (i, (h, s)) in http.replies.iter().zip(&stdio.replies).enumerate() {
+        assert_eq!(h, s, "reply to {}", sent[i]);
+    }
+    // A notification gets no reply to wait for, so the line after it may be
+    // handled first over stdio: the audit lines are compared as a set.
+    let sorted = |lines: &[Value]| {
+        let mut lines: Vec<String> = lines.iter().map(Value::to_string).collect();
+        lines.sort();
+        lines
+    };
+    assert_eq!(sorted(&http.audit), sorted(&stdio.audit), "audit lines");
+    assert_eq!(http.forwarded, stdio.forwarded, "bytes forwarded upstream");
+    for run in [http, stdio] {
+        for m in &run.forwarded {
+            let path = &m["params"]["arguments"]["path"];
+            assert!(
+                m.get("method").is_some() && (path.is_null() || path == "/tmp/a"),
+                "a reply to nothing or a protected path reached the server: {m}"
+            );
+        }
+    }
+}
+
+/// Generated sequences: after the handshake, messages of every kind the
+/// fixed sequence has, with methods and keys spelled as a lenient server
+/// might still read them (case, a zero-width or whitespace tail), tools that
+/// are allowed, blocked or unknown, protected paths written as a shell would
+/// expand them, and replies to nothing. A fixed seed: the same corpus each
+/// run.
+mod generated {
+    use proptest::prelude::*;
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+    use serde_json::json;
+
+    pub const CASES: usize = 64;
+
+    fn spelled(word: &'static str) -> impl Strategy<Value = String> {
+        prop_oneof![
+            4 => Just(word.to_owned()),
+            1 => Just(word.to_uppercase()),
+            1 => Just(format!("{word}\u{200b}")),
+            1 => Just(format!("{word} ")),
+            1 => (0..word.len()).prop_map(move |i| {
+                let mut s = word.to_owned();
+                s.replace_range(i..=i, &word[i..=i].to_uppercase());
+                s
+            }),
+        ]
+    }
+
+    fn message(id: u64) -> impl Strategy<Value = String> {
+        let tool = prop_oneof![
+            Just("up_read"),
+            Just("up_leak"),
+            Just("up_write"),
+            Just("up_nope")
+        ];
+        let path = prop_oneof![
+            Just("/tmp/a"),
+            Just("/etc/shadow"),
+            Just("/etc/sha''dow"),
+            Just("/e?c/shadow"),
+            Just("~root/../../etc/shadow"),
+        ];
+        let call = (spelled("tools/call"), tool, spelled("arguments"), path).prop_map(
+            move |(method, tool, key, path)| {
+                let mut params = serde_json::Map::new();
+                params.insert("name".to_owned(), json!(tool));
+                params.insert(key, json!({"path": path}));
+                json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string()
+            },
+        );
+        let other = prop_oneof![
+            spelled("tools/list"),
+            spelled("resources/read"),
+            spelled("prompts/get"),
+            Just("x/custom".to_owned()),
+            Just("x/denied".to_owned()),
+            Just("ping".to_owned()),
+        ]
+        .prop_map(move |method| {
+            let params = match method.to_lowercase().trim() {
+                "resources/read" => json!({"uri": "file:///notes"}),
+                "prompts/get" => json!({"name": "up_greet"}),
+                _ => json!({"mail": "ops@acme.io"}),
+            };
+            json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string()
+        });
+        let stray = prop_oneof![Just(json!("stray")), Just(json!(id + 1000))].prop_map(|id| {
+            json!({"jsonrpc": "2.0", "id": id, "result": {"content": []}}).to_string()
+        });
+        prop_oneof![4 => call, 2 => other, 1 => stray]
+    }
+
+    fn sequence() -> impl Strategy<Value = Vec<String>> {
+        (3usize..10).prop_flat_map(|n| {
+            (0..n as u64)
+                .map(|i| message(100 + i).boxed())
+                .collect::<Vec<_>>()
+        })
+    }
+
+    pub fn corpus() -> Vec<Vec<String>> {
+        let mut runner = TestRunner::new_with_rng(
+            Config::default(),
+            TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+        );
+        let strategy = sequence();
+        (0..CASES)
+            .map(|_| {
+                let mut sent = super::sequence()[..2].to_vec();
+                sent.extend(strategy.new_tree(&mut runner).unwrap().current());
+                sent
+            })
+            .collect()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generated_sequences_get_the_same_answers_over_both_transports() {
+    let corpus = generated::corpus();
+    assert_eq!(corpus.len(), generated::CASES);
+    for sent in &corpus {
+        let http = over_http(sent).await;
+        let stdio = over_stdio(sent).await;
+        same(sent, &http, &stdio);
+    }
 }
 
 /// A raw HTTP/1.1 client for the agent side (no client library decides
