@@ -25,6 +25,9 @@ pub struct Limits {
     /// from the connection's start or the end of its previous response
     /// (so an idle keep-alive connection is closed after this too).
     pub header_timeout: Duration,
+    /// How long a request's body may take to arrive once its headers have
+    /// (enforced by the server that reads the body).
+    pub body_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -32,6 +35,7 @@ impl Default for Limits {
         Limits {
             max_connections: 512,
             header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(10),
         }
     }
 }

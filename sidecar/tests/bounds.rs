@@ -189,6 +189,40 @@ fn connections_past_the_cap_wait_until_one_ends() {
     drop(holders);
 }
 
+/// A body that stops arriving is answered 408 at `--body-timeout-seconds`,
+/// and its room in the budget goes back.
+#[test]
+fn a_stalled_body_is_given_up_at_its_deadline() {
+    let sidecar = Sidecar::start_with(
+        &[],
+        "body",
+        &[
+            "--body-timeout-seconds",
+            "1",
+            "--header-timeout-seconds",
+            "60",
+        ],
+    );
+    let mut s = TcpStream::connect(sidecar.addr).unwrap();
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    write!(
+        s,
+        "POST /mcp HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\naccept: application/json\r\ncontent-length: 1000\r\n\r\n{{\"jsonrpc\"",
+        sidecar.addr
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let mut out = [0u8; 64];
+    let n = s.read(&mut out).unwrap();
+    let head = String::from_utf8_lossy(&out[..n]).into_owned();
+    assert!(head.starts_with("HTTP/1.1 408"), "{head}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "at the deadline, not before"
+    );
+    assert!(sidecar.ping().unwrap().starts_with("HTTP/1.1 200"));
+}
+
 #[test]
 fn trickled_headers_and_idle_connections_are_closed() {
     let sidecar = Sidecar::start(&[], "slow");

@@ -43,8 +43,6 @@ const EXPANSION: usize = 4;
 /// How long a review waits for room in the budget before it is answered
 /// 503 (the API server's own webhook timeout is 10 s by default).
 const BUDGET_WAIT: Duration = Duration::from_secs(5);
-/// How long a review's body may take to arrive once its headers have.
-const BODY_DEADLINE: Duration = Duration::from_secs(10);
 
 pub struct Webhooks {
     pub client: kube::Client,
@@ -139,7 +137,7 @@ async fn route(
         return Ok(busy);
     };
     let reading = Limited::new(req.into_body(), MAX_REVIEW_BYTES).collect();
-    let body = match tokio::time::timeout(BODY_DEADLINE, reading).await {
+    let body = match tokio::time::timeout(Limits::default().body_timeout, reading).await {
         Ok(Ok(b)) => b.to_bytes(),
         Ok(Err(_)) => return Ok(plain(StatusCode::PAYLOAD_TOO_LARGE, "review too large\n")),
         Err(_) => {

@@ -56,14 +56,13 @@ const SMALL_LANE: usize = 8 * 1024 * 1024;
 /// What a body of unknown length reserves to begin with; it grows as the
 /// body comes.
 const FIRST_CHUNK: usize = 64 * 1024;
-/// How long a client may take to send a request's body.
-const BODY_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
 /// The agent listener's bounds by default: connections served at once (the
 /// agent's own loopback; idle and slow ones are closed by the header
 /// deadline), and that deadline.
 pub fn default_limits() -> Limits {
     Limits {
         max_connections: 2048,
+        body_timeout: std::time::Duration::from_secs(30),
         ..Limits::default()
     }
 }
@@ -78,6 +77,8 @@ const MAX_QUEUED_EVENTS: usize = 256;
 type Body = UnsyncBoxBody<Bytes, Infallible>;
 
 struct State {
+    /// How long a request's body may take once its headers arrived.
+    body_timeout: std::time::Duration,
     gateway: Arc<Gateway>,
     /// Bodies of unknown length or over `SMALL_REQUEST` ...
     budget: Budget,
@@ -161,6 +162,7 @@ pub async fn serve(
         sessions: Mutex::new(Sessions::default()),
         listeners: Arc::new(tokio::sync::Semaphore::new(MAX_LISTENERS)),
         shutdown: shutdown.clone(),
+        body_timeout: limits.body_timeout,
     });
     accept_loop(listener, limits, shutdown, tracker, move |stream| {
         let state = state.clone();
@@ -230,7 +232,7 @@ async fn post(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
         return busy();
     };
     let reading = read_body(req.into_body(), lane, &mut reserved, declared);
-    let body = match tokio::time::timeout(BODY_DEADLINE, reading).await {
+    let body = match tokio::time::timeout(state.body_timeout, reading).await {
         Ok(Ok(body)) => body,
         Ok(Err(BodyError::TooLarge)) => return too_large(),
         Ok(Err(BodyError::Busy)) => return busy(),

@@ -160,6 +160,10 @@ pub struct RunArgs {
     /// long an idle keep-alive connection is kept).
     #[arg(long, default_value = "10", value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=300))]
     pub header_timeout_seconds: u64,
+    /// How long an agent may take to send a request's body once its headers
+    /// arrived (then 408).
+    #[arg(long, default_value = "30", value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=300))]
+    pub body_timeout_seconds: u64,
     /// Agent connections served at once; past it, new ones wait in the
     /// kernel's backlog until one ends.
     #[arg(long, default_value = "2048", value_parser = clap::value_parser!(u64).range(1..=65536))]

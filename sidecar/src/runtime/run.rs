@@ -115,6 +115,7 @@ pub(super) async fn run(args: RunArgs) -> anyhow::Result<()> {
     let limits = aip_service::serve::Limits {
         header_timeout: Duration::from_secs(args.header_timeout_seconds),
         max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
+        body_timeout: Duration::from_secs(args.body_timeout_seconds),
     };
     agent_http::serve(
         gateway.clone(),
