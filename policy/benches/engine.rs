@@ -153,5 +153,44 @@ fn dlp(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, decisions, dlp);
+/// 100 distinct argument regexes over 25 tools, shaped like real rules:
+/// URL prefixes, SQL shapes, enumerations and Unicode path classes.
+fn regex100_policy() -> String {
+    let mut yaml = "apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {name: bench}\nspec:\n  tool_rules:\n".to_owned();
+    for i in 0..25 {
+        yaml += &format!(
+            r#"    - tool: tool_{i:02}
+      allow_args:
+        url: '^https://github\.com/org{i}/.*'
+        query: '^SELECT\s+.*FROM\s+t{i}\d+(\s+WHERE\s+.*)?$'
+        mode: '^(read|list|stat|op{i})$'
+        path: '^/workspace/project{i}/[\w./-]+$'
+"#
+        );
+    }
+    yaml
+}
+
+fn compiles(c: &mut Criterion) {
+    let mut group = c.benchmark_group("compile");
+    group.measurement_time(Duration::from_secs(3));
+    let yaml = regex100_policy();
+    let options = CompileOptions::default();
+    // What a reload or a push costs: parse, validate, compile.
+    group.bench_function("regex100", |b| {
+        b.iter(|| Evaluator::from_yaml(black_box(&yaml), &options).unwrap())
+    });
+    // The same with every regex built, as the sidecar then does off the
+    // hot path.
+    group.bench_function("regex100_built", |b| {
+        b.iter(|| {
+            let evaluator = Evaluator::from_yaml(black_box(&yaml), &options).unwrap();
+            evaluator.build_regexes();
+            evaluator
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, decisions, dlp, compiles);
 criterion_main!(benches);

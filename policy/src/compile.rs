@@ -3,15 +3,15 @@
 
 use std::sync::Arc;
 
-use regex::Regex;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::dlp::Redactor;
 use crate::document::{Action, AgentPolicy, FieldError, Mode, PolicyErrors};
+use crate::hash;
 use crate::normalize::normalize_name;
 use crate::paths::ProtectedPaths;
 use crate::ratelimit::{Limiter, RateClock, RateLimit};
-use crate::{hash, regexes};
+use crate::regexes::LazyRegex;
 
 /// The default `allowed_methods` of spec §3.1, plus `notifications/cancelled`:
 /// AIP names the cancellation notification `cancelled`, but MCP sends it as
@@ -77,6 +77,15 @@ pub(crate) struct CompiledPolicy {
     pub redactor: Option<Redactor>,
 }
 
+impl CompiledPolicy {
+    fn arg_regexes(&self) -> impl Iterator<Item = &Arc<LazyRegex>> {
+        self.tools
+            .values()
+            .filter_map(|entry| entry.rule.as_ref())
+            .flat_map(|rule| rule.args.iter().map(|arg| &arg.regex))
+    }
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct ToolEntry {
     /// Named in allowed_tools.
@@ -99,8 +108,9 @@ pub(crate) struct CompiledRule {
 #[derive(Debug)]
 pub(crate) struct ArgRule {
     pub name: String,
-    pub pattern: String,
-    pub regex: Regex,
+    /// Shared by every rule with the same pattern, and with the next
+    /// compilation, so a reload builds only the patterns it has not seen.
+    pub regex: Arc<LazyRegex>,
 }
 
 #[derive(Debug)]
@@ -167,6 +177,20 @@ impl Evaluator {
         let (Some(new), Some(old)) = (next.policy.as_mut(), previous.policy.as_ref()) else {
             return Ok(next);
         };
+        let built: FxHashMap<&str, &Arc<LazyRegex>> = old
+            .arg_regexes()
+            .map(|regex| (regex.pattern(), regex))
+            .collect();
+        for arg in new
+            .tools
+            .values_mut()
+            .filter_map(|e| e.rule.as_mut())
+            .flat_map(|r| &mut r.args)
+        {
+            if let Some(kept) = built.get(arg.regex.pattern()) {
+                arg.regex = Arc::clone(kept);
+            }
+        }
         for (tool, entry) in &mut new.tools {
             let Some(limiter) = entry.rule.as_mut().and_then(|r| r.limiter.as_mut()) else {
                 continue;
@@ -192,6 +216,7 @@ impl Evaluator {
         let spec = &policy.spec;
         let mut errors = Vec::new();
         let mut tools: FxHashMap<Box<str>, ToolEntry> = FxHashMap::default();
+        let mut patterns: FxHashMap<&str, Arc<LazyRegex>> = FxHashMap::default();
         for name in spec.allowed_tools.iter().flatten() {
             tools.entry(normalized(name)).or_default().listed = true;
         }
@@ -207,12 +232,18 @@ impl Evaluator {
             };
             let mut args = Vec::new();
             for (name, pattern) in rule.allow_args.iter().flatten() {
-                match regexes::compile(pattern) {
-                    Ok(regex) => args.push(ArgRule {
-                        name: name.clone(),
-                        pattern: pattern.clone(),
-                        regex,
-                    }),
+                let regex = match patterns.get(pattern.as_str()) {
+                    Some(regex) => Ok(Arc::clone(regex)),
+                    None => LazyRegex::new(pattern).map(Arc::new),
+                };
+                match regex {
+                    Ok(regex) => {
+                        patterns.insert(pattern, Arc::clone(&regex));
+                        args.push(ArgRule {
+                            name: name.clone(),
+                            regex,
+                        });
+                    }
                     Err(e) => errors.push(field(&format!("{path}.allow_args.{name}"), e)),
                 }
             }
@@ -284,6 +315,15 @@ impl Evaluator {
         self.policy.as_ref().and_then(|p| p.redactor.as_ref())
     }
 
+    /// Builds every argument regex now, so that no call pays for one; run
+    /// it off the hot path after a (re)load. Calls made meanwhile build what
+    /// they need themselves.
+    pub fn build_regexes(&self) {
+        for regex in self.policy.iter().flat_map(CompiledPolicy::arg_regexes) {
+            let _ = regex.build();
+        }
+    }
+
     /// The pinned `schema_hash` for a tool (v1alpha2), looked up by its
     /// normalized name.
     pub fn schema_hash(&self, tool: &str) -> Option<&str> {
@@ -302,11 +342,46 @@ fn field(path: &str, message: impl Into<String>) -> FieldError {
 
 #[cfg(test)]
 mod tests {
-    use super::Evaluator;
+    use std::sync::Arc;
+
+    use super::{CompileOptions, Evaluator};
 
     #[test]
     fn evaluator_is_send_and_sync() {
         fn assert_send_sync<T: Send + Sync>() {}
         assert_send_sync::<Evaluator>();
+    }
+
+    fn policy(second: &str) -> String {
+        format!(
+            "apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {{name: p}}\nspec:\n  tool_rules:\n    - tool: a\n      allow_args: {{x: '^[a-z]+$', y: '^[a-z]+$'}}\n    - tool: b\n      allow_args: {{z: '{second}'}}\n"
+        )
+    }
+
+    fn regexes(e: &Evaluator) -> Vec<(String, usize)> {
+        let mut all: Vec<_> = e
+            .policy
+            .iter()
+            .flat_map(|p| p.arg_regexes())
+            .map(|r| (r.pattern().to_owned(), Arc::as_ptr(r) as usize))
+            .collect();
+        all.sort();
+        all
+    }
+
+    /// One pattern is built once: shared by the rules that name it, and by
+    /// the next compilation that keeps it.
+    #[test]
+    fn a_pattern_is_built_once_across_rules_and_reloads() {
+        let options = CompileOptions::default();
+        let first = Evaluator::from_yaml(&policy("^[0-9]+$"), &options).unwrap();
+        let mine = regexes(&first);
+        assert_eq!(mine[1].1, mine[2].1, "{mine:?}");
+        first.build_regexes();
+        let doc = crate::AgentPolicy::from_yaml(&policy("^[0-7]+$")).unwrap();
+        let next = Evaluator::compile_after(&doc, &options, &first).unwrap();
+        let theirs = regexes(&next);
+        assert_eq!(theirs[1].1, mine[1].1, "the kept pattern is the same regex");
+        assert_ne!(theirs[0].1, mine[0].1, "the changed pattern is new");
     }
 }

@@ -516,19 +516,19 @@ fn check_args(
                     codes::FORBIDDEN,
                     format!("Required argument '{}' is missing", arg.name),
                 )
-                .arg(&arg.name, arg.pattern.clone()),
+                .arg(&arg.name, arg.regex.pattern().to_owned()),
             );
         };
-        if !arg.regex.is_match(&arg_string(value)) {
-            return Some(
-                Violation::new(
-                    Cause::ArgumentMismatch,
-                    codes::FORBIDDEN,
-                    format!("Argument '{}' does not match allow_args", arg.name),
-                )
-                .arg(&arg.name, arg.pattern.clone()),
-            );
-        }
+        let message = match arg.regex.build() {
+            Ok(regex) if regex.is_match(&arg_string(value)) => continue,
+            Ok(_) => format!("Argument '{}' does not match allow_args", arg.name),
+            // Fail closed: a pattern that validated but cannot be built.
+            Err(e) => format!("Argument '{}' cannot be checked: {e}", arg.name),
+        };
+        return Some(
+            Violation::new(Cause::ArgumentMismatch, codes::FORBIDDEN, message)
+                .arg(&arg.name, arg.regex.pattern().to_owned()),
+        );
     }
     if strict
         && let Some(extra) = args

@@ -230,6 +230,10 @@ impl Gateway {
     }
 
     fn apply_config(&self) {
+        // The policy's argument regexes are built on first use; build them
+        // now, on a blocking thread, so that no call waits for one.
+        let evaluator = Arc::clone(&self.config().evaluator);
+        tokio::task::spawn_blocking(move || evaluator.build_regexes());
         for removed in self.connections.rebuild(&self.config(), &self.shutdown) {
             self.routes.forget(&removed);
             self.connections.retire(removed);
