@@ -103,9 +103,22 @@ def resource_rows(path):
          f"{first['large_served']} / {first['large_refused_503']}; {second['large_served']} / {second['large_refused_503']}", "", "", ""),
         ("  - calls of an agent meanwhile: served, failed, p50 / p99", "", "",
          f"{r['legit_calls_served']}, {r['legit_calls_failed']}, {r['legit_p50_ms']} / {r['legit_p99_ms']} ms", "", "", ""),
-        ("  - RSS idle / peak first load / peak second / after", "", "",
+        ("  - RSS idle / peak first load / peak second / right after", "", "",
          f"{r['idle_kib'] / 1024:.1f} / {first['peak_kib'] / 1024:.1f} / {second['peak_kib'] / 1024:.1f} / {r['after_kib'] / 1024:.1f} MB", "", "", ""),
+        returned_row(r),
     ]
+
+
+def returned_row(r):
+    """Memory returns afterwards: back within a margin of idle in 10 s."""
+    within = r.get("returned_within_kib", 4096) / 1024
+    label = f"memory returns after the load (RSS within {within:.0f} MB of idle)"
+    ms = r.get("returned_ms")
+    if "returned_kib" not in r:
+        return (label, "-", "<= 10 s", "not measured", "", "", "MISSES")
+    if ms is None:
+        return (label, "-", "<= 10 s", f"not in 10 s ({r['returned_kib'] / 1024:.1f} MB)", "", "", "MISSES")
+    return (label, "-", "<= 10 s", f"{ms / 1000:.1f} s, to {r['returned_kib'] / 1024:.1f} MB", f"{ms / 10000:.2f}x", "", "meets")
 
 
 def fmt(ns):

@@ -31,6 +31,28 @@ fn sidecar_binary() -> PathBuf {
     )
 }
 
+/// How close to idle RSS must come back after the load, and how soon.
+const RETURNED_WITHIN_KIB: u64 = 4 * 1024;
+const RETURN_DEADLINE: Duration = Duration::from_secs(10);
+
+/// RSS once the allocator has handed the load's pages back, and how long
+/// that took: sampled every 100 ms until it is within
+/// `RETURNED_WITHIN_KIB` of idle, or the deadline (then `None`). The
+/// kernel sends no event for it; the samples are the measurement.
+fn returned(pid: u32, idle_kib: u64) -> (u64, Option<u64>) {
+    let started = Instant::now();
+    loop {
+        let rss = status_kib(pid, "VmRSS:");
+        if rss <= idle_kib + RETURNED_WITHIN_KIB {
+            return (rss, Some(started.elapsed().as_millis() as u64));
+        }
+        if started.elapsed() >= RETURN_DEADLINE {
+            return (rss, None);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn status_kib(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
@@ -220,6 +242,7 @@ fn main() {
     // the client (above) and every request has been answered.
     assert_eq!(post(addr, &init), 200);
     let after_kib = status_kib(sidecar.pid(), "VmRSS:");
+    let (returned_kib, returned_ms) = returned(sidecar.pid(), idle_kib);
 
     let mut lat = latencies.lock().unwrap().clone();
     lat.sort_by(f64::total_cmp);
@@ -237,6 +260,9 @@ fn main() {
         "legit_p99_ms": (pct(0.99) * 100.0).round() / 100.0,
         "idle_kib": idle_kib,
         "after_kib": after_kib,
+        "returned_kib": returned_kib,
+        "returned_ms": returned_ms,
+        "returned_within_kib": RETURNED_WITHIN_KIB,
         "bound_mb": BOUND_MB,
     });
     let text = serde_json::to_string_pretty(&figures).unwrap();

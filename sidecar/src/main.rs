@@ -8,6 +8,12 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// jemalloc, whose background thread hands freed pages back to the kernel
+/// (glibc's per-thread arenas keep them: a load's peak stayed resident).
+/// Its options are built in, from `.cargo/config.toml`.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> ExitCode {
     aip_sidecar::runtime::main(aip_sidecar::runtime::Cli::parse())
 }
