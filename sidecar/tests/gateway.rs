@@ -641,6 +641,94 @@ async fn case_variant_keys_are_refused_before_the_policy() {
     assert_eq!(refusals, 4, "each refusal is audited");
 }
 
+/// The same server echoing the token in what it streams during a call: a
+/// log message and a progress notification reach the agent redacted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_echoed_in_notifications_during_a_call_never_reach_the_agent() {
+    use base64::Engine;
+    let token = "tok-n0t1f-ref1ected-4a2";
+    let dir = std::env::temp_dir().join(format!("aip-reflect-notes-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, token).unwrap();
+    let b64 = base64::engine::general_purpose::STANDARD.encode(token);
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let (echo, echo_b64) = (token.to_owned(), b64.clone());
+    let url = common::scripted_server(
+        move |m| match m["method"].as_str() {
+            Some("initialize") => (
+                200,
+                json!({"protocolVersion": "2025-11-25", "capabilities": {"tools": {}, "logging": {}},
+                    "serverInfo": {"name": "s", "version": "1"}}),
+            ),
+            Some("tools/list") => (
+                200,
+                json!({"tools": [{"name": "echo", "inputSchema": {"type": "object"}}]}),
+            ),
+            Some("tools/call") => (
+                200,
+                json!({"__sse": [
+                    {"jsonrpc": "2.0", "method": "notifications/message", "params": {
+                        "level": "debug", "data": {"sent": format!("Authorization: Bearer {echo}")}}},
+                    {"jsonrpc": "2.0", "method": "notifications/progress", "params": {
+                        "progressToken": m["params"]["_meta"]["progressToken"], "progress": 1,
+                        "message": format!("authenticated as {echo_b64}")}},
+                ], "__result": {"content": [{"type": "text", "text": "done"}]}}),
+            ),
+            _ => (200, json!({})),
+        },
+        shutdown.clone(),
+    )
+    .await;
+    let s = Stack::start(Setup {
+        policy: "  allowed_tools: [up_echo]\n",
+        url: Some(url),
+        connection: &format!(
+            "  bearerToken:\n    valueFrom: {{file: {}}}\n",
+            token_file.display()
+        ),
+        ..Setup::default()
+    })
+    .await;
+    let session = s.session().await;
+    let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+        "name": "up_echo", "arguments": {}, "_meta": {"progressToken": "agent-tok"}}});
+    let mut stream = common::Sse::open(
+        s.addr,
+        "POST",
+        &[("mcp-session-id", &session)],
+        &call.to_string(),
+    )
+    .await;
+    assert_eq!(stream.status, 200);
+    assert_eq!(stream.content_type, "text/event-stream");
+    let mut notes = Vec::new();
+    let response = loop {
+        let message = stream.next().await.unwrap();
+        if message.get("method").is_none() {
+            break message;
+        }
+        notes.push(message);
+    };
+    assert_eq!(
+        response["result"]["content"][0]["text"], "done",
+        "{response}"
+    );
+    let methods: Vec<&str> = notes.iter().filter_map(|n| n["method"].as_str()).collect();
+    assert_eq!(
+        methods,
+        ["notifications/message", "notifications/progress"],
+        "{notes:?}"
+    );
+    assert_eq!(notes[1]["params"]["progressToken"], "agent-tok");
+    for note in &notes {
+        let shown = note.to_string();
+        assert!(!shown.contains(token) && !shown.contains(&b64), "{shown}");
+        assert!(shown.contains("[REDACTED:credential]"), "{shown}");
+    }
+    shutdown.cancel();
+}
+
 /// A server that echoes the connection's own bearer token (raw, base64,
 /// percent-encoded) in results, errors and descriptions never hands it to
 /// the agent.

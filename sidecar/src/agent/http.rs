@@ -536,7 +536,7 @@ async fn answer_live(
     sse: bool,
     reserved: Reserved,
 ) -> Response<Body> {
-    let (events, mut heard) = mpsc::channel(MAX_QUEUED_EVENTS);
+    let (events, heard) = mpsc::channel(MAX_QUEUED_EVENTS);
     caller.events = Some(events);
     let modern = caller.modern;
     let gateway = state.gateway.clone();
@@ -549,21 +549,36 @@ async fn answer_live(
         true => modern_reply(outcome),
         false => reply(outcome, sse),
     };
-    let first = tokio::select! {
-        biased;
-        outcome = &mut handling => return answer(outcome),
-        first = heard.recv() => match first {
-            Some(first) => first,
-            // Nothing more can come; the response is still to come.
-            None => return answer(handling.await),
-        },
-    };
     let mut live = Live {
         queued: VecDeque::new(),
         heard,
-        handling: Some(handling),
+        handling: None,
     };
-    live.queued.push_back(event(&first));
+    tokio::select! {
+        biased;
+        outcome = &mut handling => {
+            // What was sent just before the response goes out before it:
+            // then the answer is a stream after all.
+            let Ok(first) = live.heard.try_recv() else {
+                return answer(outcome);
+            };
+            live.queued.push_back(event(&first));
+            while let Ok(message) = live.heard.try_recv() {
+                live.queued.push_back(event(&message));
+            }
+            if let Reply::Message(response) = outcome {
+                live.queued.push_back(event(&response));
+            }
+        }
+        first = live.heard.recv() => match first {
+            Some(first) => {
+                live.queued.push_back(event(&first));
+                live.handling = Some(handling);
+            }
+            // Nothing more can come; the response is still to come.
+            None => return answer(handling.await),
+        },
+    }
     let mut r = Response::new(live.boxed_unsync());
     r.headers_mut().insert(
         "content-type",

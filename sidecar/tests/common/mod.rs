@@ -447,7 +447,9 @@ impl Sse {
 /// An MCP server over HTTP answering each JSON-RPC message with what
 /// `answer` says (an HTTP status and, for 200, the result): for the failure
 /// rows the fault server's scripts cannot express (a tools/list refused).
-/// Serves until `shutdown`; returns its URL.
+/// A result of `{"__sse": [N...], "__result": R}` is sent as an event stream:
+/// the messages N, then R as the response. Serves until `shutdown`; returns
+/// its URL.
 pub async fn scripted_server(
     answer: impl Fn(&Value) -> (u16, Value) + Send + Sync + 'static,
     shutdown: CancellationToken,
@@ -476,7 +478,15 @@ pub async fn scripted_server(
                                 None => (202, Value::Null),
                             };
                             // A result of {"__error": E} is sent as the JSON-RPC error E.
-                            let text = if status == 200 && result.get("__error").is_some() {
+                            let events = result.get("__sse").and_then(Value::as_array);
+                            let text = if let Some(events) = events {
+                                let done = json!({"jsonrpc": "2.0", "id": message["id"], "result": result["__result"]});
+                                events
+                                    .iter()
+                                    .chain([&done])
+                                    .map(|e| format!("data: {e}\n\n"))
+                                    .collect()
+                            } else if status == 200 && result.get("__error").is_some() {
                                 json!({"jsonrpc": "2.0", "id": message["id"], "error": result["__error"]})
                                     .to_string()
                             } else if status == 200 {
@@ -487,8 +497,13 @@ pub async fn scripted_server(
                             };
                             let mut r = hyper::Response::new(Full::new(bytes::Bytes::from(text)));
                             *r.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
+                            let kind = if events.is_some() {
+                                "text/event-stream"
+                            } else {
+                                "application/json"
+                            };
                             r.headers_mut()
-                                .insert("content-type", "application/json".parse().unwrap());
+                                .insert("content-type", kind.parse().unwrap());
                             Ok::<_, std::convert::Infallible>(r)
                         }
                     },
