@@ -5,7 +5,11 @@
 //!
 //! The upstreams are minimal MCP responders (in this process for HTTP; this
 //! executable re-run with `--null-stdio-server` for stdio), the same on both
-//! sides of each comparison, so the numbers measure the gateway.
+//! sides of each comparison, so the numbers measure the gateway. Over HTTP
+//! each figure is taken three ways: direct, through the floor (this
+//! executable re-run with `--floor-proxy`: a pass-through proxy from the
+//! sidecar's own stack, hyper on tokio, parsing nothing — what any HTTP hop
+//! costs) and through the sidecar.
 //! Results go to target/bench/sidecar.json for scripts/bench-table.py.
 
 #![allow(clippy::unwrap_used)]
@@ -28,6 +32,11 @@ use serde_json::{Value, json};
 
 const SEQUENTIAL_CALLS: usize = 3000;
 const CONCURRENT_CLIENTS: usize = 32;
+/// The client counts throughput is measured at, each client its own session.
+const CLIENT_COUNTS: [usize; 3] = [1, 8, 32];
+/// Linux reports process CPU time in USER_HZ ticks, 100 a second on every
+/// architecture it supports.
+const USER_HZ: f64 = 100.0;
 const THROUGHPUT_WINDOW: Duration = Duration::from_secs(3);
 const STDIO_CALLS: usize = 2000;
 
@@ -46,6 +55,9 @@ fn main() {
     }
     if std::env::args().any(|a| a == "--relay") {
         return line_relay();
+    }
+    if let Some(upstream) = std::env::args().skip_while(|a| a != "--floor-proxy").nth(1) {
+        return floor_proxy(&upstream);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -66,15 +78,40 @@ fn main() {
 async fn run() -> Value {
     let upstream = null_upstream().await;
     let direct_url = format!("http://{upstream}/mcp");
+    let floor = Floor::start(&format!("http://{upstream}"));
+    let floor_url = format!("http://{}/mcp", floor.agent);
     let gateway = Gateway::start(&direct_url).await;
     let gateway_url = format!("http://{}/mcp", gateway.agent);
     let idle_rss = gateway.rss_kib();
 
     let direct = latency(&direct_url, "read").await;
+    let floored = latency(&floor_url, "read").await;
     let via = latency(&gateway_url, "up_read").await;
-    let direct_tput = throughput(&direct_url, "read").await;
-    let via_tput = throughput(&gateway_url, "up_read").await;
+    let mut by_clients = serde_json::Map::new();
+    let mut cpu = json!({});
+    for clients in CLIENT_COUNTS {
+        let direct_tput = throughput(&direct_url, "read", clients).await;
+        let floor_cpu = floor.cpu_seconds();
+        let floor_tput = throughput(&floor_url, "read", clients).await;
+        let floor_cpu = floor.cpu_seconds() - floor_cpu;
+        let gateway_cpu = gateway.cpu_seconds();
+        let via_tput = throughput(&gateway_url, "up_read", clients).await;
+        let gateway_cpu = gateway.cpu_seconds() - gateway_cpu;
+        by_clients.insert(
+            clients.to_string(),
+            json!({"direct_calls_per_s": direct_tput, "floor_calls_per_s": floor_tput,
+                   "gateway_calls_per_s": via_tput}),
+        );
+        if clients == CONCURRENT_CLIENTS {
+            let per_call = |seconds: f64, rate: f64| {
+                (seconds * 1e6 / (rate * THROUGHPUT_WINDOW.as_secs_f64()) * 10.0).round() / 10.0
+            };
+            cpu = json!({"floor_cpu_us_per_call": per_call(floor_cpu, floor_tput),
+                         "gateway_cpu_us_per_call": per_call(gateway_cpu, via_tput)});
+        }
+    }
     let peak_rss = gateway.peak_rss_kib();
+    let floor_peak_rss = floor.peak_rss_kib();
     // Resident memory after the load, split: the process's own (anonymous)
     // and file-backed pages (the binary's code and the shared libraries,
     // which the kernel maps around each touched page).
@@ -83,15 +120,27 @@ async fn run() -> Value {
         gateway.status_kib("RssFile:"),
     );
     drop(gateway);
+    drop(floor);
 
+    let at32 = &by_clients[&CONCURRENT_CLIENTS.to_string()];
+    let mut http = json!({
+        "direct_p50_us": direct.0, "direct_p99_us": direct.1,
+        "floor_p50_us": floored.0, "floor_p99_us": floored.1,
+        "gateway_p50_us": via.0, "gateway_p99_us": via.1,
+        "added_p50_us": via.0 - direct.0,
+        "floor_added_p50_us": floored.0 - direct.0,
+        "direct_calls_per_s": at32["direct_calls_per_s"],
+        "floor_calls_per_s": at32["floor_calls_per_s"],
+        "gateway_calls_per_s": at32["gateway_calls_per_s"],
+        "floor_peak_rss_kib": floor_peak_rss,
+        "by_clients": by_clients,
+    });
+    http.as_object_mut()
+        .unwrap()
+        .extend(cpu.as_object().unwrap().clone());
     let stdio = stdio_figures();
     json!({
-        "http": {
-            "direct_p50_us": direct.0, "direct_p99_us": direct.1,
-            "gateway_p50_us": via.0, "gateway_p99_us": via.1,
-            "added_p50_us": via.0 - direct.0,
-            "direct_calls_per_s": direct_tput, "gateway_calls_per_s": via_tput,
-        },
+        "http": http,
         "stdio": stdio,
         "rss": {"idle_kib": idle_rss, "peak_under_load_kib": peak_rss,
                 "after_load_anon_kib": anon, "after_load_file_kib": file},
@@ -149,6 +198,109 @@ async fn answer(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infalli
     r.headers_mut()
         .insert("mcp-session-id", "bench".parse().unwrap());
     Ok(r)
+}
+
+// --------------------------------------------------------------- floor --
+
+/// The floor: forwards every request to `upstream` and every response back,
+/// bodies streamed, on pooled keep-alive connections, parsing nothing. Its
+/// runtime is the sidecar's (multi-threaded, a worker per core). Prints its
+/// address on stdout.
+fn floor_proxy(upstream: &str) {
+    let upstream: hyper::Uri = upstream.parse().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        println!("{}", listener.local_addr().unwrap());
+        let client: Client<HttpConnector, Incoming> = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(256)
+            .build_http();
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let (client, upstream) = (client.clone(), upstream.clone());
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let (client, upstream) = (client.clone(), upstream.clone());
+                    async move {
+                        let (mut parts, body) = req.into_parts();
+                        let mut uri = upstream.into_parts();
+                        uri.path_and_query = parts.uri.path_and_query().cloned();
+                        parts.uri = hyper::Uri::from_parts(uri).unwrap();
+                        client.request(Request::from_parts(parts, body)).await
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+}
+
+/// The floor proxy's process.
+struct Floor {
+    child: Child,
+    agent: SocketAddr,
+}
+
+impl Floor {
+    fn start(upstream: &str) -> Floor {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--floor-proxy", upstream])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let agent = line.trim().parse().unwrap();
+        Floor { child, agent }
+    }
+
+    fn cpu_seconds(&self) -> f64 {
+        cpu_seconds(self.child.id())
+    }
+
+    fn peak_rss_kib(&self) -> u64 {
+        status_kib(self.child.id(), "VmHWM:")
+    }
+}
+
+impl Drop for Floor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// User plus system CPU time of process `pid` so far, all threads.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name, which is parenthesised and may hold
+    // spaces: state is the first, utime and stime the 12th and 13th.
+    let after = stat.rsplit_once(") ").map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / USER_HZ
+}
+
+fn status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 // ------------------------------------------------------------- gateway --
@@ -225,14 +377,11 @@ impl Gateway {
     }
 
     fn status_kib(&self, field: &str) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default();
-        status
-            .lines()
-            .find(|l| l.starts_with(field))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
+        status_kib(self.child.id(), field)
+    }
+
+    fn cpu_seconds(&self) -> f64 {
+        cpu_seconds(self.child.id())
     }
 
     fn rss_kib(&self) -> u64 {
@@ -342,12 +491,12 @@ fn percentiles(mut samples: Vec<f64>) -> (f64, f64) {
     )
 }
 
-/// Calls per second with many concurrent clients, each keeping its calls in
-/// flight back to back.
-async fn throughput(url: &str, tool: &str) -> f64 {
+/// Calls per second with `clients` concurrent clients (each its own
+/// session), each keeping its calls in flight back to back.
+async fn throughput(url: &str, tool: &str, clients: usize) -> f64 {
     let deadline = Instant::now() + THROUGHPUT_WINDOW;
     let mut tasks = Vec::new();
-    for _ in 0..CONCURRENT_CLIENTS {
+    for _ in 0..clients {
         let (url, tool) = (url.to_owned(), tool.to_owned());
         tasks.push(tokio::spawn(async move {
             let client = McpClient::connect(&url).await;
