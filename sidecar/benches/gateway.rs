@@ -30,13 +30,13 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{Value, json};
 
+mod common;
+use common::{cpu_seconds, status_kib};
+
 const SEQUENTIAL_CALLS: usize = 3000;
 const CONCURRENT_CLIENTS: usize = 32;
 /// The client counts throughput is measured at, each client its own session.
 const CLIENT_COUNTS: [usize; 3] = [1, 8, 32];
-/// Linux reports process CPU time in USER_HZ ticks, 100 a second on every
-/// architecture it supports.
-const USER_HZ: f64 = 100.0;
 const THROUGHPUT_WINDOW: Duration = Duration::from_secs(3);
 const STDIO_CALLS: usize = 2000;
 
@@ -275,32 +275,6 @@ impl Drop for Floor {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// User plus system CPU time of process `pid` so far, all threads.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name, which is parenthesised and may hold
-    // spaces: state is the first, utime and stime the 12th and 13th.
-    let after = stat.rsplit_once(") ").map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (ticks(11) + ticks(12)) / USER_HZ
-}
-
-fn status_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 // ------------------------------------------------------------- gateway --

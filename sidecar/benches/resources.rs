@@ -18,6 +18,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+mod common;
+use common::status_kib;
+
 const FLOOD: usize = 1000;
 const LARGE: usize = 16;
 const LARGE_BYTES: usize = 4 * 1024 * 1024 - 300;
@@ -51,16 +54,6 @@ fn returned(pid: u32, idle_kib: u64) -> (u64, Option<u64>) {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-}
-
-fn status_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 struct Sidecar {

@@ -641,21 +641,42 @@ async fn case_variant_keys_are_refused_before_the_policy() {
     assert_eq!(refusals, 4, "each refusal is audited");
 }
 
+/// A gateway allowing `policy`'s tools of a scripted server that `answer`s,
+/// reached with the bearer `token` (read from a file of its own).
+async fn with_bearer(
+    token: &str,
+    policy: &str,
+    answer: impl Fn(&Value) -> (u16, Value) + Send + Sync + 'static,
+) -> (Stack, tokio_util::sync::CancellationToken) {
+    let dir = std::env::temp_dir().join(format!("aip-bearer-{}-{token}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, token).unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let url = common::scripted_server(answer, shutdown.clone()).await;
+    let s = Stack::start(Setup {
+        policy,
+        url: Some(url),
+        connection: &format!(
+            "  bearerToken:\n    valueFrom: {{file: {}}}\n",
+            token_file.display()
+        ),
+        ..Setup::default()
+    })
+    .await;
+    (s, shutdown)
+}
+
 /// The same server echoing the token in what it streams during a call: a
 /// log message and a progress notification reach the agent redacted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn credentials_echoed_in_notifications_during_a_call_never_reach_the_agent() {
     use base64::Engine;
     let token = "tok-n0t1f-ref1ected-4a2";
-    let dir = std::env::temp_dir().join(format!("aip-reflect-notes-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let token_file = dir.join("token");
-    std::fs::write(&token_file, token).unwrap();
     let b64 = base64::engine::general_purpose::STANDARD.encode(token);
-    let shutdown = tokio_util::sync::CancellationToken::new();
     let (echo, echo_b64) = (token.to_owned(), b64.clone());
-    let url = common::scripted_server(
-        move |m| match m["method"].as_str() {
+    let (s, shutdown) = with_bearer(token, "  allowed_tools: [up_echo]\n", move |m| {
+        match m["method"].as_str() {
             Some("initialize") => (
                 200,
                 json!({"protocolVersion": "2025-11-25", "capabilities": {"tools": {}, "logging": {}},
@@ -676,18 +697,7 @@ async fn credentials_echoed_in_notifications_during_a_call_never_reach_the_agent
                 ], "__result": {"content": [{"type": "text", "text": "done"}]}}),
             ),
             _ => (200, json!({})),
-        },
-        shutdown.clone(),
-    )
-    .await;
-    let s = Stack::start(Setup {
-        policy: "  allowed_tools: [up_echo]\n",
-        url: Some(url),
-        connection: &format!(
-            "  bearerToken:\n    valueFrom: {{file: {}}}\n",
-            token_file.display()
-        ),
-        ..Setup::default()
+        }
     })
     .await;
     let session = s.session().await;
@@ -736,15 +746,11 @@ async fn credentials_echoed_in_notifications_during_a_call_never_reach_the_agent
 async fn a_server_echoing_the_connections_credentials_never_reaches_the_agent() {
     use base64::Engine;
     let token = "tok-3c4o-ref1ected-9f7";
-    let dir = std::env::temp_dir().join(format!("aip-reflect-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let token_file = dir.join("token");
-    std::fs::write(&token_file, token).unwrap();
     let b64 = base64::engine::general_purpose::STANDARD.encode(token);
-    let shutdown = tokio_util::sync::CancellationToken::new();
     let (echo, echo_b64) = (token.to_owned(), b64.clone());
-    let url = common::scripted_server(
-        move |m| match m["method"].as_str() {
+    let policy = "  allowed_tools: [up_echo, up_fail]\n";
+    let (s, shutdown) = with_bearer(token, policy, move |m| {
+        match m["method"].as_str() {
             Some("initialize") => (
                 200,
                 json!({"protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
@@ -767,18 +773,7 @@ async fn a_server_echoing_the_connections_credentials_never_reaches_the_agent() 
                     "structuredContent": {"seen": echo_b64, "url": format!("https://x/?t={}", echo.replace('-', "%2D"))}}),
             ),
             _ => (200, json!({})),
-        },
-        shutdown.clone(),
-    )
-    .await;
-    let s = Stack::start(Setup {
-        policy: "  allowed_tools: [up_echo, up_fail]\n",
-        url: Some(url),
-        connection: &format!(
-            "  bearerToken:\n    valueFrom: {{file: {}}}\n",
-            token_file.display()
-        ),
-        ..Setup::default()
+        }
     })
     .await;
     let session = s.session().await;
