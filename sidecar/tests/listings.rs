@@ -6,6 +6,7 @@
 
 mod common;
 
+use aip_sidecar::upstream::health::HealthState;
 use common::{Setup, Stack};
 use serde_json::{Value, json};
 
@@ -142,4 +143,46 @@ async fn resources_and_prompts_are_paged_across_connections() {
             "{bad}"
         );
     }
+}
+
+/// An agent that lists or reads resources or prompts while its server's
+/// first health check is still under way waits for that check, as a tools
+/// listing does, instead of being told there is nothing (an agent that
+/// lists at once after initialize, as the stdio wrap's clients do, got an
+/// empty list and then "Unknown resource").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_and_reads_wait_for_a_server_still_starting() {
+    let faults = format!("{FAULTS}  toolsList: {{sequence: [{{list: true, delay_ms: 400}}]}}\n");
+    let s = Stack::start(Setup {
+        faults: &faults,
+        policy: POLICY,
+        expect: HealthState::Unchecked,
+        ..Setup::default()
+    })
+    .await;
+    let session = s.session().await;
+    let ask = |id: u64, method: &str, params: Value| {
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let s = &s;
+        let session = &session;
+        async move {
+            s.post(&[("mcp-session-id", session)], &body.to_string())
+                .await
+                .json()
+        }
+    };
+    let (read, resources, prompts) = tokio::join!(
+        ask(1, "resources/read", json!({"uri": "file:///r3"})),
+        ask(2, "resources/list", json!({})),
+        ask(3, "prompts/list", json!({})),
+    );
+    assert_eq!(read["result"]["contents"][0]["text"], "three", "{read}");
+    assert_eq!(
+        resources["result"]["resources"][0]["uri"], "file:///r1",
+        "{resources}"
+    );
+    assert_eq!(
+        prompts["result"]["prompts"][0]["name"], "up_p1",
+        "{prompts}"
+    );
 }

@@ -71,6 +71,8 @@ impl Gateway {
     /// are empty pages: a listing does not fail because one server is down.
     /// A cursor naming no connection of the gateway is refused.
     pub(super) async fn list_page(&self, message: &Message, evaluator: &Evaluator) -> Reply {
+        // A server still starting is not a server with nothing to list.
+        self.connections.settled().await;
         let id = message.id().cloned().unwrap_or(Value::Null);
         let method = message.method().unwrap_or_default();
         let key = items_key(method);
@@ -385,6 +387,8 @@ impl Gateway {
         if let Some(route) = self.current(routes, key, &connection_of) {
             return Some(route);
         }
+        // A connection still starting may hold it.
+        self.connections.settled().await;
         self.learn_routes(method).await;
         self.current(routes, key, &connection_of)
     }
