@@ -6,7 +6,7 @@ AIP    := target/debug/aip
 PYENV  := target/pyenv
 NPMENV := target/npm
 
-.PHONY: all build test check-shared fuzz fuzz-smoke lint fmt clippy chart-lint unit conformance pyenv npmenv go-peers interop-deps mcp-conformance kubectl helm controlplane bench demo demo-cluster demo-policy demo-bins demo-cluster-bins demo-policy-bins images dist clean
+.PHONY: all build test check-shared fuzz fuzz-smoke lint fmt clippy chart-lint unit conformance pyenv npmenv go-peers interop-deps mcp-conformance kubectl helm controlplane bench profile-hop demo demo-cluster demo-policy demo-bins demo-cluster-bins demo-policy-bins images dist clean
 
 all: build
 
@@ -118,6 +118,11 @@ bench: kubectl controlplane
 	$(CARGO) bench --locked -p aip-sidecar --bench resources
 	PATH="$(CURDIR)/target/bin:$$PATH" $(CARGO) bench --locked -p aip-operator --bench scale
 	python3 scripts/bench-table.py target/criterion
+
+## profile-hop: what one HTTP call costs in the sidecar against the floor,
+## in instructions (callgrind) and system calls (strace); docs/performance.md.
+profile-hop:
+	python3 scripts/profile-hop.py
 
 ## The demos build only the binaries they run (debug: it shares the test
 ## build's artifacts, and a release build is slower end to end on 2 cores),

@@ -59,6 +59,9 @@ fn main() {
     if let Some(upstream) = std::env::args().skip_while(|a| a != "--floor-proxy").nth(1) {
         return floor_proxy(&upstream);
     }
+    if let Some(calls) = std::env::args().skip_while(|a| a != "--profile").nth(1) {
+        return profile(calls.parse().unwrap());
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -145,6 +148,64 @@ async fn run() -> Value {
         "rss": {"idle_kib": idle_rss, "peak_under_load_kib": peak_rss,
                 "after_load_anon_kib": anon, "after_load_file_kib": file},
     })
+}
+
+/// `--profile N` (scripts/profile-hop.py): N sequential calls through the
+/// floor and through the sidecar, each process run under `AIP_BENCH_WRAP`
+/// (a profiler's command line), then both stopped with SIGTERM so the
+/// profiler writes its counts. Two runs with different N give the cost of a
+/// call as their difference, start-up and warm-up cancelled out.
+fn profile(calls: u64) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        let upstream = null_upstream().await;
+        let mut floor = Floor::start(&format!("http://{upstream}"));
+        let mut gateway = Gateway::start(&format!("http://{upstream}/mcp")).await;
+        for (url, tool) in [
+            (format!("http://{}/mcp", floor.agent), "read"),
+            (format!("http://{}/mcp", gateway.agent), "up_read"),
+        ] {
+            let client = McpClient::connect(&url).await;
+            for i in 0..calls {
+                client.call(i, tool).await;
+            }
+        }
+        terminate(&mut floor.child);
+        terminate(&mut gateway.child);
+    });
+    println!("{}", json!({ "calls": calls }));
+}
+
+/// Stops a child with SIGTERM and waits for it (a profiler writes its
+/// output as its process ends; SIGKILL would lose it). A wrapper that runs
+/// the program as its own child (strace) has the signal sent to that child,
+/// and ends with it.
+fn terminate(child: &mut Child) {
+    let pid = child.id().to_string();
+    let children = Command::new("pkill").args(["-TERM", "-P", &pid]).status();
+    if !children.is_ok_and(|s| s.success()) {
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    }
+    child.wait().unwrap();
+}
+
+/// `program` run under `AIP_BENCH_WRAP` when it is set (words split on
+/// whitespace, `{role}` in them replaced by `role`, so that each process
+/// gets its own output file), as itself otherwise.
+fn wrapped(program: &Path, role: &str) -> Command {
+    match std::env::var("AIP_BENCH_WRAP") {
+        Ok(wrap) if !wrap.trim().is_empty() => {
+            let mut words = wrap.split_whitespace().map(|w| w.replace("{role}", role));
+            let mut command = Command::new(words.next().unwrap());
+            command.args(words).arg(program);
+            command
+        }
+        _ => Command::new(program),
+    }
 }
 
 // ------------------------------------------------------------ upstream --
@@ -248,7 +309,7 @@ struct Floor {
 
 impl Floor {
     fn start(upstream: &str) -> Floor {
-        let mut child = Command::new(std::env::current_exe().unwrap())
+        let mut child = wrapped(&std::env::current_exe().unwrap(), "floor")
             .args(["--floor-proxy", upstream])
             .stdout(Stdio::piped())
             .spawn()
@@ -293,7 +354,7 @@ impl Gateway {
         std::fs::write(&config, format!(
             "apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {{name: bench}}\nspec:\n  allowed_tools: [up_read]\n  dlp:\n    patterns:\n      - {{name: Email, regex: '[a-z]+@[a-z]+\\.[a-z]{{2,}}'}}\n---\napiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {{name: up}}\nspec:\n  url: {upstream}\n  toolPrefix: up_\n"
         )).unwrap();
-        let mut child = Command::new(sidecar_binary())
+        let mut child = wrapped(&sidecar_binary(), "sidecar")
             .args([
                 "run",
                 "--listen",
@@ -337,7 +398,8 @@ impl Gateway {
         let gateway = Gateway { child, agent, dir };
         let client: Client<HttpConnector, Full<Bytes>> =
             Client::builder(TokioExecutor::new()).build_http();
-        for _ in 0..200 {
+        // Long enough for a start under a profiler.
+        for _ in 0..1200 {
             let uri: hyper::Uri = format!("http://{admin}/connections").parse().unwrap();
             if let Ok(r) = client.get(uri).await {
                 let body = r.into_body().collect().await.unwrap().to_bytes();
