@@ -16,5 +16,5 @@ pub mod time;
 
 pub use telemetry::{
     LogFormat, TRACE_TARGET, Telemetry, cancel_on_signal, init_telemetry, init_tracing,
-    join_remote_trace,
+    join_remote_trace, trace_context_of,
 };

@@ -127,6 +127,25 @@ pub fn join_remote_trace(span: &tracing::Span, traceparent: &str, tracestate: Op
     }
 }
 
+/// `span`'s W3C trace context (`traceparent`, and `tracestate` when there
+/// is one) for the next hop, sorted by name; empty when the span is not
+/// exported (no OTLP endpoint), so that nothing is passed on in its name.
+pub fn trace_context_of(span: &tracing::Span) -> Vec<(String, String)> {
+    use opentelemetry::propagation::TextMapPropagator;
+    use opentelemetry::trace::TraceContextExt;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    let context = span.context();
+    if !context.span().span_context().is_valid() {
+        return Vec::new();
+    }
+    let mut fields = std::collections::HashMap::new();
+    opentelemetry_sdk::propagation::TraceContextPropagator::new()
+        .inject_context(&context, &mut fields);
+    let mut fields: Vec<(String, String)> = fields.into_iter().collect();
+    fields.sort();
+    fields
+}
+
 /// Cancels `shutdown` on the first SIGTERM or SIGINT.
 pub async fn cancel_on_signal(shutdown: CancellationToken) {
     use tokio::signal::unix::{SignalKind, signal};

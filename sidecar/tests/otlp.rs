@@ -1,16 +1,17 @@
 //! Traces over OTLP: the real `aip-sidecar run` binary, pointed at an
 //! in-process OTLP/gRPC collector, exports a span per agent message and one
-//! per upstream request (its child), flushed on SIGTERM.
+//! per upstream request (its child), flushed on SIGTERM; the server is told
+//! of the upstream span as the call's parent.
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use aip_fault_server::core::Core;
-use aip_fault_server::log::AttemptLog;
-use aip_fault_server::script::{Script, Transport};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -19,7 +20,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
 use opentelemetry_proto::tonic::trace::v1::Span;
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -71,15 +72,29 @@ async fn spans_reach_an_otlp_collector() {
                 stop.cancelled_owned(),
             ),
     );
-    // The upstream.
-    let yaml = "apiVersion: aip.io/v1alpha1\nkind: FaultServer\nmetadata: {name: up}\nspec:\n  tools: [{name: read, responses: [{sequence: [{return: ok}]}]}]\n";
-    let fault = Core::new(
-        Script::from_yaml(yaml, Transport::Http).unwrap(),
-        AttemptLog::new(Box::new(std::io::sink()), true),
-    );
-    let upstream = aip_fault_server::http::start_on_loopback(fault, shutdown.clone())
-        .await
-        .unwrap();
+    // The upstream, keeping every call it is sent.
+    let calls = Arc::new(Mutex::new(Vec::<Value>::new()));
+    let seen = calls.clone();
+    let upstream = common::scripted_server(
+        move |m| match m["method"].as_str() {
+            Some("initialize") => (
+                200,
+                json!({"protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
+                    "serverInfo": {"name": "up", "version": "1"}}),
+            ),
+            Some("tools/list") => (
+                200,
+                json!({"tools": [{"name": "read", "inputSchema": {"type": "object"}}]}),
+            ),
+            Some("tools/call") => {
+                seen.lock().unwrap().push(m.clone());
+                (200, json!({"content": [{"type": "text", "text": "ok"}]}))
+            }
+            _ => (200, json!({})),
+        },
+        shutdown.clone(),
+    )
+    .await;
     // The sidecar, as shipped.
     let dir = std::env::temp_dir().join(format!("aip-otlp-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -179,6 +194,16 @@ async fn spans_reach_an_otlp_collector() {
     assert_eq!(
         upstream.parent_span_id, message.span_id,
         "the upstream call is a child"
+    );
+    // W3C propagation: the server sees the agent's trace with the gateway's
+    // upstream span as the parent, not the agent's span.
+    let calls = calls.lock().unwrap();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(
+        calls[0]["params"]["_meta"]["traceparent"],
+        format!("00-{AGENT_TRACE}-{}-01", hex(&upstream.span_id)),
+        "{}",
+        calls[0]
     );
 }
 

@@ -771,8 +771,10 @@ fn misspelled_method(method: &str) -> Option<&'static str> {
 }
 
 /// The agent's trace context (W3C `traceparent`/`tracestate` in the
-/// request's `_meta`, either era) as the parent of the gateway's span. It
-/// also reaches the server as it came, in the forwarded `_meta`.
+/// request's `_meta`, either era) as the parent of the gateway's span. A
+/// relayed request reaches the server with the gateway's upstream span in
+/// its place when spans are exported (`relay::pass_trace_on`), as it came
+/// otherwise.
 fn join_callers_trace(span: &tracing::Span, message: &Message) {
     let meta = message.params().and_then(|p| p.get("_meta"));
     let field = |k: &str| meta.and_then(|m| m.get(k)).and_then(Value::as_str);

@@ -119,6 +119,7 @@ impl Gateway {
             || aip_mcp::modern::meta(&request)
                 .is_some_and(|m| m.contains_key(aip_mcp::modern::META_LOG_LEVEL));
         let upstream_token = agent_token.as_ref().map(|_| json!(self.fresh_id()));
+        pass_trace_on(&mut request);
         let meta = request.get_mut("params").and_then(|p| p.get_mut("_meta"));
         if let (Some(token), Some(meta)) = (&upstream_token, meta) {
             meta["progressToken"] = token.clone();
@@ -499,6 +500,26 @@ impl CallRelay<'_> {
         let mut pending = lock(&self.gateway.relayed.0);
         for key in &self.relayed {
             pending.remove(key);
+        }
+    }
+}
+
+/// The server learns of the call as a child of the gateway's upstream span
+/// (the span this runs in): `_meta.traceparent` (and `tracestate`) name it,
+/// in the agent's trace when the agent gave one. Without an OTLP endpoint
+/// there is no exported span, and whatever the agent sent goes on as it came.
+fn pass_trace_on(request: &mut Value) {
+    let fields = aip_service::trace_context_of(&tracing::Span::current());
+    if fields.is_empty() {
+        return;
+    }
+    let Some(Value::Object(params)) = request.get_mut("params") else {
+        return;
+    };
+    let meta = params.entry("_meta").or_insert_with(|| json!({}));
+    if let Value::Object(meta) = meta {
+        for (name, value) in fields {
+            meta.insert(name, Value::String(value));
         }
     }
 }
