@@ -81,11 +81,13 @@ def sidecar_rows(path):
         ("  - same, idle", "", "", f"{rss['idle_kib'] / 1024:.1f} MB", "", "", ""),
         ("  - after the load: own (anonymous) / file-backed", "", "",
          f"{rss['after_load_anon_kib'] / 1024:.1f} MB / {rss['after_load_file_kib'] / 1024:.1f} MB", "", "", ""),
-    ] + http_rows(http, row)
+    ] + http_rows(http, row, "2025-11-25") + (
+        http_rows(g["http_modern"], row, "2026-07-28") if "http_modern" in g else [])
 
 
-def http_rows(http, row):
-    """The HTTP hop, each figure direct / floor / sidecar (issue 19's targets)."""
+def http_rows(http, row, era):
+    """The HTTP hop in one protocol era, each figure direct / floor / sidecar
+    (issue 19's targets)."""
     if "floor_p50_us" not in http:
         return [("  - added latency over HTTP, p50 / p99", "", "",
                  f"{http['added_p50_us']:.0f} us / {http['gateway_p99_us'] - http['direct_p99_us']:.0f} us", "", "", ""),
@@ -94,12 +96,12 @@ def http_rows(http, row):
     added = http["added_p50_us"]
     share = http["gateway_calls_per_s"] / http["direct_calls_per_s"]
     rows = [
-        row("HTTP hop, added p50 over direct, 1 client", "-", "<= 60 us", f"{added:.0f} us",
+        row(f"HTTP hop ({era}), added p50 over direct, 1 client", "-", "<= 60 us", f"{added:.0f} us",
             f"{added / 60:.2f}x", added <= 60),
         ("  - p50 / p99: direct, floor, sidecar", "", "",
          f"{http['direct_p50_us']:.0f} / {http['direct_p99_us']:.0f}, {http['floor_p50_us']:.0f} / {http['floor_p99_us']:.0f}, "
          f"{http['gateway_p50_us']:.0f} / {http['gateway_p99_us']:.0f} us (floor adds {http['floor_added_p50_us']:.0f} us)", "", "", ""),
-        row("HTTP hop, calls/s at 32 clients, share of direct", "-", ">= 0.80", f"{share:.2f}",
+        row(f"HTTP hop ({era}), calls/s at 32 clients, share of direct", "-", ">= 0.80", f"{share:.2f}",
             f"{0.8 / share:.2f}x" if share else "-", share >= 0.8),
     ]
     for clients, t in sorted(http["by_clients"].items(), key=lambda kv: int(kv[0])):
@@ -109,7 +111,12 @@ def http_rows(http, row):
                      "", "", ""))
     rows.append(("  - CPU per call at 32 clients: floor, sidecar", "", "",
                  f"{http['floor_cpu_us_per_call']:.0f} us, {http['gateway_cpu_us_per_call']:.0f} us", "", "", ""))
-    rows.append(("  - peak RSS under that load: floor", "", "", f"{http['floor_peak_rss_kib'] / 1024:.1f} MB", "", "", ""))
+    if "gateway_peak_rss_kib" in http:
+        rows.append(("  - peak RSS under that load: floor, sidecar", "", "",
+                     f"{http['floor_peak_rss_kib'] / 1024:.1f} MB, {http['gateway_peak_rss_kib'] / 1024:.1f} MB", "", "", ""))
+    else:
+        rows.append(("  - peak RSS under that load: floor", "", "",
+                     f"{http['floor_peak_rss_kib'] / 1024:.1f} MB", "", "", ""))
     return rows
 
 

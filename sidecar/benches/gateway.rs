@@ -9,7 +9,9 @@
 //! each figure is taken three ways: direct, through the floor (this
 //! executable re-run with `--floor-proxy`: a pass-through proxy from the
 //! sidecar's own stack, hyper on tokio, parsing nothing — what any HTTP hop
-//! costs) and through the sidecar.
+//! costs) and through the sidecar, in both protocol eras: 2025-11-25 (a
+//! session per client) and 2026-07-28 (no session, `_meta` and routing
+//! headers on every request, the upstream probed and spoken to in that era).
 //! Results go to target/bench/sidecar.json for scripts/bench-table.py.
 
 #![allow(clippy::unwrap_used)]
@@ -79,7 +81,32 @@ fn main() {
 }
 
 async fn run() -> Value {
-    let upstream = null_upstream().await;
+    let (http, rss) = http_figures(Era::Legacy).await;
+    let (http_modern, _) = http_figures(Era::Modern).await;
+    let stdio = stdio_figures();
+    json!({
+        "http": http,
+        "http_modern": http_modern,
+        "stdio": stdio,
+        "rss": rss,
+    })
+}
+
+/// The protocol era the HTTP figures are taken in: the client, the
+/// upstream and so the sidecar on both sides speak it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Era {
+    /// 2025-11-25: a session per client, opened with initialize.
+    Legacy,
+    /// 2026-07-28: no session; version and capabilities in every request's
+    /// `_meta`, its method and name mirrored in headers.
+    Modern,
+}
+
+/// Direct, floor and sidecar in `era`: latency at one client, throughput
+/// at each client count, CPU per call; and the sidecar's memory.
+async fn http_figures(era: Era) -> (Value, Value) {
+    let upstream = null_upstream(era).await;
     let direct_url = format!("http://{upstream}/mcp");
     let floor = Floor::start(&format!("http://{upstream}"));
     let floor_url = format!("http://{}/mcp", floor.agent);
@@ -87,18 +114,18 @@ async fn run() -> Value {
     let gateway_url = format!("http://{}/mcp", gateway.agent);
     let idle_rss = gateway.rss_kib();
 
-    let direct = latency(&direct_url, "read").await;
-    let floored = latency(&floor_url, "read").await;
-    let via = latency(&gateway_url, "up_read").await;
+    let direct = latency(&direct_url, "read", era).await;
+    let floored = latency(&floor_url, "read", era).await;
+    let via = latency(&gateway_url, "up_read", era).await;
     let mut by_clients = serde_json::Map::new();
     let mut cpu = json!({});
     for clients in CLIENT_COUNTS {
-        let direct_tput = throughput(&direct_url, "read", clients).await;
+        let direct_tput = throughput(&direct_url, "read", clients, era).await;
         let floor_cpu = floor.cpu_seconds();
-        let floor_tput = throughput(&floor_url, "read", clients).await;
+        let floor_tput = throughput(&floor_url, "read", clients, era).await;
         let floor_cpu = floor.cpu_seconds() - floor_cpu;
         let gateway_cpu = gateway.cpu_seconds();
-        let via_tput = throughput(&gateway_url, "up_read", clients).await;
+        let via_tput = throughput(&gateway_url, "up_read", clients, era).await;
         let gateway_cpu = gateway.cpu_seconds() - gateway_cpu;
         by_clients.insert(
             clients.to_string(),
@@ -136,18 +163,15 @@ async fn run() -> Value {
         "floor_calls_per_s": at32["floor_calls_per_s"],
         "gateway_calls_per_s": at32["gateway_calls_per_s"],
         "floor_peak_rss_kib": floor_peak_rss,
+        "gateway_peak_rss_kib": peak_rss,
         "by_clients": by_clients,
     });
     http.as_object_mut()
         .unwrap()
         .extend(cpu.as_object().unwrap().clone());
-    let stdio = stdio_figures();
-    json!({
-        "http": http,
-        "stdio": stdio,
-        "rss": {"idle_kib": idle_rss, "peak_under_load_kib": peak_rss,
-                "after_load_anon_kib": anon, "after_load_file_kib": file},
-    })
+    let rss = json!({"idle_kib": idle_rss, "peak_under_load_kib": peak_rss,
+                     "after_load_anon_kib": anon, "after_load_file_kib": file});
+    (http, rss)
 }
 
 /// `--profile N` (scripts/profile-hop.py): N sequential calls through the
@@ -162,14 +186,14 @@ fn profile(calls: u64) {
         .build()
         .unwrap();
     runtime.block_on(async move {
-        let upstream = null_upstream().await;
+        let upstream = null_upstream(Era::Legacy).await;
         let mut floor = Floor::start(&format!("http://{upstream}"));
         let mut gateway = Gateway::start(&format!("http://{upstream}/mcp")).await;
         for (url, tool) in [
             (format!("http://{}/mcp", floor.agent), "read"),
             (format!("http://{}/mcp", gateway.agent), "up_read"),
         ] {
-            let client = McpClient::connect(&url).await;
+            let client = McpClient::connect(&url, Era::Legacy).await;
             for i in 0..calls {
                 client.call(i, tool).await;
             }
@@ -211,15 +235,17 @@ fn wrapped(program: &Path, role: &str) -> Command {
 // ------------------------------------------------------------ upstream --
 
 /// Answers initialize with a session, notifications with 202, and every
-/// tools/call with a small result, as fast as it can.
-async fn null_upstream() -> SocketAddr {
+/// tools/call with a small result, as fast as it can. In the modern era it
+/// also answers server/discover with 2026-07-28, so the sidecar speaks that
+/// era to it, and gives its results a `resultType`.
+async fn null_upstream(era: Era) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         loop {
             let (stream, _) = listener.accept().await.unwrap();
             tokio::spawn(async move {
-                let service = hyper::service::service_fn(answer);
+                let service = hyper::service::service_fn(move |req| answer(req, era));
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), service)
                     .await;
@@ -229,7 +255,7 @@ async fn null_upstream() -> SocketAddr {
     addr
 }
 
-async fn answer(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn answer(req: Request<Incoming>, era: Era) -> Result<Response<Full<Bytes>>, Infallible> {
     let body = req
         .into_body()
         .collect()
@@ -242,7 +268,11 @@ async fn answer(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infalli
         *r.status_mut() = hyper::StatusCode::ACCEPTED;
         return Ok(r);
     };
-    let result = match message["method"].as_str() {
+    let mut result = match message["method"].as_str() {
+        Some("server/discover") if era == Era::Modern => {
+            json!({"supportedVersions": [aip_mcp::modern::VERSION], "capabilities": {"tools": {}},
+                   "serverInfo": {"name": "null", "version": "1"}})
+        }
         Some("initialize") => {
             json!({"protocolVersion": "2025-11-25", "capabilities": {"tools": {}}, "serverInfo": {"name": "null", "version": "1"}})
         }
@@ -251,6 +281,9 @@ async fn answer(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infalli
         }
         _ => json!({"content": [{"type": "text", "text": "ok"}], "isError": false}),
     };
+    if aip_mcp::modern::claims_modern(&message) {
+        result["resultType"] = json!("complete");
+    }
     let mut r = Response::new(Full::new(Bytes::from(
         json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string(),
     )));
@@ -443,10 +476,11 @@ struct McpClient {
     client: Client<HttpConnector, Full<Bytes>>,
     uri: hyper::Uri,
     session: String,
+    era: Era,
 }
 
 impl McpClient {
-    async fn connect(url: &str) -> McpClient {
+    async fn connect(url: &str, era: Era) -> McpClient {
         let client = Client::builder(TokioExecutor::new())
             .pool_max_idle_per_host(64)
             .build_http();
@@ -455,7 +489,11 @@ impl McpClient {
             client,
             uri,
             session: String::new(),
+            era,
         };
+        if era == Era::Modern {
+            return c; // no session to open
+        }
         let (_, session) = c.post(&json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
             "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}}})).await;
         c.session = session.unwrap_or_default();
@@ -472,6 +510,14 @@ impl McpClient {
             request = request
                 .header("mcp-session-id", &self.session)
                 .header("mcp-protocol-version", "2025-11-25");
+        }
+        if self.era == Era::Modern {
+            request = request
+                .header("mcp-protocol-version", aip_mcp::modern::VERSION)
+                .header("mcp-method", message["method"].as_str().unwrap());
+            if let Some(name) = message["params"]["name"].as_str() {
+                request = request.header("mcp-name", name);
+            }
         }
         let response = self
             .client
@@ -494,7 +540,15 @@ impl McpClient {
     }
 
     async fn call(&self, id: u64, tool: &str) {
-        let (body, _) = self.post(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": tool, "arguments": {"path": "/workspace/readme.md"}}})).await;
+        let mut call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": tool, "arguments": {"path": "/workspace/readme.md"}}});
+        if self.era == Era::Modern {
+            call["params"]["_meta"] = json!({
+                (aip_mcp::modern::META_VERSION): aip_mcp::modern::VERSION,
+                (aip_mcp::modern::META_CAPABILITIES): {},
+            });
+        }
+        let (body, _) = self.post(&call).await;
         assert!(
             body.windows(8).any(|w| w == b"\"result\""),
             "{}",
@@ -504,8 +558,8 @@ impl McpClient {
 }
 
 /// (p50, p99) in microseconds of sequential calls on one keep-alive connection.
-async fn latency(url: &str, tool: &str) -> (f64, f64) {
-    let client = McpClient::connect(url).await;
+async fn latency(url: &str, tool: &str, era: Era) -> (f64, f64) {
+    let client = McpClient::connect(url, era).await;
     for i in 0..200 {
         client.call(i, tool).await; // warm up
     }
@@ -529,13 +583,13 @@ fn percentiles(mut samples: Vec<f64>) -> (f64, f64) {
 
 /// Calls per second with `clients` concurrent clients (each its own
 /// session), each keeping its calls in flight back to back.
-async fn throughput(url: &str, tool: &str, clients: usize) -> f64 {
+async fn throughput(url: &str, tool: &str, clients: usize, era: Era) -> f64 {
     let deadline = Instant::now() + THROUGHPUT_WINDOW;
     let mut tasks = Vec::new();
     for _ in 0..clients {
         let (url, tool) = (url.to_owned(), tool.to_owned());
         tasks.push(tokio::spawn(async move {
-            let client = McpClient::connect(&url).await;
+            let client = McpClient::connect(&url, era).await;
             let mut n = 0u64;
             while Instant::now() < deadline {
                 client.call(n, &tool).await;
