@@ -283,6 +283,10 @@ async fn answer(req: Request<Incoming>, era: Era) -> Result<Response<Full<Bytes>
     };
     if aip_mcp::modern::claims_modern(&message) {
         result["resultType"] = json!("complete");
+    } else if era == Era::Modern && message["method"] == "tools/call" {
+        // The modern figures are the modern era's end to end: a legacy call
+        // here fails the benchmark's call.
+        result = json!({"content": "a legacy call to a modern-only upstream"});
     }
     let mut r = Response::new(Full::new(Bytes::from(
         json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string(),
