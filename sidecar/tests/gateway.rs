@@ -703,15 +703,7 @@ async fn credentials_echoed_in_notifications_during_a_call_never_reach_the_agent
     let session = s.session().await;
     let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
         "name": "up_echo", "arguments": {}, "_meta": {"progressToken": "agent-tok"}}});
-    let mut stream = common::Sse::open(
-        s.addr,
-        "POST",
-        &[("mcp-session-id", &session)],
-        &call.to_string(),
-    )
-    .await;
-    assert_eq!(stream.status, 200);
-    assert_eq!(stream.content_type, "text/event-stream");
+    let mut stream = s.stream(&session, &call).await;
     let mut notes = Vec::new();
     let response = loop {
         let message = stream.next().await.unwrap();

@@ -40,15 +40,7 @@ async fn a_waiting_ask_sends_progress_then_the_approved_result() {
     let session = s.session().await;
     let call = json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {
         "name": "up_deploy", "arguments": {}, "_meta": {"progressToken": "tok-1"}}});
-    let mut stream = Sse::open(
-        s.addr,
-        "POST",
-        &[("mcp-session-id", &session)],
-        &call.to_string(),
-    )
-    .await;
-    assert_eq!(stream.status, 200);
-    assert_eq!(stream.content_type, "text/event-stream");
+    let mut stream = s.stream(&session, &call).await;
     let mut last = 0.0;
     for _ in 0..2 {
         let note = stream.next().await.unwrap();

@@ -251,6 +251,21 @@ impl Stack {
         r.json()
     }
 
+    /// `message` posted in `session`, answered as an event stream (the
+    /// gateway streams a call that has something to say before its result).
+    pub async fn stream(&self, session: &str, message: &Value) -> Sse {
+        let stream = Sse::open(
+            self.addr,
+            "POST",
+            &[("mcp-session-id", session)],
+            &message.to_string(),
+        )
+        .await;
+        assert_eq!(stream.status, 200);
+        assert_eq!(stream.content_type, "text/event-stream");
+        stream
+    }
+
     pub async fn request(&self, session: &str, id: Value, method: &str) -> Value {
         let body = json!({"jsonrpc": "2.0", "id": id, "method": method});
         self.post(&[("mcp-session-id", session)], &body.to_string())
