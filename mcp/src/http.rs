@@ -288,6 +288,19 @@ impl HttpUpstream {
         *aip_service::sync::lock(&self.era)
     }
 
+    /// Whether `message` goes to the server with the tasks extension
+    /// declared: the agent declared it and the server announced it.
+    pub fn offers_tasks(&self, message: &Value) -> bool {
+        modern::claims_modern(message)
+            && modern::declares_tasks(message)
+            && self.modern() == Some(true)
+            && self
+                .server_capabilities()
+                .pointer("/extensions")
+                .and_then(|e| e.get(modern::TASKS_EXTENSION))
+                .is_some()
+    }
+
     fn forget_era(&self) {
         *aip_service::sync::lock(&self.era) = None;
     }
@@ -713,13 +726,18 @@ impl HttpUpstream {
             true => modern::declared_capabilities(message),
             false => offered.clone(),
         };
-        let capabilities: serde_json::Map<String, Value> = declared
+        let mut capabilities: serde_json::Map<String, Value> = declared
             .as_object()
             .into_iter()
             .flatten()
             .filter(|(k, _)| offered.get(k.as_str()).is_some())
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
+        // Of the extensions, only tasks: the gateway relays those (and
+        // nothing of an extension it does not know).
+        if self.offers_tasks(message) {
+            capabilities.insert("extensions".into(), json!({(modern::TASKS_EXTENSION): {}}));
+        }
         if let Value::Object(envelope) = &mut request
             && !envelope.get("params").is_some_and(Value::is_object)
         {

@@ -84,8 +84,9 @@ pub fn declared_capabilities(message: &Value) -> Value {
 
 /// Whether a modern request declared the tasks extension.
 pub fn declares_tasks(message: &Value) -> bool {
-    declared_capabilities(message)
-        .get("extensions")
+    meta(message)
+        .and_then(|m| m.get(META_CAPABILITIES))
+        .and_then(|c| c.get("extensions"))
         .and_then(|e| e.get(TASKS_EXTENSION))
         .is_some()
 }

@@ -130,6 +130,87 @@ pub fn check_input_required(result: &Value) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Whether a result is a task (`resultType: "task"`, the tasks extension).
+pub fn is_task(result: &Value) -> bool {
+    result.get("resultType").and_then(Value::as_str) == Some("task")
+}
+
+/// The longest task id relayed: ids are handles, not payloads.
+pub const MAX_TASK_ID: usize = 256;
+
+/// The statuses a task may have.
+pub const TASK_STATUSES: &[&str] = &[
+    "working",
+    "input_required",
+    "completed",
+    "cancelled",
+    "failed",
+];
+
+/// Checks a task as a server shows it (its `CreateTaskResult`, a
+/// `tasks/get` result) against the tasks extension: an id, a known status,
+/// the timestamps as strings, the durations as integer milliseconds, and
+/// what its status carries — a completed task's `result` a CallToolResult,
+/// a failed one's `error` a JSON-RPC error, an input-required one's
+/// `inputRequests` as an MRTR result has them. What fails is named.
+pub fn check_task(task: &Value) -> Result<(), Failure> {
+    let malformed = |what: String| Err(Failure::Malformed(what));
+    match task.get("taskId").and_then(Value::as_str) {
+        Some(id) if !id.is_empty() && id.len() <= MAX_TASK_ID => {}
+        _ => {
+            return malformed(format!(
+                "task.taskId is not a string of 1 to {MAX_TASK_ID} bytes"
+            ));
+        }
+    }
+    let Some(status) = task
+        .get("status")
+        .and_then(Value::as_str)
+        .filter(|s| TASK_STATUSES.contains(s))
+    else {
+        return malformed(format!(
+            "task.status is not one of {}",
+            TASK_STATUSES.join(", ")
+        ));
+    };
+    for field in ["createdAt", "lastUpdatedAt"] {
+        if !task.get(field).is_some_and(Value::is_string) {
+            return malformed(format!("task.{field} is missing or not a string"));
+        }
+    }
+    if !task.get("ttlMs").is_some_and(|t| t.is_null() || t.is_u64()) {
+        return malformed("task.ttlMs is not null or integer milliseconds".into());
+    }
+    if task.get("pollIntervalMs").is_some_and(|p| !p.is_u64()) {
+        return malformed("task.pollIntervalMs is not integer milliseconds".into());
+    }
+    match status {
+        "completed" => {
+            let Some(result) = task.get("result") else {
+                return malformed("a completed task has no result".into());
+            };
+            check_call_result(&serde_json::json!({"result": result})).map_err(|f| match f {
+                Failure::Malformed(what) => Failure::Malformed(format!("task.{what}")),
+                other => other,
+            })
+        }
+        "failed" => {
+            let error = task.get("error");
+            let code = error.and_then(|e| e.get("code"));
+            let message = error.and_then(|e| e.get("message"));
+            if !code.is_some_and(Value::is_i64) || !message.is_some_and(Value::is_string) {
+                return malformed("a failed task's error is not a JSON-RPC error".into());
+            }
+            Ok(())
+        }
+        "input_required" if task.get("inputRequests").is_none() => {
+            malformed("an input_required task has no inputRequests".into())
+        }
+        "input_required" => check_input_required(task),
+        _ => Ok(()),
+    }
+}
+
 /// A server that never stops paging cannot stall a health check.
 const MAX_LIST_PAGES: usize = 64;
 
@@ -184,6 +265,12 @@ pub fn check_call_result(response: &Value) -> Result<(), Failure> {
         Some(Value::String(kind)) if kind == "input_required" => {
             return check_input_required(result);
         }
+        Some(Value::String(kind)) if kind == "task" => {
+            return malformed(
+                "result.resultType \"task\" answers a request that did not offer the tasks extension"
+                    .into(),
+            );
+        }
         Some(other) => {
             return malformed(format!(
                 "result.resultType {other} is not one the gateway can relay"
@@ -233,4 +320,59 @@ pub fn check_call_result(response: &Value) -> Result<(), Failure> {
         return malformed("result.isError is not a boolean".into());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn task(status: &str) -> Value {
+        json!({"taskId": "t-1", "status": status, "createdAt": "2026-12-03T10:00:00Z",
+            "lastUpdatedAt": "2026-12-03T10:00:00Z", "ttlMs": 1000})
+    }
+
+    fn reason(task: &Value) -> String {
+        match check_task(task) {
+            Err(Failure::Malformed(what)) => what,
+            other => panic!("{task} was not refused as malformed: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_task_is_checked_as_the_extension_describes_it() {
+        assert!(check_task(&task("working")).is_ok());
+        assert!(check_task(&task("cancelled")).is_ok());
+        let mut done = task("completed");
+        done["result"] = json!({"content": [{"type": "text", "text": "ok"}]});
+        assert!(check_task(&done).is_ok());
+
+        assert!(reason(&task("running")).contains("task.status"));
+        assert!(reason(&task("completed")).contains("no result"));
+        done["result"] = json!({"content": {}});
+        assert_eq!(reason(&done), "task.result.content is not an array");
+        assert!(reason(&task("failed")).contains("JSON-RPC error"));
+        assert!(reason(&task("input_required")).contains("inputRequests"));
+        let mut long = task("working");
+        long["taskId"] = json!("x".repeat(MAX_TASK_ID + 1));
+        assert!(reason(&long).contains("taskId"));
+        let mut fractional = task("working");
+        fractional["ttlMs"] = json!(1.5);
+        assert!(reason(&fractional).contains("ttlMs"));
+        let mut unlimited = task("working");
+        unlimited["ttlMs"] = Value::Null;
+        assert!(check_task(&unlimited).is_ok());
+    }
+
+    #[test]
+    fn a_task_answering_a_request_that_offered_none_is_refused() {
+        let mut created = task("working");
+        created["resultType"] = json!("task");
+        let refused = check_call_result(&json!({"result": created}));
+        assert!(
+            matches!(&refused, Err(Failure::Malformed(w)) if w.contains("did not offer")),
+            "{refused:?}"
+        );
+    }
 }

@@ -54,9 +54,23 @@ impl Upstream {
             Upstream::Stdio(u) => Box::pin(u.request(message, related)).await,
         }?;
         if message.get("method").and_then(Value::as_str) == Some("tools/call") {
-            crate::protocol::check_call_result(&exchange.response)?;
+            match exchange.response.get("result") {
+                Some(result) if crate::protocol::is_task(result) && self.offers_tasks(message) => {
+                    crate::protocol::check_task(result)?
+                }
+                _ => crate::protocol::check_call_result(&exchange.response)?,
+            }
         }
         Ok(exchange)
+    }
+
+    /// Whether `message` goes to the server with the tasks extension
+    /// declared (so that it may answer with a task).
+    pub fn offers_tasks(&self, message: &Value) -> bool {
+        match self {
+            Upstream::Http(u) => u.offers_tasks(message),
+            Upstream::Stdio(_) => false,
+        }
     }
 
     /// Sends a notification, or a reply to a request the server made.

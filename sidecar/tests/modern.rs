@@ -4,15 +4,20 @@
 //! agent that declares the tasks extension — the call returns a task at
 //! once, the person's approval runs it exactly once and completes the task,
 //! a denial fails it, another agent cannot read it, and it can be
-//! cancelled. (The official conformance suite covers the rest of the
-//! revision, `make mcp-conformance`.)
+//! cancelled; and a server's own tasks relayed under gateway ids. (The
+//! official conformance suite covers the rest of the revision, `make
+//! mcp-conformance`.)
 
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
 use common::{PATIENCE, RawResponse, Setup, Stack};
 use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 
 const TASKS: &str = "io.modelcontextprotocol/tasks";
 
@@ -30,14 +35,13 @@ fn meta(agent: &str, tasks: bool) -> Value {
 
 /// A modern request with its mirrored headers, as a conforming client
 /// sends it; `agent` is its clientInfo name.
-async fn modern(
-    s: &Stack,
-    agent: &str,
-    tasks: bool,
-    method: &str,
-    mut params: Value,
-) -> RawResponse {
-    params["_meta"] = meta(agent, tasks);
+async fn modern(s: &Stack, agent: &str, tasks: bool, method: &str, params: Value) -> RawResponse {
+    modern_with(s, meta(agent, tasks), method, params).await
+}
+
+/// A modern request with this `_meta`.
+async fn modern_with(s: &Stack, meta: Value, method: &str, mut params: Value) -> RawResponse {
+    params["_meta"] = meta;
     let name = ["name", "uri", "taskId"]
         .iter()
         .find_map(|k| params.get(*k).and_then(Value::as_str))
@@ -316,4 +320,216 @@ async fn an_agent_without_the_extension_keeps_the_held_call() {
         "{answered:?}"
     );
     assert_eq!(s.attempts().len(), 1);
+}
+
+/// A modern server with the tasks extension: `slow` answers a call that
+/// declares the extension with a task, which asks for a name, then
+/// completes with a greeting carrying an e-mail address; `odd` answers with
+/// a task of a status the extension does not have. Every request is kept.
+async fn tasking_server(seen: Arc<Mutex<Vec<Value>>>, shutdown: CancellationToken) -> String {
+    let answered = Arc::new(AtomicBool::new(false));
+    let task = |status: &str| {
+        json!({"taskId": "srv-1", "status": status, "createdAt": "2026-12-03T10:00:00Z",
+            "lastUpdatedAt": "2026-12-03T10:00:00Z", "ttlMs": 60000, "pollIntervalMs": 50})
+    };
+    common::scripted_server(
+        move |m| {
+            seen.lock().unwrap().push(m.clone());
+            let declares = m.pointer(&format!(
+                "/params/_meta/io.modelcontextprotocol~1clientCapabilities/extensions/{}",
+                TASKS.replace('/', "~1")
+            ));
+            let mut result = match m["method"].as_str().unwrap_or_default() {
+                "server/discover" => json!({"supportedVersions": ["2026-07-28"],
+                    "capabilities": {"tools": {}, "extensions": {TASKS: {}}},
+                    "serverInfo": {"name": "tasking", "version": "1"}}),
+                "tools/list" => json!({"tools": [
+                    {"name": "slow", "inputSchema": {"type": "object"}},
+                    {"name": "odd", "inputSchema": {"type": "object"}}]}),
+                "tools/call" if declares.is_none() => {
+                    json!({"content": [{"type": "text", "text": "at once"}]})
+                }
+                "tools/call" if m["params"]["name"] == "odd" => task("running"),
+                "tools/call" => task("working"),
+                "tasks/get" if m["params"]["taskId"] != "srv-1" => {
+                    json!({"__error": {"code": -32602, "message": "Task not found"}})
+                }
+                "tasks/get" if answered.load(Ordering::SeqCst) => {
+                    let mut done = task("completed");
+                    done["result"] = json!({"content": [{"type": "text",
+                        "text": "hello Luca, write to luca@example.com"}]});
+                    done
+                }
+                "tasks/get" => {
+                    let mut asking = task("input_required");
+                    asking["inputRequests"] = json!({"name": {"method": "elicitation/create",
+                        "params": {"mode": "form", "message": "Your name?",
+                            "requestedSchema": {"type": "object"}}}});
+                    asking
+                }
+                "tasks/update" => {
+                    answered.store(true, Ordering::SeqCst);
+                    json!({})
+                }
+                _ => json!({}),
+            };
+            if result.get("__error").is_none() {
+                result["resultType"] =
+                    json!(result.get("resultType").unwrap_or(&json!("complete")));
+                if result["status"].is_string() && m["method"] == "tools/call" {
+                    result["resultType"] = json!("task");
+                }
+            }
+            (200, result)
+        },
+        shutdown,
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_servers_task_is_relayed_under_a_gateway_id() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let shutdown = CancellationToken::new();
+    let url = tasking_server(seen.clone(), shutdown.clone()).await;
+    let policy = "  allowed_tools: [up_slow, up_odd]\n  dlp:\n    patterns:\n      - {name: Email, regex: '[a-z]+@[a-z]+\\.com'}\n";
+    let s = Stack::start(Setup {
+        url: Some(url),
+        policy,
+        connection: "  clientCapabilities: {elicitation: true}\n",
+        ..Setup::default()
+    })
+    .await;
+    let sent = |method: &str| -> Vec<Value> {
+        let seen = seen.lock().unwrap();
+        seen.iter()
+            .filter(|m| m["method"] == method)
+            .cloned()
+            .collect()
+    };
+    let mut asking = meta("a", true);
+    asking["io.modelcontextprotocol/clientCapabilities"]["elicitation"] = json!({});
+
+    // The call: the server makes a task, the agent gets it under the
+    // gateway's id; the server was offered the extension.
+    let created = modern_with(
+        &s,
+        asking.clone(),
+        "tools/call",
+        json!({"name": "up_slow", "arguments": {}}),
+    )
+    .await;
+    let task = created.json()["result"].clone();
+    assert_eq!(
+        (task["resultType"].clone(), task["status"].clone()),
+        (json!("task"), json!("working")),
+        "{created:?}"
+    );
+    let id = task["taskId"].as_str().unwrap().to_owned();
+    assert_eq!(id.len(), 32, "{task}");
+    assert!(
+        !created.body.contains("srv-1"),
+        "the server's id stays in the gateway: {created:?}"
+    );
+    let offered =
+        &sent("tools/call")[0]["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"];
+    assert_eq!(offered["extensions"], json!({TASKS: {}}), "{offered}");
+
+    // Another agent cannot read it, and the server is not asked.
+    let other = modern(&s, "b", true, "tasks/get", json!({"taskId": id})).await;
+    assert_eq!(other.json()["error"]["code"], -32602, "{other:?}");
+    assert!(sent("tasks/get").is_empty());
+
+    // Polled: the server's question reaches the agent; its answer reaches
+    // the server, under the server's id.
+    let polled = modern_with(&s, asking.clone(), "tasks/get", json!({"taskId": id})).await;
+    let view = polled.json()["result"].clone();
+    assert_eq!(view["status"], "input_required", "{polled:?}");
+    assert_eq!(
+        (view["taskId"].as_str(), view["resultType"].as_str()),
+        (Some(id.as_str()), Some("complete"))
+    );
+    assert_eq!(
+        view["inputRequests"]["name"]["method"],
+        "elicitation/create"
+    );
+    assert_eq!(sent("tasks/get")[0]["params"]["taskId"], "srv-1");
+    let update = modern_with(&s, asking.clone(), "tasks/update",
+        json!({"taskId": id, "inputResponses": {"name": {"action": "accept", "content": {"name": "Luca"}}}})).await;
+    assert_eq!(
+        update.json()["result"]["resultType"],
+        "complete",
+        "{update:?}"
+    );
+    let updated = &sent("tasks/update")[0]["params"];
+    assert_eq!(
+        (
+            updated["taskId"].as_str(),
+            updated["inputResponses"]["name"]["content"]["name"].as_str()
+        ),
+        (Some("srv-1"), Some("Luca"))
+    );
+
+    // Completed: the result is redacted as a direct result would be.
+    let done = modern_with(&s, asking.clone(), "tasks/get", json!({"taskId": id})).await;
+    let view = done.json()["result"].clone();
+    assert_eq!(view["status"], "completed", "{done:?}");
+    let text = view["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(
+        text.starts_with("hello Luca") && !text.contains("luca@example.com"),
+        "{text}"
+    );
+    assert!(!done.body.contains("srv-1"));
+
+    // Cancelling is relayed too.
+    let cancel = modern(&s, "a", true, "tasks/cancel", json!({"taskId": id})).await;
+    assert_eq!(
+        cancel.json()["result"]["resultType"],
+        "complete",
+        "{cancel:?}"
+    );
+    assert_eq!(sent("tasks/cancel")[0]["params"]["taskId"], "srv-1");
+
+    // A task the extension does not describe is refused, not relayed.
+    let odd = modern(
+        &s,
+        "a",
+        true,
+        "tools/call",
+        json!({"name": "up_odd", "arguments": {}}),
+    )
+    .await;
+    assert_eq!(
+        odd.json()["error"]["data"]["reason"],
+        "upstream_malformed",
+        "{odd:?}"
+    );
+
+    // An agent without the extension: the server is not offered it.
+    let plain = modern(
+        &s,
+        "a",
+        false,
+        "tools/call",
+        json!({"name": "up_slow", "arguments": {}}),
+    )
+    .await;
+    assert_eq!(
+        plain.json()["result"]["content"][0]["text"],
+        "at once",
+        "{plain:?}"
+    );
+
+    // Authorized again on every request: once the policy no longer allows
+    // the tool, the task cannot be read, and the server is not asked.
+    let polls = sent("tasks/get").len();
+    let hiding = s.config_text.replace(
+        "allowed_tools: [up_slow, up_odd]",
+        "allowed_tools: [up_odd]",
+    );
+    s.reload(&hiding).await;
+    let refused = modern(&s, "a", true, "tasks/get", json!({"taskId": id})).await;
+    assert_eq!(refused.json()["error"]["code"], -32001, "{refused:?}");
+    assert_eq!(sent("tasks/get").len(), polls);
+    shutdown.cancel();
 }

@@ -22,6 +22,7 @@ mod listings;
 mod parked;
 mod present;
 mod relay;
+mod relayed_tasks;
 mod subscriptions;
 mod tasks;
 
@@ -456,10 +457,9 @@ impl Gateway {
             }
             "completion/complete" => Box::pin(self.complete(message, evaluator, caller)).await,
             "logging/setLevel" => Box::pin(self.set_level(message, evaluator)).await,
-            // The gateway's own tasks (approvals); upstream tasks are not
-            // relayed: no server is offered the extension.
+            // The gateway's own tasks (approvals) and servers' (relayed).
             "tasks/get" | "tasks/update" | "tasks/cancel" if caller.modern => {
-                self.task_request(message)
+                Box::pin(self.task_request(message, evaluator, caller)).await
             }
             method if method.starts_with("tasks/") => Reply::Message(method_not_found(id, method)),
             other => match self.sole_connection() {
@@ -593,6 +593,9 @@ impl Gateway {
             return Reply::Message(json!({"jsonrpc": "2.0", "id": id, "error": refusal}));
         }
         let resuming = caller.modern.then(|| parked::handle_in(&message)).flatten();
+        // Who may read the task, should the server answer with one.
+        let task_owner = (caller.modern && route.connection.upstream.offers_tasks(&message.value))
+            .then(|| tasks::owner_of(&message));
         // The agent's message as it was checked, under a gateway id and the
         // tool's upstream name (nothing of the envelope beyond JSON-RPC's).
         let mut upstream_call = message.value;
@@ -633,6 +636,14 @@ impl Gateway {
                 route.connection.record_success();
                 let mut response = exchange.response;
                 route.connection.redact_credentials(&mut response);
+                if let Some(owner) = task_owner
+                    && response
+                        .get("result")
+                        .is_some_and(aip_mcp::protocol::is_task)
+                {
+                    let connection = &route.connection;
+                    return self.task_created(&response, id, connection, &name, owner, evaluator);
+                }
                 response["id"] = id;
                 present::redact_tool_response(&mut response, evaluator, &name, &self.audit);
                 Reply::Message(response)

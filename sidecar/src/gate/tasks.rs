@@ -12,8 +12,10 @@
 //! (the `clientInfo` name it declared — self-reported: on the pod's
 //! loopback every caller is the same pod, so the id's secrecy is what keeps
 //! one agent's task from another). At most `MAX_TASKS` are kept; each is
-//! forgotten `RETENTION` after it ends. Tasks are the gateway's own: an
-//! upstream server is never offered the extension, so it never makes one.
+//! forgotten `RETENTION` after it ends.
+//!
+//! An upstream server's own tasks are relayed too (relayed_tasks.rs): the
+//! agent sees them under gateway ids in the same table, bound the same way.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -37,20 +39,62 @@ const RETENTION: Duration = Duration::from_secs(600);
 const POLL_INTERVAL_MS: u64 = 1000;
 
 #[derive(Default)]
-pub(super) struct Tasks(Mutex<HashMap<String, Task>>);
+pub(super) struct Tasks(pub(super) Mutex<HashMap<String, Task>>);
 
-struct Task {
-    owner: String,
-    status: &'static str,
+pub(super) struct Task {
+    pub(super) owner: String,
+    pub(super) status: &'static str,
     message: String,
     created: SystemTime,
     updated: SystemTime,
+    /// When it is forgotten.
+    pub(super) expires: SystemTime,
     /// The call's response once it ended (`result` or `error`).
     outcome: Option<Value>,
     cancel: CancellationToken,
+    /// A server's task: where it lives (None for the gateway's own).
+    pub(super) relayed: Option<super::relayed_tasks::Relayed>,
+}
+
+impl Tasks {
+    /// Forgets expired tasks and keeps `task` under a fresh id, when there
+    /// is room.
+    pub(super) fn insert(&self, task: Task) -> Option<String> {
+        let id = format!("{:032x}", rand::random::<u128>());
+        let mut tasks = lock(&self.0);
+        let now = SystemTime::now();
+        tasks.retain(|_, t| t.expires > now);
+        if tasks.len() >= MAX_TASKS {
+            return None;
+        }
+        tasks.insert(id.clone(), task);
+        Some(id)
+    }
 }
 
 impl Task {
+    /// A server's task, as the gateway keeps it: whose it is and where it
+    /// lives, until `expires`.
+    pub(super) fn relayed(
+        owner: String,
+        status: &'static str,
+        expires: SystemTime,
+        relayed: super::relayed_tasks::Relayed,
+    ) -> Task {
+        let now = SystemTime::now();
+        Task {
+            owner,
+            status,
+            message: String::new(),
+            created: now,
+            updated: now,
+            expires,
+            outcome: None,
+            cancel: CancellationToken::new(),
+            relayed: Some(relayed),
+        }
+    }
+
     fn ended(&self) -> bool {
         self.outcome.is_some() || self.status == "cancelled"
     }
@@ -82,7 +126,7 @@ fn rfc3339(t: SystemTime) -> String {
 }
 
 /// Who a modern request says it is.
-fn owner_of(message: &Message) -> String {
+pub(super) fn owner_of(message: &Message) -> String {
     aip_mcp::modern::meta(&message.value)
         .and_then(|m| m.get(META_CLIENT_INFO))
         .and_then(|i| i.get("name"))
@@ -114,32 +158,30 @@ impl Gateway {
             return None;
         }
         let gateway = self.me.upgrade()?;
-        let id = format!("{:032x}", rand::random::<u128>());
         let now = SystemTime::now();
         let cancel = CancellationToken::new();
+        let ttl = self.task_ttl();
         let task = Task {
             owner: owner_of(message),
             status: "working",
             message: "waiting for human approval".to_owned(),
             created: now,
             updated: now,
+            expires: now + ttl,
             outcome: None,
             cancel: cancel.clone(),
+            relayed: None,
         };
-        let created = {
-            let mut tasks = lock(&self.tasks.0);
-            let ttl = self.task_ttl();
-            tasks.retain(|_, t| t.created + ttl > now);
-            if tasks.len() >= MAX_TASKS {
-                return None;
-            }
-            let mut view = task.view(&id, ttl);
-            tasks.insert(id.clone(), task);
-            view["resultType"] = json!("task");
-            view
-        };
+        let mut created = task.view("", ttl);
+        let id = self.tasks.insert(task)?;
+        created["taskId"] = json!(id);
+        created["resultType"] = json!("task");
         let reply_id = message.id().cloned().unwrap_or(Value::Null);
-        let (message, evaluator, verdict) = (message.clone(), evaluator.clone(), verdict.clone());
+        // The call runs as a plain call: the server is not offered the
+        // extension for it, so its result is the task's.
+        let mut message = message.clone();
+        without_tasks(&mut message.value);
+        let (evaluator, verdict) = (evaluator.clone(), verdict.clone());
         let task_id = id.clone();
         // The id is the task's only credential: it stays out of session
         // names and logs.
@@ -207,8 +249,27 @@ impl Gateway {
     }
 
     /// `tasks/get`, `tasks/update` and `tasks/cancel` of a modern agent
-    /// that declared the extension, for a task of its own.
-    pub(super) fn task_request(&self, message: &Message) -> Reply {
+    /// that declared the extension, for a task of its own: the gateway's
+    /// answered here, a server's relayed to it.
+    pub(super) async fn task_request(
+        &self,
+        message: &Message,
+        evaluator: &Evaluator,
+        caller: &Caller,
+    ) -> Reply {
+        let relayed = match self.own_task_request(message) {
+            Ok(reply) => return reply,
+            Err(relayed) => relayed,
+        };
+        Box::pin(self.relayed_task_request(message, relayed, evaluator, caller)).await
+    }
+
+    /// Answers a request for one of the gateway's own tasks; a server's
+    /// task is given back (Err) to be relayed.
+    fn own_task_request(
+        &self,
+        message: &Message,
+    ) -> Result<Reply, (String, super::relayed_tasks::Relayed)> {
         let id = message.id().cloned().unwrap_or(Value::Null);
         let method = message.method().unwrap_or_default();
         if !declares_tasks(&message.value) {
@@ -216,7 +277,12 @@ impl Gateway {
                 "{method} needs the {TASKS_EXTENSION} extension declared in the request's capabilities"
             );
             let data = json!({"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}});
-            return Reply::Message(error(Some(&id), MISSING_CAPABILITY, &why, Some(data)));
+            return Ok(Reply::Message(error(
+                Some(&id),
+                MISSING_CAPABILITY,
+                &why,
+                Some(data),
+            )));
         }
         let task_id = message
             .params()
@@ -227,11 +293,13 @@ impl Gateway {
         let ttl = self.task_ttl();
         let mut tasks = lock(&self.tasks.0);
         let now = SystemTime::now();
-        tasks.retain(|_, t| t.created + ttl > now);
+        tasks.retain(|_, t| t.expires > now);
         let Some(task) = tasks.get_mut(task_id).filter(|t| t.owner == owner) else {
-            let why = format!("Failed to retrieve task: Task not found: {task_id}");
-            return Reply::Message(error(Some(&id), codes::INVALID_PARAMS, &why, None));
+            return Ok(Reply::Message(task_not_found(&id, task_id)));
         };
+        if let Some(relayed) = &task.relayed {
+            return Err((task_id.to_owned(), relayed.clone()));
+        }
         let result = match method {
             "tasks/get" => {
                 let mut view = task.view(task_id, ttl);
@@ -248,8 +316,30 @@ impl Gateway {
                 json!({"resultType": "complete"})
             }
             "tasks/update" => json!({"resultType": "complete"}), // it asks for no input
-            other => return Reply::Message(super::present::method_not_found(&id, other)),
+            other => return Ok(Reply::Message(super::present::method_not_found(&id, other))),
         };
-        Reply::Message(json!({"jsonrpc": "2.0", "id": id, "result": result}))
+        Ok(Reply::Message(
+            json!({"jsonrpc": "2.0", "id": id, "result": result}),
+        ))
+    }
+}
+
+/// The extension's answer to an id it does not know (or that is another
+/// agent's).
+pub(super) fn task_not_found(id: &Value, task_id: &str) -> Value {
+    let why = format!("Failed to retrieve task: Task not found: {task_id}");
+    error(Some(id), codes::INVALID_PARAMS, &why, None)
+}
+
+/// Takes the tasks extension out of a modern request's declared
+/// capabilities.
+fn without_tasks(message: &mut Value) {
+    let extensions = message
+        .pointer_mut("/params/_meta")
+        .and_then(|m| m.get_mut(aip_mcp::modern::META_CAPABILITIES))
+        .and_then(|c| c.get_mut("extensions"))
+        .and_then(Value::as_object_mut);
+    if let Some(extensions) = extensions {
+        extensions.remove(TASKS_EXTENSION);
     }
 }

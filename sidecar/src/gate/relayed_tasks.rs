@@ -1,0 +1,256 @@
+//! A server's own tasks, relayed (the tasks extension, 2026-07-28). A
+//! modern agent that declares the extension has it passed on to a modern
+//! server that announced it; when the server answers a call with a task,
+//! the agent gets that task under a gateway id — 128 random bits, bound to
+//! the agent that made the call, in the same table as the gateway's own
+//! tasks — and the server's id never leaves the gateway. Each `tasks/get`,
+//! `tasks/update` and `tasks/cancel` is authorized again (the tool must
+//! still be one the policy lets the agent call) and relayed to the server
+//! that holds the task; what comes back is checked as the extension has
+//! it, and a finished task's result gets the DLP and credential redaction
+//! a direct result gets.
+//!
+//! The gateway keeps its binding as long as the server's `ttlMs` says, at
+//! most `MAX_TTL`, and `RETENTION` past an end it has seen.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use aip_mcp::Failure;
+use aip_mcp::jsonrpc::Message;
+use aip_mcp::protocol::{TASK_STATUSES, check_task};
+use aip_policy::{Evaluator, Listing, codes};
+use aip_service::sync::lock;
+use serde_json::{Map, Value, json};
+
+use super::present::{error, redact_all, redact_tool_response};
+use super::tasks::{Task, task_not_found};
+use super::{Caller, Gateway, Reply};
+use crate::upstream::health::ConnectionState;
+
+/// The longest the gateway keeps a server's task.
+const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+/// How long a task the gateway saw end stays readable.
+const RETENTION: Duration = Duration::from_secs(600);
+
+/// Where a server's task lives.
+#[derive(Clone)]
+pub(super) struct Relayed {
+    connection: Arc<ConnectionState>,
+    /// The server's id for it: never shown to the agent.
+    upstream_id: String,
+    /// The tool, as the agent calls it.
+    tool: String,
+}
+
+/// The fields of a task the agent is shown (the extension's, no others).
+const TASK_FIELDS: &[&str] = &[
+    "status",
+    "statusMessage",
+    "createdAt",
+    "lastUpdatedAt",
+    "ttlMs",
+    "pollIntervalMs",
+    "result",
+    "error",
+    "inputRequests",
+];
+
+fn status_of(task: &Value) -> &'static str {
+    let status = task.get("status").and_then(Value::as_str);
+    TASK_STATUSES
+        .iter()
+        .find(|s| Some(**s) == status)
+        .copied()
+        .unwrap_or("working")
+}
+
+fn terminal(status: &str) -> bool {
+    matches!(status, "completed" | "failed" | "cancelled")
+}
+
+impl Gateway {
+    /// A server answered a call of `owner`'s with a task (`response`,
+    /// checked, credentials redacted): kept under a gateway id and shown to
+    /// the agent as its task.
+    pub(super) fn task_created(
+        &self,
+        response: &Value,
+        id: Value,
+        connection: &Arc<ConnectionState>,
+        tool: &str,
+        owner: String,
+        evaluator: &Evaluator,
+    ) -> Reply {
+        let task = &response["result"];
+        let upstream_id = task["taskId"].as_str().unwrap_or_default().to_owned();
+        let status = status_of(task);
+        let ttl = task
+            .get("ttlMs")
+            .and_then(Value::as_u64)
+            .map_or(MAX_TTL, |ms| Duration::from_millis(ms).min(MAX_TTL));
+        let relayed = Relayed {
+            connection: connection.clone(),
+            upstream_id: upstream_id.clone(),
+            tool: tool.to_owned(),
+        };
+        let mut expires = SystemTime::now() + ttl;
+        if terminal(status) {
+            expires = expires.min(SystemTime::now() + RETENTION);
+        }
+        let kept = Task::relayed(owner, status, expires, relayed);
+        let Some(gateway_id) = self.tasks.insert(kept) else {
+            // No room: the server's task is cancelled, as nobody could
+            // read it.
+            let cancel = json!({"jsonrpc": "2.0", "id": self.fresh_id(), "method": "tasks/cancel",
+                "params": {"taskId": upstream_id}});
+            let connection = connection.clone();
+            tokio::spawn(async move { connection.upstream.request(&cancel).await });
+            let why =
+                "the gateway holds as many tasks as it keeps; the server's task was cancelled";
+            return Reply::Message(error(Some(&id), codes::INTERNAL_ERROR, why, None));
+        };
+        tracing::info!(connection = %connection.connection().name, tool, "a server's task relayed");
+        let mut view = self.task_view(task, &gateway_id, tool, evaluator);
+        view["resultType"] = json!("task");
+        Reply::Message(json!({"jsonrpc": "2.0", "id": id, "result": view}))
+    }
+
+    /// A server's task as the agent sees it: the extension's fields under
+    /// the gateway's id, redacted as a direct result would be.
+    fn task_view(
+        &self,
+        task: &Value,
+        gateway_id: &str,
+        tool: &str,
+        evaluator: &Evaluator,
+    ) -> Value {
+        let mut view = Map::new();
+        view.insert("taskId".into(), json!(gateway_id));
+        for field in TASK_FIELDS {
+            if let Some(value) = task.get(*field) {
+                view.insert((*field).into(), value.clone());
+            }
+        }
+        if let Some(result) = view.get_mut("result") {
+            let mut response = json!({"result": result.take()});
+            redact_tool_response(&mut response, evaluator, tool, &self.audit);
+            *result = response["result"].take();
+        }
+        for field in ["statusMessage", "error", "inputRequests"] {
+            if let Some(value) = view.get_mut(field) {
+                redact_all(value, evaluator);
+            }
+        }
+        Value::Object(view)
+    }
+
+    /// `tasks/get`, `tasks/update` or `tasks/cancel` for a server's task:
+    /// authorized again, relayed to the server that holds it, and its
+    /// answer checked and shown under the gateway's id.
+    pub(super) async fn relayed_task_request(
+        &self,
+        message: &Message,
+        (gateway_id, relayed): (String, Relayed),
+        evaluator: &Evaluator,
+        caller: &Caller,
+    ) -> Reply {
+        let id = message.id().cloned().unwrap_or(Value::Null);
+        let method = message.method().unwrap_or_default();
+        if evaluator.listing(&relayed.tool) == Listing::Hidden {
+            let why = format!(
+                "Permission denied: the task's tool {} is not allowed by the current policy",
+                relayed.tool
+            );
+            return Reply::Message(error(Some(&id), codes::FORBIDDEN, &why, None));
+        }
+        let mut request = message.value.clone();
+        if let Value::Object(envelope) = &mut request {
+            envelope.retain(|k, _| matches!(k.as_str(), "jsonrpc" | "method" | "params"));
+            envelope.insert("id".into(), json!(self.fresh_id()));
+        }
+        request["params"]["taskId"] = json!(relayed.upstream_id);
+        let connection = &relayed.connection;
+        let name = connection.connection().name.clone();
+        let tracked = self.in_flight.track(&caller.session, message.id());
+        let sent = self.call_upstream(connection, request, caller, evaluator, &tracked.cancelled);
+        let outcome = Box::pin(sent).await;
+        drop(tracked);
+        let failed = |failure: Failure| {
+            connection.record_failure("", &failure);
+            let e = failure.to_error(&name, Some(&relayed.tool));
+            Reply::Message(json!({"jsonrpc": "2.0", "id": id, "error": e}))
+        };
+        let mut response = match outcome {
+            None => return Reply::Nothing,
+            Some(Err(failure)) => return failed(failure),
+            Some(Ok(exchange)) => exchange.response,
+        };
+        connection.record_success();
+        connection.redact_credentials(&mut response);
+        if let Some(mut e) = response.get_mut("error").map(Value::take) {
+            if e.get("code") == Some(&json!(codes::INVALID_PARAMS)) {
+                // The server no longer knows it: neither does the gateway.
+                lock(&self.tasks.0).remove(&gateway_id);
+                return Reply::Message(task_not_found(&id, &gateway_id));
+            }
+            redact_all(&mut e, evaluator);
+            return Reply::Message(json!({"jsonrpc": "2.0", "id": id, "error": e}));
+        }
+        let result = match method {
+            "tasks/get" => {
+                let task = response.get("result").cloned().unwrap_or(Value::Null);
+                if let Err(failure) = self.check_shown(&task, &relayed, message) {
+                    return failed(failure);
+                }
+                self.saw_status(&gateway_id, status_of(&task));
+                let mut view = self.task_view(&task, &gateway_id, &relayed.tool, evaluator);
+                view["resultType"] = json!("complete");
+                view
+            }
+            _ => json!({"resultType": "complete"}),
+        };
+        Reply::Message(json!({"jsonrpc": "2.0", "id": id, "result": result}))
+    }
+
+    /// A `tasks/get` answer is the task asked about, as the extension has
+    /// it, asking only for input the agent declared it can give.
+    fn check_shown(
+        &self,
+        task: &Value,
+        relayed: &Relayed,
+        message: &Message,
+    ) -> Result<(), Failure> {
+        check_task(task)?;
+        if task["taskId"] != json!(relayed.upstream_id) {
+            return Err(Failure::Malformed("task.taskId names another task".into()));
+        }
+        let declared = aip_mcp::modern::declared_capabilities(&message.value);
+        let asks = task.get("inputRequests").and_then(Value::as_object);
+        for (key, asked) in asks.into_iter().flatten() {
+            let method = asked["method"].as_str().unwrap_or_default();
+            let needs = match method {
+                "elicitation/create" => "elicitation",
+                "sampling/createMessage" => "sampling",
+                _ => "roots",
+            };
+            if declared.get(needs).is_none() {
+                return Err(Failure::Malformed(format!(
+                    "task.inputRequests.{key} asks for {method}, which the agent did not declare"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Records the status a server showed; an end shortens the binding to
+    /// the retention.
+    fn saw_status(&self, gateway_id: &str, status: &'static str) {
+        if let Some(task) = lock(&self.tasks.0).get_mut(gateway_id) {
+            task.status = status;
+            if terminal(status) {
+                task.expires = task.expires.min(SystemTime::now() + RETENTION);
+            }
+        }
+    }
+}
