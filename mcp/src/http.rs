@@ -89,6 +89,9 @@ pub struct HttpUpstream {
     /// prompts or resources changed, a resource was updated.
     pub(super) notes: tokio::sync::broadcast::Sender<Value>,
     pub(super) stream_state: watch::Sender<StreamState>,
+    /// The resources agents want updates of: the listener keeps the
+    /// server's subscriptions in step with it.
+    pub(super) watched: watch::Sender<std::collections::BTreeSet<String>>,
 }
 
 impl HttpUpstream {
@@ -117,6 +120,7 @@ impl HttpUpstream {
             list_changed: Notify::new(),
             notes: tokio::sync::broadcast::Sender::new(64),
             stream_state: watch::Sender::new(StreamState::Closed),
+            watched: watch::Sender::new(std::collections::BTreeSet::new()),
         })
     }
 
@@ -132,6 +136,17 @@ impl HttpUpstream {
     /// (see `notes`); a receiver that falls behind loses the oldest.
     pub fn notes(&self) -> tokio::sync::broadcast::Receiver<Value> {
         self.notes.subscribe()
+    }
+
+    /// The resources agents want `notifications/resources/updated` of:
+    /// the listener subscribes the server to them (and unsubscribes it
+    /// from those no longer wanted), and their updates go to `notes`.
+    pub fn watch_resources(&self, uris: std::collections::BTreeSet<String>) {
+        self.watched.send_if_modified(|watched| {
+            let changed = *watched != uris;
+            *watched = uris;
+            changed
+        });
     }
 
     /// The session's standalone stream (see `listen`), as it changes.
@@ -484,7 +499,7 @@ impl HttpUpstream {
         Ok(session)
     }
 
-    fn fresh_id(&self, kind: &str) -> String {
+    pub(super) fn fresh_id(&self, kind: &str) -> String {
         format!(
             "aip-{kind}-{}",
             self.next_id.fetch_add(1, Ordering::Relaxed)
@@ -493,7 +508,7 @@ impl HttpUpstream {
 
     /// One POST and its response (JSON, or SSE read until the matching id,
     /// resuming closed streams).
-    async fn exchange(
+    pub(super) async fn exchange(
         &self,
         session: &Session,
         message: &Value,

@@ -1,6 +1,9 @@
 //! What an HTTP upstream says outside any call: the standalone GET stream of
 //! a legacy session, or a `subscriptions/listen` stream of a modern server
-//! (to every list change; resource updates are asked for by agents).
+//! (to every list change, and to updates of the resources agents watch).
+//! The server's resource subscriptions follow what agents watch: a modern
+//! stream is opened again with the new set; a legacy session is sent
+//! `resources/subscribe` and `resources/unsubscribe` for the difference.
 //!
 //! One upstream session serves every agent of the pod, so a message on this
 //! stream cannot be attributed to an agent. `notifications/tools/list_changed`
@@ -12,10 +15,12 @@
 //! for or against the connection's health: a server without the stream
 //! (405) is simply not listened to until its next session.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::http::{HttpUpstream, Session, StreamState};
@@ -66,10 +71,14 @@ impl HttpUpstream {
             };
             // Last-Event-ID only within the session that numbered the events.
             last_event.take_if(|(generation, _)| *generation != session.generation());
+            let mut watched = self.watched.subscribe();
+            watched.mark_unchanged();
             let listened = tokio::select! {
                 l = self.listen_once(&session, &mut last_event, &stop) => l,
                 // A new session: this stream belongs to the old one.
                 _ = sessions.wait_for(|g| *g != session.generation()) => Listened::Replaced,
+                // A modern stream's filter changed: it is opened again.
+                () = self.follow_watched(&session, &mut watched) => Listened::Replaced,
             };
             self.stream_state.send_replace(match listened {
                 Listened::Refused => StreamState::Unsupported,
@@ -114,9 +123,14 @@ impl HttpUpstream {
         // event, which can be hours away.
         let open = async {
             if session.modern {
+                let mut notifications = json!({"toolsListChanged": true,
+                    "promptsListChanged": true, "resourcesListChanged": true});
+                let watched = self.watched.borrow().clone();
+                if !watched.is_empty() {
+                    notifications["resourceSubscriptions"] = json!(watched);
+                }
                 let listen = json!({"jsonrpc": "2.0", "id": "aip-listen", "method": "subscriptions/listen",
-                    "params": {"notifications": {"toolsListChanged": true,
-                        "promptsListChanged": true, "resourcesListChanged": true}}});
+                    "params": {"notifications": notifications}});
                 self.post(Some(session), &listen).await
             } else {
                 self.get_stream(session.id.as_deref(), &session.protocol_version, last_id)
@@ -187,6 +201,56 @@ impl HttpUpstream {
                 tracing::warn!(connection = %name, limit, "an event on the standalone stream exceeds maxResponseBytes; the stream is dropped");
                 return Listened::Ended { heard, retry };
             }
+        }
+    }
+
+    /// Keeps the server's resource subscriptions in step with what agents
+    /// watch. For a modern session it returns at the first change (the
+    /// stream is then opened with the new filter); for a legacy one it
+    /// subscribes and unsubscribes the session for each difference, for
+    /// as long as the stream lasts.
+    async fn follow_watched(
+        &self,
+        session: &Session,
+        watched: &mut watch::Receiver<BTreeSet<String>>,
+    ) {
+        if session.modern {
+            if watched.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            return;
+        }
+        let mut subscribed = BTreeSet::new();
+        loop {
+            let wanted = watched.borrow_and_update().clone();
+            for uri in wanted.difference(&subscribed) {
+                self.subscription(session, "resources/subscribe", uri).await;
+            }
+            for uri in subscribed.difference(&wanted) {
+                self.subscription(session, "resources/unsubscribe", uri)
+                    .await;
+            }
+            subscribed = wanted;
+            if watched.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// One `resources/subscribe` or `resources/unsubscribe` on a legacy
+    /// session, within the connection's timeout; a failure is logged (the
+    /// agent then hears no updates of it).
+    async fn subscription(&self, session: &Session, method: &str, uri: &str) {
+        let request = json!({"jsonrpc": "2.0", "id": self.fresh_id("subscribe"), "method": method,
+            "params": {"uri": uri}});
+        let sent = self.exchange(session, &request, None);
+        let answer = tokio::time::timeout(self.connection().timeout, sent).await;
+        let refused = match &answer {
+            Ok(Ok(x)) => x.response.get("error").is_some(),
+            _ => true,
+        };
+        if refused {
+            tracing::warn!(connection = %self.connection().name, method, "the server did not take the resource subscription");
         }
     }
 

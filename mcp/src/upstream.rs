@@ -117,6 +117,14 @@ impl Upstream {
         }
     }
 
+    /// The resources agents want updates of (HTTP servers; a stdio
+    /// server's updates are not heard).
+    pub fn watch_resources(&self, uris: std::collections::BTreeSet<String>) {
+        if let Upstream::Http(u) = self {
+            u.watch_resources(uris);
+        }
+    }
+
     /// Signalled when the server says its tool list changed.
     pub fn list_changed(&self) -> &tokio::sync::Notify {
         match self {

@@ -370,3 +370,55 @@ async fn a_parked_call_resumes_only_for_its_clients_retry() {
     let made_up = json!({"requestState": "aip-parked-0123", "inputResponses": answer});
     refused(&elicitation_call(&s, "a", made_up).await);
 }
+
+/// A modern agent's `subscriptions/listen` for `uris`, as an open stream.
+async fn listen(s: &Stack, uris: &[&str]) -> common::Sse {
+    let body = json!({"jsonrpc": "2.0", "id": "watch", "method": "subscriptions/listen", "params": {
+    "notifications": {"resourceSubscriptions": uris},
+    "_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "watcher", "version": "1"},
+    }}});
+    let headers = [
+        ("mcp-protocol-version", "2026-07-28"),
+        ("mcp-method", "subscriptions/listen"),
+    ];
+    common::Sse::open(s.addr, "POST", &headers, &body.to_string()).await
+}
+
+/// A modern agent watching a resource hears the server's updates of it, in
+/// front of a modern server (the gateway's listen stream to it asks for the
+/// resource) and a legacy one (the gateway subscribes its session): the Go
+/// server announces its watched resource every 3 s to whoever subscribed.
+/// A resource the policy does not let the agent read is not watched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watched_resource_s_updates_reach_the_agent_from_either_era() {
+    const WATCHED: &str = "test://watched-resource";
+    for stateless in [true, false] {
+        let server = GoServer::start(stateless);
+        let s = Stack::start(Setup {
+            url: Some(server.1.clone()),
+            policy: "  allowed_tools: [test_simple_text]\n  protected_paths: [/etc/shadow]\n  allowed_methods: [server/discover, subscriptions/listen, resources/read]\n",
+            prefix: "",
+            ..Setup::default()
+        })
+        .await;
+        let mut stream = listen(&s, &[WATCHED, "file:///etc/shadow"]).await;
+        assert_eq!(stream.status, 200, "stateless={stateless}");
+        let ack = stream.next().await.unwrap();
+        assert_eq!(ack["method"], "notifications/subscriptions/acknowledged");
+        assert_eq!(
+            ack["params"]["notifications"]["resourceSubscriptions"],
+            json!([WATCHED]),
+            "stateless={stateless}: {ack}"
+        );
+        let update = stream.next().await.unwrap();
+        assert_eq!(
+            update,
+            json!({"jsonrpc": "2.0", "method": "notifications/resources/updated",
+                "params": {"_meta": {"io.modelcontextprotocol/subscriptionId": "watch"}, "uri": WATCHED}}),
+            "stateless={stateless}"
+        );
+    }
+}

@@ -350,7 +350,7 @@ async fn modern_post(
         return empty(StatusCode::ACCEPTED);
     }
     if message.method() == Some("subscriptions/listen") {
-        return subscribe(state, &message);
+        return subscribe(state, &message).await;
     }
     let caller = Caller {
         session: format!("m-{:032x}", rand::random::<u128>()),
@@ -368,8 +368,8 @@ async fn modern_post(
 /// notification as it comes (an SSE comment every `KEEPALIVE` so idle
 /// proxies keep it open), and its closing result when the gateway stops.
 /// At most `MAX_LISTENERS` at once.
-fn subscribe(state: &Arc<State>, message: &aip_mcp::jsonrpc::Message) -> Response<Body> {
-    let mut subscription = match state.gateway.listen(message) {
+async fn subscribe(state: &Arc<State>, message: &aip_mcp::jsonrpc::Message) -> Response<Body> {
+    let mut subscription = match state.gateway.listen(message).await {
         Ok(s) => s,
         Err(refused) => return modern_reply(refused),
     };

@@ -367,7 +367,7 @@ impl Gateway {
 
     /// Where a resource URI leads: as listed, or with one usable connection
     /// (a template's instance no listing names) that one.
-    async fn resource_route(&self, uri: &str) -> Option<Arc<ConnectionState>> {
+    pub(super) async fn resource_route(&self, uri: &str) -> Option<Arc<ConnectionState>> {
         let route = self
             .routed(&self.routes.resources, uri, |c| c, "resources/list")
             .await;

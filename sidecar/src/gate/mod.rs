@@ -25,6 +25,7 @@ mod relay;
 mod relayed_tasks;
 mod subscriptions;
 mod tasks;
+mod watches;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -126,6 +127,7 @@ pub struct Gateway {
     relayed: relay::Relayed,
     parked: parked::Parked,
     tasks: tasks::Tasks,
+    watches: watches::Watches,
     audit: Audit,
     options: GatewayOptions,
     next_id: AtomicU64,
@@ -155,6 +157,7 @@ impl Gateway {
             relayed: relay::Relayed::default(),
             parked: parked::Parked::default(),
             tasks: tasks::Tasks::default(),
+            watches: watches::Watches::default(),
             audit,
             options,
             next_id: AtomicU64::new(1),
@@ -333,7 +336,7 @@ impl Gateway {
 
     /// A `subscriptions/listen` from a modern agent: audited and decided as
     /// every request is; when allowed, the subscription to stream.
-    pub fn listen(&self, message: &Message) -> Result<Subscription, Reply> {
+    pub async fn listen(&self, message: &Message) -> Result<Subscription, Reply> {
         let evaluator = self.config().evaluator.clone();
         let request = match Request::from_value(&message.value) {
             Ok(r) => r,
@@ -358,7 +361,7 @@ impl Gateway {
         if verdict.decision != Decision::Allow {
             return Err(verdict.response().map_or(Reply::Nothing, Reply::Message));
         }
-        Ok(self.subscription(message, &evaluator))
+        Ok(self.subscription(message, &evaluator).await)
     }
 
     /// The pipeline proper.

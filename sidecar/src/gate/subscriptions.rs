@@ -3,8 +3,11 @@
 //! hears is what the policy lets it see: the gateway's own tool list
 //! changes (announced only when the filtered list really changed), and its
 //! servers' prompts and resources list changes where the policy allows
-//! listing them. Resource updates and task notifications are not offered
-//! yet, so the acknowledgement leaves them out of the filter it echoes.
+//! listing them; and updates of the resources it asked about
+//! (`resourceSubscriptions`) that the policy lets it read, whose server
+//! offers subscriptions (watches.rs keeps the servers subscribed). Task
+//! notifications are not offered yet, so the acknowledgement leaves them
+//! out of the filter it echoes.
 
 use aip_mcp::jsonrpc::Message;
 use aip_mcp::modern::META_SUBSCRIPTION;
@@ -15,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Gateway;
 use super::present::server_info;
+use super::watches::Watch;
 
 /// One agent's subscription, open until the gateway stops or the agent
 /// hangs up.
@@ -24,15 +28,26 @@ pub struct Subscription {
     prompts: bool,
     resources: bool,
     tools_changed: Option<watch::Receiver<u64>>,
+    /// The resources it watches (the servers stay subscribed while it
+    /// holds them).
+    watching: Vec<Watch>,
     notes: broadcast::Receiver<(String, Value)>,
     shutdown: CancellationToken,
 }
+
+/// The most resources one subscription watches; the acknowledgement names
+/// those it does.
+const MAX_WATCHED: usize = 64;
 
 impl Gateway {
     /// Opens a subscription for an allowed `subscriptions/listen`: the
     /// filter it asked for, less what the gateway cannot deliver or the
     /// policy hides.
-    pub(super) fn subscription(&self, message: &Message, evaluator: &Evaluator) -> Subscription {
+    pub(super) async fn subscription(
+        &self,
+        message: &Message,
+        evaluator: &Evaluator,
+    ) -> Subscription {
         let asked = message
             .params()
             .and_then(|p| p.get("notifications"))
@@ -64,15 +79,57 @@ impl Gateway {
                 honored.insert(key.into(), json!(true));
             }
         }
+        let watching = self.watch(&asked, evaluator).await;
+        if !watching.is_empty() {
+            let uris: Vec<&str> = watching.iter().map(|w| w.uri.as_str()).collect();
+            honored.insert("resourceSubscriptions".into(), json!(uris));
+        }
         Subscription {
             id: message.id().cloned().unwrap_or(Value::Null),
             honored: Value::Object(honored),
             prompts,
             resources,
             tools_changed: tools.then(|| self.tools_changed()),
+            watching,
             notes: self.connections.notes.subscribe(),
             shutdown: self.shutdown.clone(),
         }
+    }
+}
+
+impl Gateway {
+    /// Watches the resources a listen asked about that the policy lets
+    /// the agent read and whose server offers subscriptions (an HTTP one:
+    /// a stdio server's updates are not heard).
+    async fn watch(&self, asked: &Value, evaluator: &Evaluator) -> Vec<Watch> {
+        let uris = asked.get("resourceSubscriptions").and_then(Value::as_array);
+        let mut watching = Vec::new();
+        for uri in uris.into_iter().flatten().filter_map(Value::as_str) {
+            if watching.len() == MAX_WATCHED || watching.iter().any(|w: &Watch| w.uri == uri) {
+                continue;
+            }
+            let params = json!({"uri": uri});
+            let read = Request {
+                id: None,
+                method: "resources/read",
+                params: Some(&params),
+            };
+            if evaluator.evaluate(&read).decision != Decision::Allow {
+                continue;
+            }
+            let Some(connection) = Box::pin(self.resource_route(uri)).await else {
+                continue;
+            };
+            let subscribable = connection
+                .upstream
+                .server_capabilities()
+                .pointer("/resources/subscribe")
+                == Some(&json!(true));
+            if subscribable && connection.upstream.notes().is_some() {
+                watching.push(self.watches.watch(&connection, uri));
+            }
+        }
+        watching
     }
 }
 
@@ -85,7 +142,19 @@ fn allowed(evaluator: &Evaluator, method: &str) -> bool {
     evaluator.evaluate(&request).decision == Decision::Allow
 }
 
+const UPDATED: &str = "notifications/resources/updated";
+
 impl Subscription {
+    /// The resource an update from `connection` is about, when this
+    /// subscription watches it there.
+    fn watched(&self, connection: &str, note: &Value) -> Option<String> {
+        let uri = note.pointer("/params/uri").and_then(Value::as_str)?;
+        self.watching
+            .iter()
+            .any(|w| w.uri == uri && w.connection() == connection)
+            .then(|| uri.to_owned())
+    }
+
     /// The first message on the stream: what the subscription covers.
     pub fn acknowledgement(&self) -> Value {
         json!({"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
@@ -114,7 +183,12 @@ impl Subscription {
                     false => return None,
                 },
                 note = self.notes.recv() => match note {
-                    Ok((_, note)) => match note.get("method").and_then(Value::as_str) {
+                    Ok((connection, note)) => match note.get("method").and_then(Value::as_str) {
+                        Some(UPDATED) => match self.watched(&connection, &note) {
+                            Some(uri) => return Some(json!({"jsonrpc": "2.0", "method": UPDATED,
+                                "params": {"_meta": {META_SUBSCRIPTION: self.id}, "uri": uri}})),
+                            None => continue,
+                        },
                         Some("notifications/prompts/list_changed") if self.prompts => {
                             "notifications/prompts/list_changed"
                         }
