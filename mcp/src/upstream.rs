@@ -125,6 +125,15 @@ impl Upstream {
         }
     }
 
+    /// The resources the server is to be subscribed to, as agents watch
+    /// them now.
+    pub fn watched_resources(&self) -> std::collections::BTreeSet<String> {
+        match self {
+            Upstream::Http(u) => u.watched.borrow().clone(),
+            Upstream::Stdio(_) => Default::default(),
+        }
+    }
+
     /// Signalled when the server says its tool list changed.
     pub fn list_changed(&self) -> &tokio::sync::Notify {
         match self {

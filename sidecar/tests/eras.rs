@@ -422,3 +422,57 @@ async fn a_watched_resource_s_updates_reach_the_agent_from_either_era() {
         );
     }
 }
+
+/// A legacy agent's `resources/subscribe` is kept by the gateway for its
+/// session, and the server's updates of the resource reach the session's
+/// GET stream, in front of either era's server; `resources/unsubscribe`
+/// is answered by the gateway too. A resource the policy does not let it
+/// read is refused as a read would be.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_legacy_session_s_subscription_brings_updates_from_either_era() {
+    const WATCHED: &str = "test://watched-resource";
+    for stateless in [true, false] {
+        let server = GoServer::start(stateless);
+        let s = Stack::start(Setup {
+            url: Some(server.1.clone()),
+            policy: "  allowed_tools: [test_simple_text]\n  protected_paths: [/etc/shadow]\n  allowed_methods: [initialize, notifications/initialized, tools/list, tools/call, resources/read, resources/subscribe, resources/unsubscribe]\n",
+            prefix: "",
+            ..Setup::default()
+        })
+        .await;
+        let session = s.session().await;
+        let subscribe = |method: &str, uri: &str| {
+            json!({"jsonrpc": "2.0", "id": 2, "method": method, "params": {"uri": uri}}).to_string()
+        };
+        let headers = [("mcp-session-id", session.as_str())];
+        let refused = s
+            .post(
+                &headers,
+                &subscribe("resources/subscribe", "file:///etc/shadow"),
+            )
+            .await;
+        assert_eq!(refused.json()["error"]["code"], -32007, "{refused:?}");
+        let mut stream = common::Sse::open(s.addr, "GET", &headers, "").await;
+        assert_eq!(stream.status, 200, "stateless={stateless}");
+        let taken = s
+            .post(&headers, &subscribe("resources/subscribe", WATCHED))
+            .await;
+        assert_eq!(taken.json()["result"], json!({}), "{taken:?}");
+        let upstream = &s.gateway.connections()[0].upstream;
+        assert_eq!(upstream.watched_resources().len(), 1);
+        let update = stream.next().await.unwrap();
+        assert_eq!(
+            update,
+            json!({"jsonrpc": "2.0", "method": "notifications/resources/updated", "params": {"uri": WATCHED}}),
+            "stateless={stateless}"
+        );
+        let dropped = s
+            .post(&headers, &subscribe("resources/unsubscribe", WATCHED))
+            .await;
+        assert_eq!(dropped.json()["result"], json!({}), "{dropped:?}");
+        assert!(
+            upstream.watched_resources().is_empty(),
+            "the server is unsubscribed once nobody watches"
+        );
+    }
+}

@@ -634,7 +634,8 @@ impl hyper::body::Body for Live {
 
 /// `GET /mcp`: the session's stream of messages that belong to no request:
 /// `notifications/tools/list_changed` whenever the tools the agent may see
-/// change. One stream per session (409 for a second); it ends with the
+/// change, and the session's notes (its servers' prompts and resources
+/// list changes, updates of resources it subscribed to). One stream per session (409 for a second); it ends with the
 /// session or the gateway.
 fn listen(state: &Arc<State>, req: &Request<Incoming>) -> Response<Body> {
     let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
@@ -663,16 +664,23 @@ fn listen(state: &Arc<State>, req: &Request<Incoming>) -> Response<Body> {
     };
     let (tx, rx) = mpsc::channel::<Bytes>(8);
     let mut changes = state.gateway.tools_changed();
+    let mut notes = state.gateway.session_notes(id);
     let (state, id) = (state.clone(), id.to_owned());
     tokio::spawn(async move {
         loop {
-            tokio::select! {
-                changed = changes.changed() => if changed.is_err() { break },
+            let note = tokio::select! {
+                changed = changes.changed() => match changed {
+                    Ok(()) => json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}),
+                    Err(_) => break,
+                },
+                note = notes.next() => match note {
+                    Some(note) => note,
+                    None => break,
+                },
                 () = ended.cancelled() => break,
                 () = state.shutdown.cancelled() => break,
                 () = tx.closed() => break,
-            }
-            let note = json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"});
+            };
             if tx.send(event(&note)).await.is_err() {
                 break;
             }

@@ -142,7 +142,8 @@ async fn drain(handling: &mut JoinSet<()>) {
 }
 
 /// `notifications/tools/list_changed` each time the tools the agent may see
-/// change, once it has initialized.
+/// change, once it has initialized, and the session's notes (see
+/// `Gateway::session_notes`).
 async fn announce_tool_changes(
     gateway: Arc<Gateway>,
     mut initialized: watch::Receiver<bool>,
@@ -153,8 +154,18 @@ async fn announce_tool_changes(
         return;
     }
     changes.mark_unchanged();
-    while changes.changed().await.is_ok() {
-        let note = json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"});
+    let mut notes = gateway.session_notes(SESSION);
+    loop {
+        let note = tokio::select! {
+            changed = changes.changed() => match changed {
+                Ok(()) => json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}),
+                Err(_) => return,
+            },
+            note = notes.next() => match note {
+                Some(note) => note,
+                None => return,
+            },
+        };
         if to_agent.send(note).await.is_err() {
             return;
         }

@@ -411,7 +411,7 @@ impl Gateway {
 }
 
 /// A string parameter of `message`, empty when absent.
-fn string_param(message: &Message, field: &str) -> String {
+pub(super) fn string_param(message: &Message, field: &str) -> String {
     message
         .params()
         .and_then(|p| p.get(field))

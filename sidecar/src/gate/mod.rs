@@ -128,6 +128,7 @@ pub struct Gateway {
     parked: parked::Parked,
     tasks: tasks::Tasks,
     watches: watches::Watches,
+    session_watches: watches::SessionWatches,
     audit: Audit,
     options: GatewayOptions,
     next_id: AtomicU64,
@@ -158,6 +159,7 @@ impl Gateway {
             parked: parked::Parked::default(),
             tasks: tasks::Tasks::default(),
             watches: watches::Watches::default(),
+            session_watches: watches::SessionWatches::default(),
             audit,
             options,
             next_id: AtomicU64::new(1),
@@ -214,6 +216,7 @@ impl Gateway {
     /// Ends everything a session had in flight (its asks are withdrawn).
     pub fn end_session(&self, session: &str) {
         self.in_flight.end_session(session);
+        aip_service::sync::lock(&self.session_watches.0).remove(session);
     }
 
     /// Withdraws the asks a session left waiting; its calls go on.
@@ -455,9 +458,10 @@ impl Gateway {
                 Box::pin(self.list_page(message, evaluator)).await
             }
             "prompts/get" => Box::pin(self.prompts_get(message, evaluator, caller)).await,
-            "resources/read" | "resources/subscribe" | "resources/unsubscribe" => {
-                Box::pin(self.by_resource(message, evaluator, caller)).await
+            "resources/subscribe" | "resources/unsubscribe" => {
+                Box::pin(self.session_subscription(message, evaluator, caller)).await
             }
+            "resources/read" => Box::pin(self.by_resource(message, evaluator, caller)).await,
             "completion/complete" => Box::pin(self.complete(message, evaluator, caller)).await,
             "logging/setLevel" => Box::pin(self.set_level(message, evaluator)).await,
             // The gateway's own tasks (approvals) and servers' (relayed).

@@ -11,14 +11,15 @@
 
 use aip_mcp::jsonrpc::Message;
 use aip_mcp::modern::META_SUBSCRIPTION;
-use aip_policy::{Decision, Evaluator, Request};
+use aip_policy::{Decision, Evaluator, Request, codes};
 use serde_json::{Value, json};
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::Gateway;
 use super::present::server_info;
-use super::watches::Watch;
+use super::watches::{MAX_SESSION_WATCHES, Watch};
+use crate::upstream::health::ConnectionState;
 
 /// One agent's subscription, open until the gateway stops or the agent
 /// hangs up.
@@ -120,12 +121,7 @@ impl Gateway {
             let Some(connection) = Box::pin(self.resource_route(uri)).await else {
                 continue;
             };
-            let subscribable = connection
-                .upstream
-                .server_capabilities()
-                .pointer("/resources/subscribe")
-                == Some(&json!(true));
-            if subscribable && connection.upstream.notes().is_some() {
+            if subscribable(&connection) {
                 watching.push(self.watches.watch(&connection, uri));
             }
         }
@@ -204,6 +200,130 @@ impl Subscription {
             };
             return Some(json!({"jsonrpc": "2.0", "method": method,
                 "params": {"_meta": {META_SUBSCRIPTION: self.id}}}));
+        }
+    }
+}
+
+/// What a legacy session hears on its standalone stream besides its tool
+/// list changes: its servers' prompts and resources list changes (where the
+/// policy allows listing them) and updates of the resources it subscribed
+/// to (`resources/subscribe`, kept by the gateway for the session).
+pub struct SessionNotes {
+    gateway: std::sync::Weak<Gateway>,
+    session: String,
+    prompts: bool,
+    resources: bool,
+    notes: broadcast::Receiver<(String, Value)>,
+}
+
+impl Gateway {
+    /// The notes for `session`'s standalone stream (see `SessionNotes`).
+    pub fn session_notes(&self, session: &str) -> SessionNotes {
+        let evaluator = self.config().evaluator.clone();
+        let upstream = self.upstream_capabilities();
+        let announces =
+            |kind: &str| upstream.pointer(&format!("/{kind}/listChanged")) == Some(&json!(true));
+        SessionNotes {
+            gateway: self.me.clone(),
+            session: session.to_owned(),
+            prompts: announces("prompts") && allowed(&evaluator, "prompts/list"),
+            resources: announces("resources") && allowed(&evaluator, "resources/list"),
+            notes: self.connections.notes.subscribe(),
+        }
+    }
+
+    /// A legacy session's `resources/subscribe` or `resources/unsubscribe`:
+    /// for a resource the policy lets it read whose HTTP server offers
+    /// subscriptions, the gateway keeps the watch (and the server
+    /// subscribed) and answers; anything else goes to the server as before.
+    pub(super) async fn session_subscription(
+        &self,
+        message: &Message,
+        evaluator: &Evaluator,
+        caller: &super::Caller,
+    ) -> super::Reply {
+        use super::Reply;
+        let id = message.id().cloned().unwrap_or(Value::Null);
+        let uri = super::listings::string_param(message, "uri");
+        let params = json!({"uri": uri});
+        let read = Request {
+            id: Some(&id),
+            method: "resources/read",
+            params: Some(&params),
+        };
+        let verdict = evaluator.evaluate(&read);
+        if verdict.decision != Decision::Allow {
+            return verdict.response().map_or(Reply::Nothing, Reply::Message);
+        }
+        let connection = Box::pin(self.resource_route(&uri)).await;
+        let Some(connection) = connection.filter(|c| !caller.modern && subscribable(c)) else {
+            return Box::pin(self.by_resource(message, evaluator, caller)).await;
+        };
+        let mut sessions = aip_service::sync::lock(&self.session_watches.0);
+        let watching = sessions.entry(caller.session.clone()).or_default();
+        let name = &connection.connection().name;
+        let known = |w: &Watch| w.uri == uri && w.connection() == name.as_str();
+        if message.method() == Some("resources/unsubscribe") {
+            watching.retain(|w| !known(w));
+        } else if !watching.iter().any(known) {
+            if watching.len() >= MAX_SESSION_WATCHES {
+                let why = format!("a session watches at most {MAX_SESSION_WATCHES} resources");
+                return Reply::Message(super::present::error(
+                    Some(&id),
+                    codes::INVALID_PARAMS,
+                    &why,
+                    None,
+                ));
+            }
+            watching.push(self.watches.watch(&connection, &uri));
+        }
+        Reply::Message(json!({"jsonrpc": "2.0", "id": id, "result": {}}))
+    }
+}
+
+/// Whether the gateway can hear a connection's resource updates: an HTTP
+/// server that offers subscriptions.
+fn subscribable(connection: &ConnectionState) -> bool {
+    connection.upstream.notes().is_some()
+        && connection
+            .upstream
+            .server_capabilities()
+            .pointer("/resources/subscribe")
+            == Some(&json!(true))
+}
+
+impl SessionNotes {
+    /// The next note for the session; None once the gateway stops.
+    pub async fn next(&mut self) -> Option<Value> {
+        loop {
+            let (connection, note) = match self.notes.recv().await {
+                Ok(heard) => heard,
+                Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(broadcast::error::RecvError::Closed) => return None,
+            };
+            let method = note
+                .get("method")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let passed = match method {
+                "notifications/prompts/list_changed" => self.prompts,
+                "notifications/resources/list_changed" => self.resources,
+                UPDATED => {
+                    let uri = note.pointer("/params/uri").and_then(Value::as_str);
+                    let gateway = self.gateway.upgrade()?;
+                    let watches = &gateway.session_watches;
+                    uri.is_some_and(|uri| watches.watches(&self.session, &connection, uri))
+                }
+                _ => false,
+            };
+            if !passed {
+                continue;
+            }
+            let mut out = json!({"jsonrpc": "2.0", "method": method});
+            if let Some(uri) = note.pointer("/params/uri") {
+                out["params"] = json!({"uri": uri});
+            }
+            return Some(out);
         }
     }
 }

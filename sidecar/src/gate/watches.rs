@@ -1,7 +1,8 @@
-//! The resources agents watch (`resourceSubscriptions` of their
-//! `subscriptions/listen`), counted per connection and URI: a server is
+//! The resources agents watch (`resourceSubscriptions` of a modern
+//! agent's `subscriptions/listen`, `resources/subscribe` of a legacy
+//! agent's session), counted per connection and URI: a server is
 //! subscribed to a resource while at least one agent watches it, and
-//! unsubscribed when the last one hangs up.
+//! unsubscribed when the last one stops.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -14,6 +15,24 @@ type Counts = Arc<Mutex<HashMap<String, BTreeMap<String, usize>>>>;
 
 #[derive(Default)]
 pub(super) struct Watches(Counts);
+
+/// The most resources one legacy session watches.
+pub(super) const MAX_SESSION_WATCHES: usize = 64;
+
+/// What each legacy session watches (`resources/subscribe`), until it
+/// unsubscribes or ends.
+#[derive(Default)]
+pub(super) struct SessionWatches(pub(super) Mutex<HashMap<String, Vec<Watch>>>);
+
+impl SessionWatches {
+    /// Whether `session` watches `uri` on `connection`.
+    pub(super) fn watches(&self, session: &str, connection: &str, uri: &str) -> bool {
+        lock(&self.0).get(session).is_some_and(|w| {
+            w.iter()
+                .any(|w| w.uri == uri && w.connection() == connection)
+        })
+    }
+}
 
 /// One agent's watch of one resource, given up when dropped.
 pub(super) struct Watch {
