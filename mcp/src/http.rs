@@ -92,6 +92,9 @@ pub struct HttpUpstream {
     /// The resources agents want updates of: the listener keeps the
     /// server's subscriptions in step with it.
     pub(super) watched: watch::Sender<std::collections::BTreeSet<String>>,
+    /// The server's tasks agents want `notifications/tasks` of (a modern
+    /// server's: its listen stream asks for them).
+    pub(super) watched_tasks: watch::Sender<std::collections::BTreeSet<String>>,
 }
 
 impl HttpUpstream {
@@ -121,6 +124,7 @@ impl HttpUpstream {
             notes: tokio::sync::broadcast::Sender::new(64),
             stream_state: watch::Sender::new(StreamState::Closed),
             watched: watch::Sender::new(std::collections::BTreeSet::new()),
+            watched_tasks: watch::Sender::new(std::collections::BTreeSet::new()),
         })
     }
 
@@ -145,6 +149,16 @@ impl HttpUpstream {
         self.watched.send_if_modified(|watched| {
             let changed = *watched != uris;
             *watched = uris;
+            changed
+        });
+    }
+
+    /// The server's tasks (its ids) agents want `notifications/tasks` of:
+    /// a modern server's listen stream is opened again to ask for them.
+    pub fn watch_tasks(&self, ids: std::collections::BTreeSet<String>) {
+        self.watched_tasks.send_if_modified(|watched| {
+            let changed = *watched != ids;
+            *watched = ids;
             changed
         });
     }

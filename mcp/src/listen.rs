@@ -31,6 +31,7 @@ use crate::sse;
 const NOTES_PROMPTS: &str = "notifications/prompts/list_changed";
 const NOTES_RESOURCES: &str = "notifications/resources/list_changed";
 const NOTES_UPDATED: &str = "notifications/resources/updated";
+const NOTES_TASKS: &str = "notifications/tasks";
 
 /// The longest wait between reconnects of a failing stream.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -57,6 +58,10 @@ impl HttpUpstream {
         let mut backoff = Duration::from_secs(1);
         let mut refused = 0u64;
         let mut last_event: Option<(u64, String)> = None;
+        // What agents watch changing is worth another attempt at a
+        // session's stream the server refused.
+        let mut resources = self.watched.subscribe();
+        let mut tasks = self.watched_tasks.subscribe();
         loop {
             let session = self
                 .cached_session()
@@ -65,6 +70,8 @@ impl HttpUpstream {
             let Some(session) = session else {
                 tokio::select! {
                     changed = sessions.changed() => if changed.is_err() { return },
+                    _ = resources.changed() => refused = 0,
+                    _ = tasks.changed() => refused = 0,
                     () = stop.cancelled() => return,
                 }
                 continue;
@@ -73,12 +80,15 @@ impl HttpUpstream {
             last_event.take_if(|(generation, _)| *generation != session.generation());
             let mut watched = self.watched.subscribe();
             watched.mark_unchanged();
+            tasks.mark_unchanged();
+            resources.mark_unchanged();
             let listened = tokio::select! {
                 l = self.listen_once(&session, &mut last_event, &stop) => l,
                 // A new session: this stream belongs to the old one.
                 _ = sessions.wait_for(|g| *g != session.generation()) => Listened::Replaced,
                 // A modern stream's filter changed: it is opened again.
                 () = self.follow_watched(&session, &mut watched) => Listened::Replaced,
+                _ = tasks.changed(), if session.modern => Listened::Replaced,
             };
             self.stream_state.send_replace(match listened {
                 Listened::Refused => StreamState::Unsupported,
@@ -129,8 +139,20 @@ impl HttpUpstream {
                 if !watched.is_empty() {
                     notifications["resourceSubscriptions"] = json!(watched);
                 }
+                let mut params = json!({});
+                let tasks = self.watched_tasks.borrow().clone();
+                if !tasks.is_empty() {
+                    // Task notifications need the extension declared.
+                    notifications["taskIds"] = json!(tasks);
+                    params["_meta"] = json!({
+                        (crate::modern::META_VERSION): crate::modern::VERSION,
+                        (crate::modern::META_CAPABILITIES):
+                            {"extensions": {(crate::modern::TASKS_EXTENSION): {}}},
+                    });
+                }
+                params["notifications"] = notifications;
                 let listen = json!({"jsonrpc": "2.0", "id": "aip-listen", "method": "subscriptions/listen",
-                    "params": {"notifications": notifications}});
+                    "params": params});
                 self.post(Some(session), &listen).await
             } else {
                 self.get_stream(session.id.as_deref(), &session.protocol_version, last_id)
@@ -263,7 +285,10 @@ impl HttpUpstream {
                 self.list_changed().notify_one();
                 return;
             }
-            (Some(NOTES_PROMPTS | NOTES_RESOURCES | NOTES_UPDATED), None) => {
+            (Some(NOTES_PROMPTS | NOTES_RESOURCES | NOTES_UPDATED), None)
+            | (Some(NOTES_TASKS), None)
+                if session.modern || method != Some(NOTES_TASKS) =>
+            {
                 let _ = self.notes.send(message);
                 return;
             }

@@ -125,6 +125,14 @@ impl Upstream {
         }
     }
 
+    /// The server's tasks agents want notifications of (modern HTTP
+    /// servers).
+    pub fn watch_tasks(&self, ids: std::collections::BTreeSet<String>) {
+        if let Upstream::Http(u) = self {
+            u.watch_tasks(ids);
+        }
+    }
+
     /// The resources the server is to be subscribed to, as agents watch
     /// them now.
     pub fn watched_resources(&self) -> std::collections::BTreeSet<String> {

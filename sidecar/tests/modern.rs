@@ -325,7 +325,8 @@ async fn an_agent_without_the_extension_keeps_the_held_call() {
 /// A modern server with the tasks extension: `slow` answers a call that
 /// declares the extension with a task, which asks for a name, then
 /// completes with a greeting carrying an e-mail address; `odd` answers with
-/// a task of a status the extension does not have. Every request is kept.
+/// a task of a status the extension does not have; a listen stream asking
+/// about the task tells it completed. Every request is kept.
 async fn tasking_server(seen: Arc<Mutex<Vec<Value>>>, shutdown: CancellationToken) -> String {
     let answered = Arc::new(AtomicBool::new(false));
     let task = |status: &str| {
@@ -370,6 +371,16 @@ async fn tasking_server(seen: Arc<Mutex<Vec<Value>>>, shutdown: CancellationToke
                 "tasks/update" => {
                     answered.store(true, Ordering::SeqCst);
                     json!({})
+                }
+                // Asked about its task, the stream tells it is done (and
+                // ends: the gateway comes back).
+                "subscriptions/listen" if m["params"]["notifications"]["taskIds"] == json!(["srv-1"]) => {
+                    let mut done = task("completed");
+                    done["result"] = json!({"content": [{"type": "text", "text": "done, mail luca@example.com"}]});
+                    let ack = json!({"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
+                        "params": {"notifications": {"taskIds": ["srv-1"]}}});
+                    let note = json!({"jsonrpc": "2.0", "method": "notifications/tasks", "params": done});
+                    return (200, json!({"__sse": [ack, note], "__result": {"resultType": "complete"}}));
                 }
                 _ => json!({}),
             };
@@ -531,5 +542,125 @@ async fn a_servers_task_is_relayed_under_a_gateway_id() {
     let refused = modern(&s, "a", true, "tasks/get", json!({"taskId": id})).await;
     assert_eq!(refused.json()["error"]["code"], -32001, "{refused:?}");
     assert_eq!(sent("tasks/get").len(), polls);
+    shutdown.cancel();
+}
+
+/// A `subscriptions/listen` of agent `agent` for the tasks `ids`.
+async fn listen_tasks(s: &Stack, agent: &str, declared: bool, ids: &[&str]) -> common::Sse {
+    let body = json!({"jsonrpc": "2.0", "id": "t", "method": "subscriptions/listen",
+        "params": {"notifications": {"taskIds": ids}, "_meta": meta(agent, declared)}});
+    let headers = [
+        ("mcp-protocol-version", "2026-07-28"),
+        ("mcp-method", "subscriptions/listen"),
+    ];
+    common::Sse::open(s.addr, "POST", &headers, &body.to_string()).await
+}
+
+/// The task notifications on `stream` until one shows the task ended.
+async fn until_ended(stream: &mut common::Sse) -> Value {
+    loop {
+        let note = stream.next().await.unwrap();
+        assert_eq!(note["method"], "notifications/tasks", "{note}");
+        assert_eq!(
+            note["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
+            "t"
+        );
+        if !matches!(
+            note["params"]["status"].as_str(),
+            Some("working" | "input_required")
+        ) {
+            return note["params"].clone();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_follows_its_approval_task_on_a_listen_stream() {
+    let s = Stack::start(Setup {
+        faults: DEPLOY,
+        policy: ASKING,
+        ..Setup::default()
+    })
+    .await;
+    let call = json!({"name": "up_deploy", "arguments": {}});
+    let created = modern(&s, "a", true, "tools/call", call).await;
+    let id = created.json()["result"]["taskId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // Without the extension declared: refused, as the extension has it.
+    let undeclared = listen_tasks(&s, "a", false, &[&id]).await;
+    assert_eq!(undeclared.status, 400);
+    assert!(undeclared.text().await.contains("-32021"));
+    // Another agent's listen does not follow it.
+    let mut other = listen_tasks(&s, "b", true, &[&id]).await;
+    let ack = other.next().await.unwrap();
+    assert_eq!(ack["params"]["notifications"], json!({}), "{ack}");
+
+    let mut stream = listen_tasks(&s, "a", true, &[&id, "made-up"]).await;
+    let ack = stream.next().await.unwrap();
+    assert_eq!(
+        ack["params"]["notifications"]["taskIds"],
+        json!([id]),
+        "{ack}"
+    );
+    s.gateway
+        .approvals
+        .decide(&pending(&s).await, true)
+        .unwrap();
+    let done = until_ended(&mut stream).await;
+    assert_eq!(done["taskId"], json!(id));
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["result"]["content"][0]["text"], "deployed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_servers_task_notifications_reach_the_agent_that_follows_it() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let shutdown = CancellationToken::new();
+    let url = tasking_server(seen.clone(), shutdown.clone()).await;
+    let policy = "  allowed_tools: [up_slow]\n  dlp:\n    patterns:\n      - {name: Email, regex: '[a-z]+@[a-z]+\\.com'}\n";
+    let s = Stack::start(Setup {
+        url: Some(url),
+        policy,
+        ..Setup::default()
+    })
+    .await;
+    let call = json!({"name": "up_slow", "arguments": {}});
+    let created = modern(&s, "a", true, "tools/call", call).await;
+    let id = created.json()["result"]["taskId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut stream = listen_tasks(&s, "a", true, &[&id]).await;
+    let ack = stream.next().await.unwrap();
+    assert_eq!(
+        ack["params"]["notifications"]["taskIds"],
+        json!([id]),
+        "{ack}"
+    );
+    let done = until_ended(&mut stream).await;
+    assert_eq!(done["taskId"], json!(id), "under the gateway's id: {done}");
+    let text = done["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(
+        text.starts_with("done") && !text.contains("luca@example.com"),
+        "{text}"
+    );
+    // The server was asked on the gateway's stream, with the extension
+    // declared and its own id.
+    let listens: Vec<Value> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|m| m["method"] == "subscriptions/listen")
+        .cloned()
+        .collect();
+    let asked = listens
+        .iter()
+        .find(|m| m["params"]["notifications"]["taskIds"] == json!(["srv-1"]))
+        .expect("the gateway asked the server about its task");
+    let declared = &asked["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"];
+    assert_eq!(declared["extensions"], json!({TASKS: {}}), "{asked}");
     shutdown.cancel();
 }

@@ -364,6 +364,9 @@ impl Gateway {
         if verdict.decision != Decision::Allow {
             return Err(verdict.response().map_or(Reply::Nothing, Reply::Message));
         }
+        if let Some(refused) = subscriptions::refuse_undeclared_tasks(message) {
+            return Err(Reply::Message(refused));
+        }
         Ok(self.subscription(message, &evaluator).await)
     }
 

@@ -36,11 +36,11 @@ const RETENTION: Duration = Duration::from_secs(600);
 /// Where a server's task lives.
 #[derive(Clone)]
 pub(super) struct Relayed {
-    connection: Arc<ConnectionState>,
+    pub(super) connection: Arc<ConnectionState>,
     /// The server's id for it: never shown to the agent.
-    upstream_id: String,
+    pub(super) upstream_id: String,
     /// The tool, as the agent calls it.
-    tool: String,
+    pub(super) tool: String,
 }
 
 /// The fields of a task the agent is shown (the extension's, no others).
@@ -56,7 +56,7 @@ const TASK_FIELDS: &[&str] = &[
     "inputRequests",
 ];
 
-fn status_of(task: &Value) -> &'static str {
+pub(super) fn status_of(task: &Value) -> &'static str {
     let status = task.get("status").and_then(Value::as_str);
     TASK_STATUSES
         .iter()
@@ -118,7 +118,7 @@ impl Gateway {
 
     /// A server's task as the agent sees it: the extension's fields under
     /// the gateway's id, redacted as a direct result would be.
-    fn task_view(
+    pub(super) fn task_view(
         &self,
         task: &Value,
         gateway_id: &str,
@@ -245,7 +245,7 @@ impl Gateway {
 
     /// Records the status a server showed; an end shortens the binding to
     /// the retention.
-    fn saw_status(&self, gateway_id: &str, status: &'static str) {
+    pub(super) fn saw_status(&self, gateway_id: &str, status: &'static str) {
         if let Some(task) = lock(&self.tasks.0).get_mut(gateway_id) {
             task.status = status;
             if terminal(status) {

@@ -5,12 +5,16 @@
 //! servers' prompts and resources list changes where the policy allows
 //! listing them; and updates of the resources it asked about
 //! (`resourceSubscriptions`) that the policy lets it read, whose server
-//! offers subscriptions (watches.rs keeps the servers subscribed). Task
-//! notifications are not offered yet, so the acknowledgement leaves them
-//! out of the filter it echoes.
+//! offers subscriptions (watches.rs keeps the servers subscribed); and
+//! `notifications/tasks` for the tasks it asked about (`taskIds`) that are
+//! its own: the gateway's (as their status changes) and modern servers'
+//! (asked for on the gateway's listen stream to the server, checked and
+//! shown under the gateway's id).
 
 use aip_mcp::jsonrpc::Message;
-use aip_mcp::modern::META_SUBSCRIPTION;
+use std::sync::{Arc, Weak};
+
+use aip_mcp::modern::{META_SUBSCRIPTION, MISSING_CAPABILITY, TASKS_EXTENSION, declares_tasks};
 use aip_policy::{Decision, Evaluator, Request, codes};
 use serde_json::{Value, json};
 use tokio::sync::{broadcast, watch};
@@ -18,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Gateway;
 use super::present::server_info;
+use super::relayed_tasks::Relayed;
 use super::watches::{MAX_SESSION_WATCHES, Watch};
 use crate::upstream::health::ConnectionState;
 
@@ -25,6 +30,8 @@ use crate::upstream::health::ConnectionState;
 /// hangs up.
 pub struct Subscription {
     id: Value,
+    /// The agent (its `clientInfo` name), whose tasks it may follow.
+    owner: String,
     honored: Value,
     prompts: bool,
     resources: bool,
@@ -32,6 +39,14 @@ pub struct Subscription {
     /// The resources it watches (the servers stay subscribed while it
     /// holds them).
     watching: Vec<Watch>,
+    /// The gateway's own tasks it follows (`taskIds`).
+    own_tasks: Vec<String>,
+    /// The servers' tasks it follows: the gateway's id, where the task
+    /// lives, and the watch that keeps the server telling.
+    relayed_tasks: Vec<(String, Relayed, Watch)>,
+    task_changes: broadcast::Receiver<String>,
+    gateway: Weak<Gateway>,
+    evaluator: Arc<Evaluator>,
     notes: broadcast::Receiver<(String, Value)>,
     shutdown: CancellationToken,
 }
@@ -47,7 +62,7 @@ impl Gateway {
     pub(super) async fn subscription(
         &self,
         message: &Message,
-        evaluator: &Evaluator,
+        evaluator: &Arc<Evaluator>,
     ) -> Subscription {
         let asked = message
             .params()
@@ -85,20 +100,93 @@ impl Gateway {
             let uris: Vec<&str> = watching.iter().map(|w| w.uri.as_str()).collect();
             honored.insert("resourceSubscriptions".into(), json!(uris));
         }
+        let (own_tasks, relayed_tasks) = self.follow_tasks(&asked, message);
+        let followed: Vec<&String> = own_tasks
+            .iter()
+            .chain(relayed_tasks.iter().map(|(id, _, _)| id))
+            .collect();
+        if !followed.is_empty() {
+            honored.insert("taskIds".into(), json!(followed));
+        }
         Subscription {
             id: message.id().cloned().unwrap_or(Value::Null),
+            owner: super::tasks::owner_of(message),
             honored: Value::Object(honored),
             prompts,
             resources,
             tools_changed: tools.then(|| self.tools_changed()),
             watching,
+            own_tasks,
+            relayed_tasks,
+            task_changes: self.tasks.1.subscribe(),
+            gateway: self.me.clone(),
+            evaluator: evaluator.clone(),
             notes: self.connections.notes.subscribe(),
             shutdown: self.shutdown.clone(),
         }
     }
 }
 
+/// A listen that asks for task notifications without declaring the tasks
+/// extension is refused, as the extension has it (-32021).
+pub(super) fn refuse_undeclared_tasks(message: &Message) -> Option<Value> {
+    let asked = message.params()?.get("notifications")?.get("taskIds")?;
+    if asked.as_array().is_none_or(Vec::is_empty) || declares_tasks(&message.value) {
+        return None;
+    }
+    let why = format!(
+        "taskIds needs the {TASKS_EXTENSION} extension declared in the request's capabilities"
+    );
+    let data = json!({"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}});
+    Some(super::present::error(
+        message.id(),
+        MISSING_CAPABILITY,
+        &why,
+        Some(data),
+    ))
+}
+
 impl Gateway {
+    /// The tasks a listen asked to follow that are the agent's own: the
+    /// gateway's, and the servers' (whose modern HTTP server is then asked
+    /// to tell about them).
+    fn follow_tasks(
+        &self,
+        asked: &Value,
+        message: &Message,
+    ) -> (Vec<String>, Vec<(String, Relayed, Watch)>) {
+        let owner = super::tasks::owner_of(message);
+        let ids = asked.get("taskIds").and_then(Value::as_array);
+        let mut own = Vec::new();
+        let mut relayed = Vec::new();
+        for id in ids
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .take(MAX_WATCHED)
+        {
+            let found = {
+                let tasks = aip_service::sync::lock(&self.tasks.0);
+                tasks
+                    .get(id)
+                    .filter(|t| t.owner == owner)
+                    .map(|t| t.relayed.clone())
+            };
+            match found {
+                Some(None) if !own.iter().any(|o| o == id) => own.push(id.to_owned()),
+                Some(Some(r))
+                    if r.connection.upstream.modern()
+                        && !relayed.iter().any(|(o, _, _)| o == id) =>
+                {
+                    let watch = self.watches.watch_task(&r.connection, &r.upstream_id);
+                    relayed.push((id.to_owned(), r, watch));
+                }
+                _ => {}
+            }
+        }
+        (own, relayed)
+    }
+
     /// Watches the resources a listen asked about that the policy lets
     /// the agent read and whose server offers subscriptions (an HTTP one:
     /// a stdio server's updates are not heard).
@@ -139,8 +227,41 @@ fn allowed(evaluator: &Evaluator, method: &str) -> bool {
 }
 
 const UPDATED: &str = "notifications/resources/updated";
+const TASK_NOTE: &str = "notifications/tasks";
 
 impl Subscription {
+    /// `notifications/tasks` with a task as `tasks/get` shows it.
+    fn task_note(&self, mut view: Value) -> Value {
+        view["_meta"] = json!({META_SUBSCRIPTION: self.id});
+        json!({"jsonrpc": "2.0", "method": TASK_NOTE, "params": view})
+    }
+
+    fn own_task_note(&self, id: &str) -> Option<Value> {
+        let gateway = self.gateway.upgrade()?;
+        let owner = self.owner.as_str();
+        let view = gateway.own_task_view(id, owner)?;
+        Some(self.task_note(view))
+    }
+
+    /// A server's `notifications/tasks` about a task this subscription
+    /// follows, checked as `tasks/get` answers are and shown under the
+    /// gateway's id.
+    fn relayed_task_note(&self, connection: &str, note: &Value) -> Option<Value> {
+        let task = note.get("params")?;
+        let upstream_id = task.get("taskId").and_then(Value::as_str)?;
+        let (id, relayed, _) = self.relayed_tasks.iter().find(|(_, r, _)| {
+            r.upstream_id == upstream_id && r.connection.connection().name == connection
+        })?;
+        if let Err(failure) = aip_mcp::protocol::check_task(task) {
+            tracing::warn!(connection, error = ?failure, "a server's task notification is malformed; dropped");
+            return None;
+        }
+        let gateway = self.gateway.upgrade()?;
+        gateway.saw_status(id, super::relayed_tasks::status_of(task));
+        let view = gateway.task_view(task, id, &relayed.tool, &self.evaluator);
+        Some(self.task_note(view))
+    }
+
     /// The resource an update from `connection` is about, when this
     /// subscription watches it there.
     fn watched(&self, connection: &str, note: &Value) -> Option<String> {
@@ -174,12 +295,24 @@ impl Subscription {
                 }
             };
             let method = tokio::select! {
+                changed = self.task_changes.recv(), if !self.own_tasks.is_empty() => match changed {
+                    Ok(id) if self.own_tasks.contains(&id) => match self.own_task_note(&id) {
+                        Some(note) => return Some(note),
+                        None => continue,
+                    },
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                    _ => continue,
+                },
                 changed = tools => match changed {
                     true => "notifications/tools/list_changed",
                     false => return None,
                 },
                 note = self.notes.recv() => match note {
                     Ok((connection, note)) => match note.get("method").and_then(Value::as_str) {
+                        Some(TASK_NOTE) => match self.relayed_task_note(&connection, &note) {
+                            Some(note) => return Some(note),
+                            None => continue,
+                        },
                         Some(UPDATED) => match self.watched(&connection, &note) {
                             Some(uri) => return Some(json!({"jsonrpc": "2.0", "method": UPDATED,
                                 "params": {"_meta": {META_SUBSCRIPTION: self.id}, "uri": uri}})),

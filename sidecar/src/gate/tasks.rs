@@ -38,8 +38,18 @@ const RETENTION: Duration = Duration::from_secs(600);
 /// How often an agent is asked to poll.
 const POLL_INTERVAL_MS: u64 = 1000;
 
-#[derive(Default)]
-pub(super) struct Tasks(pub(super) Mutex<HashMap<String, Task>>);
+pub(super) struct Tasks(
+    pub(super) Mutex<HashMap<String, Task>>,
+    /// The id of each of the gateway's own tasks as its status changes
+    /// (for `notifications/tasks`).
+    pub(super) tokio::sync::broadcast::Sender<String>,
+);
+
+impl Default for Tasks {
+    fn default() -> Self {
+        Tasks(Mutex::default(), tokio::sync::broadcast::Sender::new(64))
+    }
+}
 
 pub(super) struct Task {
     pub(super) owner: String,
@@ -245,7 +255,17 @@ impl Gateway {
             message.clone_into(&mut task.message);
             task.updated = SystemTime::now();
             task.outcome = outcome;
+            let _ = self.tasks.1.send(id.to_owned());
         }
+    }
+
+    /// One of the gateway's own tasks as `tasks/get` shows it to `owner`.
+    pub(super) fn own_task_view(&self, id: &str, owner: &str) -> Option<Value> {
+        let tasks = lock(&self.tasks.0);
+        let task = tasks
+            .get(id)
+            .filter(|t| t.owner == owner && t.relayed.is_none())?;
+        Some(task.view(id, self.task_ttl()))
     }
 
     /// `tasks/get`, `tasks/update` and `tasks/cancel` of a modern agent
@@ -312,6 +332,7 @@ impl Gateway {
                     task.status = "cancelled";
                     "cancelled by the agent".clone_into(&mut task.message);
                     task.updated = now;
+                    let _ = self.tasks.1.send(task_id.to_owned());
                 }
                 json!({"resultType": "complete"})
             }
