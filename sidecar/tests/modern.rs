@@ -664,3 +664,71 @@ async fn a_servers_task_notifications_reach_the_agent_that_follows_it() {
     assert_eq!(declared["extensions"], json!({TASKS: {}}), "{asked}");
     shutdown.cancel();
 }
+
+/// A legacy server asking for input while serving a prompt: the modern
+/// agent gets `input_required`, and its retry answers the server's open
+/// request — the server serves the prompt once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_legacy_servers_question_during_a_prompt_is_answered_by_the_retry() {
+    let seen = Arc::new(Mutex::new(Vec::<Value>::new()));
+    let shutdown = CancellationToken::new();
+    let log = seen.clone();
+    let url = common::scripted_server(
+        move |m| {
+            log.lock().unwrap().push(m.clone());
+            match m["method"].as_str() {
+                Some("initialize") => (200, json!({"protocolVersion": "2025-11-25",
+                    "capabilities": {"tools": {}, "prompts": {}},
+                    "serverInfo": {"name": "asking", "version": "1"}})),
+                Some("server/discover") => (404, Value::Null),
+                Some("tools/list") => (200, json!({"tools": []})),
+                Some("prompts/list") => (200, json!({"prompts": [{"name": "greet"}]})),
+                Some("prompts/get") => (200, json!({
+                    "__sse": [{"jsonrpc": "2.0", "id": "q1", "method": "elicitation/create",
+                        "params": {"message": "Your name?", "requestedSchema": {"type": "object"}}}],
+                    "__result": {"messages": [{"role": "user",
+                        "content": {"type": "text", "text": "hello"}}]}})),
+                _ => (202, Value::Null), // the agent's answer, notifications
+            }
+        },
+        shutdown.clone(),
+    )
+    .await;
+    let s = Stack::start(Setup {
+        url: Some(url),
+        prefix: "",
+        policy: "  allowed_methods: [server/discover, prompts/list, prompts/get]\n",
+        connection: "  clientCapabilities: {elicitation: true}\n",
+        ..Setup::default()
+    })
+    .await;
+    let mut asking = meta("a", false);
+    asking["io.modelcontextprotocol/clientCapabilities"]["elicitation"] = json!({});
+    let first = modern_with(&s, asking.clone(), "prompts/get", json!({"name": "greet"})).await;
+    let asked = first.json()["result"].clone();
+    assert_eq!(asked["resultType"], "input_required", "{first:?}");
+    assert_eq!(
+        asked["inputRequests"]["aip"]["method"],
+        "elicitation/create"
+    );
+    let retry = json!({"name": "greet", "requestState": asked["requestState"],
+        "inputResponses": {"aip": {"action": "accept", "content": {"name": "Luca"}}}});
+    let second = modern_with(&s, asking, "prompts/get", retry).await;
+    let served = second.json()["result"].clone();
+    assert_eq!(
+        served["messages"][0]["content"]["text"], "hello",
+        "{second:?}"
+    );
+    let seen = seen.lock().unwrap();
+    let gets = seen.iter().filter(|m| m["method"] == "prompts/get").count();
+    assert_eq!(gets, 1, "the server served the prompt once");
+    let answer = seen
+        .iter()
+        .find(|m| m["id"] == "q1" && m.get("method").is_none());
+    assert_eq!(
+        answer.map(|a| a["result"]["content"]["name"].clone()),
+        Some(json!("Luca")),
+        "the server's question was answered"
+    );
+    shutdown.cancel();
+}

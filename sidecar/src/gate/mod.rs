@@ -685,8 +685,16 @@ impl Gateway {
         let name = connection.connection().name.clone();
         request["id"] = json!(self.fresh_id());
         let tracked = self.in_flight.track(&caller.session, message.id());
-        let exchange = self.exchange(connection, request, caller, evaluator, &tracked.cancelled);
-        let outcome = Box::pin(exchange).await;
+        let cancel = &tracked.cancelled;
+        // A modern agent's answer to a legacy server's question asked while
+        // serving a prompt or a read.
+        let resuming = caller.modern.then(|| parked::handle_in(message)).flatten();
+        let outcome = match resuming {
+            Some(handle) => {
+                Box::pin(self.resume(&handle, &request, caller, evaluator, cancel)).await
+            }
+            None => Box::pin(self.exchange(connection, request, caller, evaluator, cancel)).await,
+        };
         drop(tracked);
         match outcome {
             None => Reply::Nothing,

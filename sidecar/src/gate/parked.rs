@@ -11,7 +11,9 @@
 //! The `requestState` the agent carries is a handle, not state: 128 random
 //! bits naming a parked call, good once, only for the client that made the
 //! call (its `clientInfo` name) and only for a retry of the very call (the
-//! same tool and arguments); the policy decides the retry like any call.
+//! same method, tool or prompt and arguments, or URI: a `tools/call`,
+//! `prompts/get` and `resources/read` may each be parked); the policy
+//! decides the retry like any call.
 //! Nothing of the gateway's rides in it, so there is nothing to forge or
 //! replay. At most `MAX_PARKED` calls wait at once, each at most as long as
 //! an approval may; one that expires is cancelled upstream.
@@ -111,8 +113,9 @@ pub(super) struct Waiting {
 
 struct ParkedCall {
     owner: String,
-    /// The tool and arguments the retry must repeat.
-    call: (Value, Value),
+    /// The method and what it names (tool or prompt and arguments, or
+    /// URI) the retry must repeat.
+    call: Value,
     connection: Arc<ConnectionState>,
     question: Value,
     waiting: Waiting,
@@ -141,8 +144,9 @@ fn owner_of(request: &Value) -> String {
         .to_owned()
 }
 
-/// The tool and arguments of a tools/call, as the retry must repeat them.
-fn call_of(request: &Value) -> (Value, Value) {
+/// What a call names (its method, the tool or prompt and its arguments,
+/// or the resource), as the retry must repeat it.
+fn call_of(request: &Value) -> Value {
     let params = request.get("params");
     let field = |k: &str| {
         params
@@ -150,7 +154,12 @@ fn call_of(request: &Value) -> (Value, Value) {
             .cloned()
             .unwrap_or(Value::Null)
     };
-    (field("name"), field("arguments"))
+    json!([
+        request["method"],
+        field("name"),
+        field("arguments"),
+        field("uri")
+    ])
 }
 
 /// The gateway's handle in a retry, if it carries one.
