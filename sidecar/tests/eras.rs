@@ -476,3 +476,55 @@ async fn a_legacy_session_s_subscription_brings_updates_from_either_era() {
         );
     }
 }
+
+/// The stdio wrap speaks both eras on its one channel: the Python SDK's
+/// client in its default mode launches `aip-sidecar stdio` around the Go
+/// SDK's server (over stdio, so legacy), finds the wrap answers
+/// `server/discover` and speaks 2026-07-28 to it — a plain call, the
+/// server's question answered by the agent's retry, a blocked call — and
+/// forced legacy it speaks the handshake era, as before.
+#[test]
+fn the_stdio_wrap_serves_a_modern_agent_and_a_legacy_one() {
+    let dir = std::env::temp_dir().join(format!("aip-eras-stdio-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let policy = dir.join("policy.yaml");
+    std::fs::write(&policy, format!("apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {{name: desktop}}\nspec:\n{POLICY}")).unwrap();
+    let server = repo().join("target/peers/mcp-conformance-server");
+    assert!(
+        server.exists(),
+        "{} is missing: run `make go-peers`",
+        server.display()
+    );
+    for (mode, version) in [("auto", "2026-07-28"), ("legacy", "2025-11-25")] {
+        let out = Command::new(python())
+            .arg(repo().join("sidecar/tests/interop/eras_client.py"))
+            .args(["stdio", mode, &calls("test_elicitation").to_string()])
+            .arg(env!("CARGO_BIN_EXE_aip-sidecar"))
+            .args([
+                "stdio",
+                "--policy",
+                policy.to_str().unwrap(),
+                "--audit",
+                "/dev/null",
+            ])
+            .args(["--allow-capability", "elicitation", "--"])
+            .arg(&server)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "client failed ({mode}):\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        check(&report, version);
+        assert_eq!(
+            report["elicited"][0]["message"], "What is your name?",
+            "{report}"
+        );
+        assert!(
+            report["results"][1].to_string().contains("octocat"),
+            "{report}"
+        );
+    }
+}

@@ -11,6 +11,13 @@
 //! stdout itself, so progress, logging and relayed server requests reach it
 //! while the request runs; `notifications/tools/list_changed` follows the
 //! tools it may see, once it has initialized.
+//!
+//! Both eras share the channel, decided per message: one whose `_meta`
+//! names a protocol version is a 2026-07-28 message, checked as the
+//! revision says (no headers on stdio) and served without initialize; its
+//! `subscriptions/listen` streams its notifications onto stdout, tagged
+//! with its id, until `notifications/cancelled` names that id (at most
+//! [`MAX_LISTENS`] at once).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +28,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
 use crate::gate::{Caller, Gateway, Reply};
 use aip_service::budget::Budget;
@@ -36,6 +44,12 @@ const MAX_QUEUED: usize = 1024;
 /// reserves four times its size); past it, stdin is not read.
 const IN_FLIGHT_BUDGET: usize = 32 * 1024 * 1024;
 const EXPANSION: usize = 4;
+/// Modern subscriptions open at once, at most.
+pub const MAX_LISTENS: usize = 16;
+
+/// The agent's open modern subscriptions: the listen request's id (as JSON
+/// text) -> what ends it.
+type Listens = Arc<std::sync::Mutex<std::collections::HashMap<String, CancellationToken>>>;
 /// How long calls still in flight when stdin ends may take to be answered.
 const DRAIN: Duration = Duration::from_secs(5);
 
@@ -63,6 +77,7 @@ where
         to_agent.clone(),
     ));
     let limit = gateway.limits().max_bytes;
+    let listens = Listens::default();
     let mut input = BufReader::new(input);
     loop {
         let Ok(permit) = slots.clone().acquire_owned().await else {
@@ -81,8 +96,12 @@ where
         let reserved = budget.reserve(EXPANSION * size).await;
         let (gateway, caller, to_agent) = (gateway.clone(), caller.clone(), to_agent.clone());
         let initialized = initialized.clone();
+        let listens = listens.clone();
         handling.spawn(async move {
             let reply = match line.parse(&gateway) {
+                Ok(message) if aip_mcp::modern::claims_modern(&message.value) => {
+                    modern(&gateway, message, &to_agent, &listens).await
+                }
                 Ok(message) => {
                     let initializes = message.method() == Some("initialize");
                     let reply = gateway.handle_message(message, &caller).await;
@@ -102,8 +121,12 @@ where
         });
     }
     // The agent is done sending: nobody is left to decide for the asks it
-    // left waiting, but the calls it made may still be answered.
+    // left waiting, but the calls it made may still be answered; its
+    // subscriptions end.
     gateway.withdraw_asks(SESSION);
+    for (_, listen) in aip_service::sync::lock(&listens).drain() {
+        listen.cancel();
+    }
     if tokio::time::timeout(DRAIN, drain(&mut handling))
         .await
         .is_err()
@@ -133,6 +156,89 @@ impl Parse for Line {
                 },
                 id: None,
             }),
+        }
+    }
+}
+
+/// A 2026-07-28 message on the channel: checked as the revision says,
+/// then served (a listen opens its stream; a cancellation naming one ends
+/// it).
+async fn modern(
+    gateway: &Arc<Gateway>,
+    message: Message,
+    to_agent: &mpsc::Sender<Value>,
+    listens: &Listens,
+) -> Reply {
+    if let Err(invalid) = aip_mcp::modern::check_request(&message.value, None) {
+        let response = invalid.response(message.id());
+        let reason = response["error"]["message"].as_str().unwrap_or_default();
+        gateway.record_refusal(reason, message.id());
+        return match message.id() {
+            Some(_) => Reply::Message(response),
+            None => Reply::Nothing,
+        };
+    }
+    let cancelled = (message.method() == Some("notifications/cancelled"))
+        .then(|| message.params().and_then(|p| p.get("requestId")))
+        .flatten()
+        .and_then(|id| aip_service::sync::lock(listens).remove(&id.to_string()));
+    if let Some(listen) = cancelled {
+        listen.cancel();
+        return Reply::Nothing;
+    }
+    if message.method() == Some("subscriptions/listen") && message.id().is_some() {
+        return listen(gateway, &message, to_agent, listens).await;
+    }
+    let caller = Caller {
+        session: SESSION.to_owned(),
+        events: Some(to_agent.clone()),
+        modern: true,
+    };
+    gateway.handle_message(message, &caller).await
+}
+
+/// A modern `subscriptions/listen`: its acknowledgement, then its
+/// notifications, until the agent cancels it or the gateway stops (then
+/// its closing result).
+async fn listen(
+    gateway: &Arc<Gateway>,
+    message: &Message,
+    to_agent: &mpsc::Sender<Value>,
+    listens: &Listens,
+) -> Reply {
+    let key = message.id().map(Value::to_string).unwrap_or_default();
+    let ended = CancellationToken::new();
+    {
+        let mut open = aip_service::sync::lock(listens);
+        if open.len() >= MAX_LISTENS || open.contains_key(&key) {
+            let why = format!("at most {MAX_LISTENS} subscriptions at once, each under its own id");
+            let busy = json!({"jsonrpc": "2.0", "id": message.id(),
+                "error": {"code": aip_policy::codes::INTERNAL_ERROR, "message": why}});
+            return Reply::Message(busy);
+        }
+        open.insert(key.clone(), ended.clone());
+    }
+    let mut subscription = match gateway.listen(message).await {
+        Ok(s) => s,
+        Err(refused) => {
+            aip_service::sync::lock(listens).remove(&key);
+            return refused;
+        }
+    };
+    if to_agent.send(subscription.acknowledgement()).await.is_err() {
+        return Reply::Nothing;
+    }
+    loop {
+        let next = tokio::select! {
+            next = subscription.next() => next,
+            () = ended.cancelled() => return Reply::Nothing,
+        };
+        let Some(note) = next else {
+            aip_service::sync::lock(listens).remove(&key);
+            return Reply::Message(subscription.closing());
+        };
+        if to_agent.send(note).await.is_err() {
+            return Reply::Nothing;
         }
     }
 }

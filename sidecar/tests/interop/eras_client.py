@@ -2,6 +2,7 @@
 chosen protocol mode, for the era interop tests.
 
 Usage: eras_client.py URL MODE CALLS_JSON
+       eras_client.py stdio MODE CALLS_JSON COMMAND ARGS...
 
 MODE is the SDK's own: "auto" (its default: server/discover first, the
 initialize handshake only for a server that does not answer it), "legacy"
@@ -16,7 +17,7 @@ import json
 import os
 import sys
 
-from mcp import Client, types
+from mcp import Client, StdioServerParameters, types
 
 ELICITED = []
 
@@ -34,8 +35,8 @@ def dump(value):
     return value.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-async def main(url, mode, calls):
-    async with Client(url, mode=mode, elicitation_callback=elicit) as client:
+async def main(server, mode, calls):
+    async with Client(server, mode=mode, elicitation_callback=elicit) as client:
         report = {"protocol_version": client.protocol_version}
         report["tools"] = sorted(t.name for t in (await client.list_tools()).tools)
         results = []
@@ -50,4 +51,7 @@ async def main(url, mode, calls):
         print(json.dumps(report))
 
 
-asyncio.run(main(sys.argv[1], sys.argv[2], json.loads(sys.argv[3])))
+server = sys.argv[1]
+if server == "stdio":  # the command (the stdio wrap) runs as a subprocess
+    server = StdioServerParameters(command=sys.argv[4], args=sys.argv[5:])
+asyncio.run(main(server, sys.argv[2], json.loads(sys.argv[3])))
