@@ -146,21 +146,13 @@ impl HttpUpstream {
     /// the listener subscribes the server to them (and unsubscribes it
     /// from those no longer wanted), and their updates go to `notes`.
     pub fn watch_resources(&self, uris: std::collections::BTreeSet<String>) {
-        self.watched.send_if_modified(|watched| {
-            let changed = *watched != uris;
-            *watched = uris;
-            changed
-        });
+        replace_if_changed(&self.watched, uris);
     }
 
     /// The server's tasks (its ids) agents want `notifications/tasks` of:
     /// a modern server's listen stream is opened again to ask for them.
     pub fn watch_tasks(&self, ids: std::collections::BTreeSet<String>) {
-        self.watched_tasks.send_if_modified(|watched| {
-            let changed = *watched != ids;
-            *watched = ids;
-            changed
-        });
+        replace_if_changed(&self.watched_tasks, ids);
     }
 
     /// The session's standalone stream (see `listen`), as it changes.
@@ -323,11 +315,15 @@ impl HttpUpstream {
         modern::claims_modern(message)
             && modern::declares_tasks(message)
             && self.modern() == Some(true)
-            && self
-                .server_capabilities()
-                .pointer("/extensions")
-                .and_then(|e| e.get(modern::TASKS_EXTENSION))
-                .is_some()
+            && self.server_offers(&["extensions", modern::TASKS_EXTENSION])
+    }
+
+    /// Whether the capabilities the server last declared have `path`,
+    /// present and not `false`; read in place: this is asked on every call.
+    pub fn server_offers(&self, path: &[&str]) -> bool {
+        let capabilities = aip_service::sync::lock(&self.capabilities);
+        let found = path.iter().try_fold(&*capabilities, |at, key| at.get(*key));
+        found.is_some_and(|v| v.as_bool() != Some(false))
     }
 
     fn forget_era(&self) {
@@ -820,6 +816,16 @@ impl HttpUpstream {
         }
         Ok(request)
     }
+}
+
+/// Sends `value` when it differs from what `sender` holds (the listener
+/// reopens its stream only on a real change).
+fn replace_if_changed<T: PartialEq>(sender: &watch::Sender<T>, value: T) {
+    sender.send_if_modified(|held| {
+        let changed = *held != value;
+        *held = value;
+        changed
+    });
 }
 
 /// http:// or https:// (rustls: the connection's CA bundle or the built-in

@@ -82,6 +82,16 @@ pub fn declared_capabilities(message: &Value) -> Value {
         .unwrap_or_else(|| json!({}))
 }
 
+/// The client a modern request says it is (its `clientInfo` name; empty
+/// when it names none).
+pub fn client_name(message: &Value) -> &str {
+    meta(message)
+        .and_then(|m| m.get(META_CLIENT_INFO))
+        .and_then(|i| i.get("name"))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+}
+
 /// Whether a modern request declared the tasks extension.
 pub fn declares_tasks(message: &Value) -> bool {
     meta(message)

@@ -64,6 +64,16 @@ impl Upstream {
         Ok(exchange)
     }
 
+    /// Whether the capabilities the server last declared have `path`
+    /// (see `HttpUpstream::server_offers`); never for a stdio server, whose
+    /// notes are not heard.
+    pub fn server_offers(&self, path: &[&str]) -> bool {
+        match self {
+            Upstream::Http(u) => u.server_offers(path),
+            Upstream::Stdio(_) => false,
+        }
+    }
+
     /// Whether `message` goes to the server with the tasks extension
     /// declared (so that it may answer with a task).
     pub fn offers_tasks(&self, message: &Value) -> bool {

@@ -385,11 +385,8 @@ async fn tasking_server(seen: Arc<Mutex<Vec<Value>>>, shutdown: CancellationToke
                 _ => json!({}),
             };
             if result.get("__error").is_none() {
-                result["resultType"] =
-                    json!(result.get("resultType").unwrap_or(&json!("complete")));
-                if result["status"].is_string() && m["method"] == "tools/call" {
-                    result["resultType"] = json!("task");
-                }
+                let created = result["status"].is_string() && m["method"] == "tools/call";
+                result["resultType"] = json!(if created { "task" } else { "complete" });
             }
             (200, result)
         },

@@ -663,16 +663,11 @@ fn listen(state: &Arc<State>, req: &Request<Incoming>) -> Response<Body> {
         session.ended.clone()
     };
     let (tx, rx) = mpsc::channel::<Bytes>(8);
-    let mut changes = state.gateway.tools_changed();
     let mut notes = state.gateway.session_notes(id);
     let (state, id) = (state.clone(), id.to_owned());
     tokio::spawn(async move {
         loop {
             let note = tokio::select! {
-                changed = changes.changed() => match changed {
-                    Ok(()) => json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}),
-                    Err(_) => break,
-                },
                 note = notes.next() => match note {
                     Some(note) => note,
                     None => break,

@@ -255,23 +255,11 @@ async fn announce_tool_changes(
     mut initialized: watch::Receiver<bool>,
     to_agent: mpsc::Sender<Value>,
 ) {
-    let mut changes = gateway.tools_changed();
     if initialized.wait_for(|done| *done).await.is_err() {
         return;
     }
-    changes.mark_unchanged();
     let mut notes = gateway.session_notes(SESSION);
-    loop {
-        let note = tokio::select! {
-            changed = changes.changed() => match changed {
-                Ok(()) => json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}),
-                Err(_) => return,
-            },
-            note = notes.next() => match note {
-                Some(note) => note,
-                None => return,
-            },
-        };
+    while let Some(note) = notes.next().await {
         if to_agent.send(note).await.is_err() {
             return;
         }

@@ -602,7 +602,6 @@ impl Gateway {
         if let Some(refusal) = refuse_by_state(&route, &connection, &name) {
             return Reply::Message(json!({"jsonrpc": "2.0", "id": id, "error": refusal}));
         }
-        let resuming = caller.modern.then(|| parked::handle_in(&message)).flatten();
         // Who may read the task, should the server answer with one.
         let task_owner = (caller.modern && route.connection.upstream.offers_tasks(&message.value))
             .then(|| tasks::owner_of(&message));
@@ -619,17 +618,8 @@ impl Gateway {
         let tracked = self.in_flight.track(&caller.session, Some(&id));
         let started = Instant::now();
         let cancel = &tracked.cancelled;
-        let outcome = match resuming {
-            // A modern agent's answer to a legacy server's question.
-            Some(handle) => {
-                Box::pin(self.resume(&handle, &upstream_call, caller, evaluator, cancel)).await
-            }
-            None => {
-                let exchange =
-                    self.exchange(&route.connection, upstream_call, caller, evaluator, cancel);
-                Box::pin(exchange).await
-            }
-        };
+        let exchange = self.exchange(&route.connection, upstream_call, caller, evaluator, cancel);
+        let outcome = Box::pin(exchange).await;
         drop(tracked);
         let connection_labels = ConnectionLabels {
             connection: connection.clone(),
@@ -685,16 +675,8 @@ impl Gateway {
         let name = connection.connection().name.clone();
         request["id"] = json!(self.fresh_id());
         let tracked = self.in_flight.track(&caller.session, message.id());
-        let cancel = &tracked.cancelled;
-        // A modern agent's answer to a legacy server's question asked while
-        // serving a prompt or a read.
-        let resuming = caller.modern.then(|| parked::handle_in(message)).flatten();
-        let outcome = match resuming {
-            Some(handle) => {
-                Box::pin(self.resume(&handle, &request, caller, evaluator, cancel)).await
-            }
-            None => Box::pin(self.exchange(connection, request, caller, evaluator, cancel)).await,
-        };
+        let exchange = self.exchange(connection, request, caller, evaluator, &tracked.cancelled);
+        let outcome = Box::pin(exchange).await;
         drop(tracked);
         match outcome {
             None => Reply::Nothing,
@@ -715,10 +697,11 @@ impl Gateway {
         }
     }
 
-    /// Sends `request` upstream and sees it through: when a modern server
-    /// asks a legacy agent for input, the gateway asks the agent and
-    /// retries (input.rs); the request is kept for that only where a retry
-    /// may follow.
+    /// Sends `request` upstream and sees it through: a modern agent's
+    /// retry carrying a parked call's handle resumes that call instead
+    /// (parked.rs); when a modern server asks a legacy agent for input, the
+    /// gateway asks the agent and retries (input.rs); the request is kept
+    /// for that only where a retry may follow.
     async fn exchange(
         &self,
         connection: &Arc<ConnectionState>,
@@ -727,6 +710,11 @@ impl Gateway {
         evaluator: &Evaluator,
         cancel: &CancellationToken,
     ) -> Option<Result<aip_mcp::Exchange, Failure>> {
+        if caller.modern
+            && let Some(handle) = parked::handle_in(&request)
+        {
+            return Box::pin(self.resume(&handle, &request, caller, evaluator, cancel)).await;
+        }
         let retry = (!caller.modern && connection.upstream.modern()).then(|| request.clone());
         let outcome = self
             .call_upstream(connection, request, caller, evaluator, cancel)

@@ -21,8 +21,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use aip_mcp::jsonrpc::Message;
-use aip_mcp::modern::{META_CAPABILITIES, META_CLIENT_INFO};
+use aip_mcp::modern::META_CAPABILITIES;
 use aip_mcp::{Exchange, Failure};
 use aip_policy::{Direction, Evaluator, codes};
 use aip_service::sync::lock;
@@ -136,12 +135,7 @@ impl Drop for AbortOnDrop {
 }
 
 fn owner_of(request: &Value) -> String {
-    aip_mcp::modern::meta(request)
-        .and_then(|m| m.get(META_CLIENT_INFO))
-        .and_then(|i| i.get("name"))
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned()
+    aip_mcp::modern::client_name(request).to_owned()
 }
 
 /// What a call names (its method, the tool or prompt and its arguments,
@@ -163,8 +157,8 @@ fn call_of(request: &Value) -> Value {
 }
 
 /// The gateway's handle in a retry, if it carries one.
-pub(super) fn handle_in(message: &Message) -> Option<String> {
-    let state = message.params()?.get("requestState")?.as_str()?;
+pub(super) fn handle_in(request: &Value) -> Option<String> {
+    let state = request.get("params")?.get("requestState")?.as_str()?;
     state.strip_prefix(STATE_PREFIX).map(str::to_owned)
 }
 

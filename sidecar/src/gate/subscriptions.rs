@@ -337,11 +337,12 @@ impl Subscription {
     }
 }
 
-/// What a legacy session hears on its standalone stream besides its tool
-/// list changes: its servers' prompts and resources list changes (where the
+/// What a legacy session hears on its standalone stream: its tool list
+/// changes, its servers' prompts and resources list changes (where the
 /// policy allows listing them) and updates of the resources it subscribed
 /// to (`resources/subscribe`, kept by the gateway for the session).
 pub struct SessionNotes {
+    tools_changed: watch::Receiver<u64>,
     gateway: std::sync::Weak<Gateway>,
     session: String,
     prompts: bool,
@@ -357,6 +358,7 @@ impl Gateway {
         let announces =
             |kind: &str| upstream.pointer(&format!("/{kind}/listChanged")) == Some(&json!(true));
         SessionNotes {
+            tools_changed: self.tools_changed(),
             gateway: self.me.clone(),
             session: session.to_owned(),
             prompts: announces("prompts") && allowed(&evaluator, "prompts/list"),
@@ -417,19 +419,23 @@ impl Gateway {
 /// Whether the gateway can hear a connection's resource updates: an HTTP
 /// server that offers subscriptions.
 fn subscribable(connection: &ConnectionState) -> bool {
-    connection.upstream.notes().is_some()
-        && connection
-            .upstream
-            .server_capabilities()
-            .pointer("/resources/subscribe")
-            == Some(&json!(true))
+    connection
+        .upstream
+        .server_offers(&["resources", "subscribe"])
 }
 
 impl SessionNotes {
     /// The next note for the session; None once the gateway stops.
     pub async fn next(&mut self) -> Option<Value> {
         loop {
-            let (connection, note) = match self.notes.recv().await {
+            let heard = tokio::select! {
+                changed = self.tools_changed.changed() => {
+                    changed.ok()?;
+                    return Some(json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}));
+                }
+                heard = self.notes.recv() => heard,
+            };
+            let (connection, note) = match heard {
                 Ok(heard) => heard,
                 Err(broadcast::error::RecvError::Lagged(_)) => continue,
                 Err(broadcast::error::RecvError::Closed) => return None,

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use aip_mcp::jsonrpc::Message;
-use aip_mcp::modern::{META_CLIENT_INFO, MISSING_CAPABILITY, TASKS_EXTENSION, declares_tasks};
+use aip_mcp::modern::{MISSING_CAPABILITY, TASKS_EXTENSION, declares_tasks};
 use aip_policy::{Decision, Evaluator, Verdict, codes};
 use aip_service::sync::lock;
 use serde_json::{Value, json};
@@ -137,12 +137,7 @@ fn rfc3339(t: SystemTime) -> String {
 
 /// Who a modern request says it is.
 pub(super) fn owner_of(message: &Message) -> String {
-    aip_mcp::modern::meta(&message.value)
-        .and_then(|m| m.get(META_CLIENT_INFO))
-        .and_then(|i| i.get("name"))
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned()
+    aip_mcp::modern::client_name(&message.value).to_owned()
 }
 
 impl Gateway {
