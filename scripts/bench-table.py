@@ -68,6 +68,7 @@ def sidecar_rows(path):
          f"{stdio['no_busy_poll_added_p50_us']:.1f} us", "", "", ""),
         ("  - a do-nothing line relay in its place, p50 (same run)", "", "",
          f"{stdio['relay_added_p50_us']:.1f} us", "", "", ""),
+    ] + stdio_cpu_rows(stdio, row) + [
         row("pipelined calls through the gateway (stdio mode)", "30-43k/s", ">= 100k/s",
             f"{stdio['wrapped_calls_per_s'] / 1000:.1f}k/s", f"{stdio['wrapped_calls_per_s'] / 100000:.2f}x",
             stdio["wrapped_calls_per_s"] >= 100000),
@@ -83,6 +84,30 @@ def sidecar_rows(path):
          f"{rss['after_load_anon_kib'] / 1024:.1f} MB / {rss['after_load_file_kib'] / 1024:.1f} MB", "", "", ""),
     ] + http_rows(http, row, "2025-11-25") + (
         http_rows(g["http_modern"], row, "2026-07-28") if "http_modern" in g else [])
+
+
+# Issue 19: a third of the reference proxy's figure in the last side-by-side
+# run (+167 us), with busy polling off; and the memory bound.
+STDIO_QUIET_TARGET_US = 167 / 3
+PEAK_RSS_BOUND_MB = 16
+
+
+def stdio_cpu_rows(stdio, row):
+    """The stdio wrap without busy polling (issue 19), what busy polling
+    costs in CPU per call, and its peak RSS under a pipelining client."""
+    if "wrapped_cpu_us_per_call" not in stdio:
+        return []
+    quiet = stdio["no_busy_poll_added_p50_us"]
+    peak = stdio["wrapped_peak_rss_kib"] / 1024
+    return [
+        row("stdio wrap, busy polling off, added p50", "+167 us", f"<= {STDIO_QUIET_TARGET_US:.1f} us",
+            f"{quiet:.1f} us", f"{quiet / STDIO_QUIET_TARGET_US:.2f}x", quiet <= STDIO_QUIET_TARGET_US),
+        ("  - CPU per sequential call: wrap, wrap without busy polling, line relay", "", "",
+         f"{stdio['wrapped_cpu_us_per_call']:.1f}, {stdio['no_busy_poll_cpu_us_per_call']:.1f}, "
+         f"{stdio['relay_cpu_us_per_call']:.1f} us", "", "", ""),
+        row("stdio wrap peak RSS, pipelining client", "-", f"<= {PEAK_RSS_BOUND_MB} MB", f"{peak:.1f} MB",
+            f"{peak / PEAK_RSS_BOUND_MB:.2f}x", peak <= PEAK_RSS_BOUND_MB),
+    ]
 
 
 def http_rows(http, row, era):
@@ -112,8 +137,10 @@ def http_rows(http, row, era):
     rows.append(("  - CPU per call at 32 clients: floor, sidecar", "", "",
                  f"{http['floor_cpu_us_per_call']:.0f} us, {http['gateway_cpu_us_per_call']:.0f} us", "", "", ""))
     if "gateway_peak_rss_kib" in http:
-        rows.append(("  - peak RSS under that load: floor, sidecar", "", "",
-                     f"{http['floor_peak_rss_kib'] / 1024:.1f} MB, {http['gateway_peak_rss_kib'] / 1024:.1f} MB", "", "", ""))
+        peak = http["gateway_peak_rss_kib"] / 1024
+        rows.append(row(f"HTTP hop ({era}), sidecar peak RSS at 32 clients", "-", f"<= {PEAK_RSS_BOUND_MB} MB",
+                        f"{peak:.1f} MB (floor {http['floor_peak_rss_kib'] / 1024:.1f} MB)",
+                        f"{peak / PEAK_RSS_BOUND_MB:.2f}x", peak <= PEAK_RSS_BOUND_MB))
     else:
         rows.append(("  - peak RSS under that load: floor", "", "",
                      f"{http['floor_peak_rss_kib'] / 1024:.1f} MB", "", "", ""))

@@ -69,7 +69,9 @@ pub enum StreamState {
 pub struct HttpUpstream {
     connection: Arc<Connection>,
     uri: Uri,
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    /// One per lane, each with its own pool, so a pooled connection is
+    /// driven by the lane whose requests use it (`aip_service::lanes`).
+    clients: Vec<Client<HttpsConnector<HttpConnector>, Full<Bytes>>>,
     session: Mutex<Option<Session>>,
     /// The era the last probe found (true: 2026-07-28), until a failure
     /// says to probe again.
@@ -108,11 +110,13 @@ impl HttpUpstream {
         let uri: Uri = url
             .parse()
             .map_err(|e| format!("connection {}: bad url: {e}", connection.name))?;
-        let client = Client::builder(TokioExecutor::new()).build(connector(&connection)?);
+        let clients = (0..aip_service::lanes::count())
+            .map(|_| Ok(Client::builder(TokioExecutor::new()).build(connector(&connection)?)))
+            .collect::<Result<_, String>>()?;
         Ok(HttpUpstream {
             connection,
             uri,
-            client,
+            clients,
             session: Mutex::new(None),
             era: std::sync::Mutex::new(None),
             annotations: std::sync::Mutex::default(),
@@ -126,6 +130,11 @@ impl HttpUpstream {
             watched: watch::Sender::new(std::collections::BTreeSet::new()),
             watched_tasks: watch::Sender::new(std::collections::BTreeSet::new()),
         })
+    }
+
+    /// The pool of the lane this request runs on.
+    fn client(&self) -> &Client<HttpsConnector<HttpConnector>, Full<Bytes>> {
+        &self.clients[aip_service::lanes::current() % self.clients.len()]
     }
 
     pub fn connection(&self) -> &Connection {
@@ -435,7 +444,7 @@ impl HttpUpstream {
         let Ok(request) = request.body(Full::new(Bytes::new())) else {
             return;
         };
-        let sent = tokio::time::timeout(self.connection.timeout, self.client.request(request));
+        let sent = tokio::time::timeout(self.connection.timeout, self.client().request(request));
         if let Ok(Err(e)) = sent.await {
             tracing::debug!(connection = %self.connection.name, error = %network_text(&e), "session DELETE failed");
         }
@@ -690,7 +699,7 @@ impl HttpUpstream {
         let request = request
             .body(Full::new(Bytes::new()))
             .map_err(|e| Failure::Network(e.to_string()))?;
-        self.client
+        self.client()
             .request(request)
             .await
             .map_err(|e| Failure::Network(network_text(&e)))
@@ -730,7 +739,7 @@ impl HttpUpstream {
         let request = request
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| Failure::Network(e.to_string()))?;
-        self.client
+        self.client()
             .request(request)
             .await
             .map_err(|e| Failure::Network(network_text(&e)))

@@ -3,12 +3,14 @@
 //! (bounded: a connection cap, a header deadline, accept errors that never
 //! end the process), a lock that survives a panicked holder, and a sleep
 //! until an optional deadline, busy polling for a stdio relay, and a memory
-//! budget for the requests in flight.
+//! budget for the requests in flight, and lanes (a single-threaded runtime
+//! per CPU, each serving its own connections).
 //!
 //! Nothing here knows about MCP, policy or Kubernetes.
 
 pub mod budget;
 pub mod busy_poll;
+pub mod lanes;
 pub mod serve;
 pub mod sync;
 pub mod telemetry;

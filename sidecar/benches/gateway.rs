@@ -713,35 +713,55 @@ fn stdio_figures() -> Value {
         runs.2.push(stdio_run(&mut relay));
         runs.3.push(stdio_run(&mut sleeping));
     }
-    let (s50, _, stput) = median_run(runs.3);
-    let (d50, d99, dtput) = median_run(runs.0);
-    let (w50, w99, wtput) = median_run(runs.1);
-    let (r50, _, rtput) = median_run(runs.2);
+    let [direct, wrapped, relay, sleeping] =
+        [runs.0, runs.1, runs.2, runs.3].map(|r| median_run(&r));
     let _ = std::fs::remove_dir_all(&dir);
     let tenth = |x: f64| (x * 10.0).round() / 10.0;
+    let added = |r: &StdioRun| tenth(r.p50 - direct.p50);
     json!({
-        "direct_p50_us": d50, "direct_p99_us": d99, "wrapped_p50_us": w50, "wrapped_p99_us": w99,
-        "added_p50_us": tenth(w50 - d50),
-        "direct_calls_per_s": dtput, "wrapped_calls_per_s": wtput,
-        "relay_added_p50_us": tenth(r50 - d50), "relay_calls_per_s": rtput,
-        "no_busy_poll_added_p50_us": tenth(s50 - d50), "no_busy_poll_calls_per_s": stput,
+        "direct_p50_us": direct.p50, "direct_p99_us": direct.p99,
+        "wrapped_p50_us": wrapped.p50, "wrapped_p99_us": wrapped.p99,
+        "added_p50_us": added(&wrapped),
+        "direct_calls_per_s": direct.tput, "wrapped_calls_per_s": wrapped.tput,
+        "relay_added_p50_us": added(&relay), "relay_calls_per_s": relay.tput,
+        "no_busy_poll_added_p50_us": added(&sleeping), "no_busy_poll_calls_per_s": sleeping.tput,
+        "wrapped_cpu_us_per_call": tenth(wrapped.cpu_us),
+        "no_busy_poll_cpu_us_per_call": tenth(sleeping.cpu_us),
+        "relay_cpu_us_per_call": tenth(relay.cpu_us),
+        "wrapped_peak_rss_kib": wrapped.peak_kib,
+        "no_busy_poll_peak_rss_kib": sleeping.peak_kib,
     })
 }
 
+/// One run of [`stdio_run`]: sequential p50/p99 (us), pipelined calls/s,
+/// the proxy's CPU per sequential call (us) and its peak RSS (KiB) after
+/// the pipelined batch.
+#[derive(Clone, Copy)]
+struct StdioRun {
+    p50: f64,
+    p99: f64,
+    tput: f64,
+    cpu_us: f64,
+    peak_kib: f64,
+}
+
 /// Each figure's median over the runs.
-fn median_run(runs: Vec<(f64, f64, f64)>) -> (f64, f64, f64) {
-    let median = |mut v: Vec<f64>| {
+fn median_run(runs: &[StdioRun]) -> StdioRun {
+    let median = |figure: fn(&StdioRun) -> f64| {
+        let mut v: Vec<f64> = runs.iter().map(figure).collect();
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    (
-        median(runs.iter().map(|r| r.0).collect()),
-        median(runs.iter().map(|r| r.1).collect()),
-        median(runs.iter().map(|r| r.2).collect()),
-    )
+    StdioRun {
+        p50: median(|r| r.p50),
+        p99: median(|r| r.p99),
+        tput: median(|r| r.tput),
+        cpu_us: median(|r| r.cpu_us),
+        peak_kib: median(|r| r.peak_kib),
+    }
 }
 
-fn stdio_run(command: &mut Command) -> (f64, f64, f64) {
+fn stdio_run(command: &mut Command) -> StdioRun {
     let mut child = command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -786,6 +806,7 @@ fn stdio_run(command: &mut Command) -> (f64, f64, f64) {
         )
     };
     let mut samples = Vec::with_capacity(STDIO_CALLS);
+    let cpu_before = cpu_seconds(child.id());
     for i in 1..=STDIO_CALLS {
         let start = Instant::now();
         let served = roundtrip(&mut input, &mut output, &call(i));
@@ -794,6 +815,9 @@ fn stdio_run(command: &mut Command) -> (f64, f64, f64) {
             panic!("call {i} was not served: {reply}");
         }
     }
+    // The proxy's own CPU per sequential call (its server's is not counted;
+    // the direct run's "proxy" is the server itself).
+    let cpu_us = (cpu_seconds(child.id()) - cpu_before) * 1e6 / STDIO_CALLS as f64;
     // Pipelined: write a batch of calls, then read all their answers.
     let batch = 20_000;
     let start = Instant::now();
@@ -819,8 +843,15 @@ fn stdio_run(command: &mut Command) -> (f64, f64, f64) {
     let tput = (batch as f64 / start.elapsed().as_secs_f64()).round();
     assert_eq!(served, batch, "every pipelined call was served");
     drop(writer.join().unwrap());
+    let peak_kib = status_kib(child.id(), "VmHWM:");
     let _ = child.kill();
     let _ = child.wait();
     let (p50, p99) = percentiles(samples);
-    (p50, p99, tput)
+    StdioRun {
+        p50,
+        p99,
+        tput,
+        cpu_us,
+        peak_kib: peak_kib as f64,
+    }
 }

@@ -20,6 +20,7 @@ use std::task::{Context, Poll};
 
 use aip_policy::codes;
 use aip_service::budget::{Budget, Reserved};
+use aip_service::lanes::{self, Spread};
 use aip_service::serve::{Limits, accept_loop, http1};
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
@@ -146,15 +147,18 @@ impl Sessions {
     }
 }
 
-/// Serves agents until `shutdown`; then stops accepting and lets requests in
-/// flight finish (the caller bounds how long it waits on `tracker`).
+/// Serves agents until `shutdown`, each connection on the least busy lane
+/// (`aip_service::lanes`: the caller's runtime is lane 0, the others get a
+/// thread each); then stops accepting and lets requests in flight finish
+/// (the caller bounds how long it waits on `tracker`). The lanes run until
+/// the returned value is dropped.
 pub async fn serve(
     gateway: Arc<Gateway>,
     listener: TcpListener,
     limits: Limits,
     shutdown: CancellationToken,
     tracker: TaskTracker,
-) -> std::io::Result<()> {
+) -> std::io::Result<Arc<Spread>> {
     let state = Arc::new(State {
         gateway,
         budget: Budget::new(IN_FLIGHT_BUDGET - SMALL_LANE),
@@ -164,17 +168,22 @@ pub async fn serve(
         shutdown: shutdown.clone(),
         body_timeout: limits.body_timeout,
     });
-    accept_loop(listener, limits, shutdown, tracker, move |stream| {
+    let serve_one: lanes::ServeFn = Arc::new(move |stream| {
         let state = state.clone();
-        async move {
+        Box::pin(async move {
             let service = service_fn(move |req| route(state.clone(), req));
             let _ = http1(&limits)
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
-        }
+        })
+    });
+    let spread = Arc::new(Spread::start(serve_one)?);
+    let lanes = spread.clone();
+    accept_loop(listener, limits, shutdown, tracker, move |stream| {
+        lanes.dispatch(stream)
     })
     .await;
-    Ok(())
+    Ok(spread)
 }
 
 async fn route(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
@@ -206,8 +215,12 @@ async fn route(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Bod
 }
 
 async fn post(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
+    // The headers are kept, not cloned: a modern request's are checked
+    // against its body once it is read.
+    let (parts, body) = req.into_parts();
+    let headers = parts.headers;
     let header = |name: &str| {
-        req.headers()
+        headers
             .get(name)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned)
@@ -219,7 +232,6 @@ async fn post(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
     let modern_header = version_header
         .as_deref()
         .is_some_and(|v| !AGENT_VERSIONS.contains(&v));
-    let headers = req.headers().clone();
     let declared = header("content-length").and_then(|v| v.parse::<usize>().ok());
     if declared.is_some_and(|n| n > MAX_BODY) {
         return too_large();
@@ -231,7 +243,7 @@ async fn post(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
     let Some(mut reserved) = lane.try_reserve(EXPANSION * declared.unwrap_or(FIRST_CHUNK)) else {
         return busy();
     };
-    let reading = read_body(req.into_body(), lane, &mut reserved, declared);
+    let reading = read_body(body, lane, &mut reserved, declared);
     let body = match tokio::time::timeout(state.body_timeout, reading).await {
         Ok(Ok(body)) => body,
         Ok(Err(BodyError::TooLarge)) => return too_large(),
@@ -453,33 +465,44 @@ enum BodyError {
 }
 
 /// Reads a request body of at most `MAX_BODY` bytes, growing `reserved`
-/// as a body of unknown length comes (503 when the budget is spent).
+/// as a body of unknown length comes (503 when the budget is spent). A
+/// body that comes in one chunk, as most do, is kept as it came.
 async fn read_body(
     mut body: Incoming,
     budget: &Budget,
     reserved: &mut Reserved,
     declared: Option<usize>,
 ) -> Result<Bytes, BodyError> {
-    let mut data = Vec::with_capacity(declared.unwrap_or(0).min(MAX_BODY));
+    let mut first: Option<Bytes> = None;
+    let mut data = Vec::new();
     let mut covered = declared.unwrap_or(FIRST_CHUNK);
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|_| BodyError::Broken)?;
         let Ok(chunk) = frame.into_data() else {
             continue; // trailers
         };
-        if data.len() + chunk.len() > MAX_BODY {
+        let len = first.as_ref().map_or(data.len(), Bytes::len) + chunk.len();
+        if len > MAX_BODY {
             return Err(BodyError::TooLarge);
         }
-        data.extend_from_slice(&chunk);
-        if data.len() > covered {
-            let more = (data.len() - covered).max(FIRST_CHUNK);
+        if len > covered {
+            let more = (len - covered).max(FIRST_CHUNK);
             if !budget.try_grow(reserved, EXPANSION * more) {
                 return Err(BodyError::Busy);
             }
             covered += more;
         }
+        match first.take() {
+            None if data.is_empty() => first = Some(chunk),
+            None => data.extend_from_slice(&chunk),
+            Some(earlier) => {
+                data.reserve(declared.unwrap_or(0).clamp(len, MAX_BODY));
+                data.extend_from_slice(&earlier);
+                data.extend_from_slice(&chunk);
+            }
+        }
     }
-    Ok(Bytes::from(data))
+    Ok(first.unwrap_or_else(|| Bytes::from(data)))
 }
 
 fn too_large() -> Response<Body> {

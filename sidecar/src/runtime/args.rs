@@ -131,6 +131,11 @@ pub struct RunArgs {
     /// Where agents connect (loopback).
     #[arg(long, default_value = "127.0.0.1:8808")]
     pub listen: String,
+    /// Threads serving agents, each with its own connections to agents and
+    /// upstreams (default: one per CPU this process may use, its cgroup CPU
+    /// limit included).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub lanes: Option<u16>,
     /// Every admin route: health, readiness, metrics, connections (upstream
     /// URLs and catalogs) and approvals. Keep it on loopback.
     #[arg(long, default_value = "127.0.0.1:8809", value_name = "ADDR")]

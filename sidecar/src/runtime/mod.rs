@@ -26,18 +26,17 @@ pub fn main(cli: Cli) -> ExitCode {
         };
         return check::check(config);
     }
-    // The HTTP gateway uses every core; one stdio agent is served on one
-    // thread, which avoids a cross-thread wake-up per message.
+    // Every runtime is single-threaded, which avoids cross-thread wake-ups
+    // per message: one stdio agent is served on one thread; the HTTP
+    // gateway serves agents on a lane per CPU, this thread being the first.
     let is_stdio = matches!(cli.command, Command::Stdio(_));
-    let runtime = if is_stdio {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-    } else {
-        tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-    };
+    if let Command::Run(args) = &cli.command {
+        let lanes = args.lanes.map(usize::from);
+        aip_service::lanes::declare(lanes.unwrap_or_else(aip_service::lanes::default_count));
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
     let runtime = match runtime {
         Ok(r) => r,
         Err(e) => {

@@ -117,7 +117,7 @@ pub(super) async fn run(args: RunArgs) -> anyhow::Result<()> {
         max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
         body_timeout: Duration::from_secs(args.body_timeout_seconds),
     };
-    agent_http::serve(
+    let _lanes = agent_http::serve(
         gateway.clone(),
         agent_listener,
         limits,
