@@ -22,6 +22,7 @@
 //!   2.0 request, notification or response.
 
 use std::collections::HashSet;
+use std::hash::BuildHasher;
 use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
@@ -546,12 +547,21 @@ impl<'de> Visitor<'de> for StrictSeed<'_, '_> {
             return self.refuse(Refusal::TooDeep { path, limit });
         }
         let mut out = Map::new();
-        let mut seen = HashSet::new();
+        // The hashes of the keys' skeletons so far, not the skeletons: no
+        // string is kept per key. A hash seen before is confirmed against
+        // the keys themselves, so a collision never refuses a message.
+        let hasher = foldhash::fast::RandomState::default();
+        let mut seen = HashSet::with_hasher(foldhash::fast::RandomState::default());
         while let Some(key) = map.next_key::<String>()? {
-            if !seen.insert(key_skeleton(&key).into_owned()) {
+            let skeleton = key_skeleton(&key);
+            if !seen.insert(hasher.hash_one(&skeleton))
+                && out.keys().any(|k| key_skeleton(k) == skeleton)
+            {
+                drop(skeleton);
                 let path = self.path.to_string();
                 return self.refuse(Refusal::DuplicateKey { path, key });
             }
+            drop(skeleton);
             let path = Path::Key(&self.path, &key);
             let seed = StrictSeed {
                 depth: self.depth + 1,
@@ -570,6 +580,31 @@ impl<'de> Visitor<'de> for StrictSeed<'_, '_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Keys that one case-insensitive decoder or another reads as one are
+    /// duplicates, at any depth; keys that differ under every folding are
+    /// not, however many an object holds.
+    #[test]
+    fn keys_one_under_folding_are_duplicates_and_others_are_not() {
+        let limits = Limits::default();
+        for (doc, key) in [
+            (r#"{"a":1,"a":2}"#, "a"),
+            (r#"{"x":{"path":1,"PATH":2}}"#, "PATH"),
+            (r#"{"arguments":1,"argumentſ":2}"#, "argumentſ"),
+            (r#"{"kelvin":1,"\u212Aelvin":2}"#, "\u{212a}elvin"),
+        ] {
+            match parse_value(doc.as_bytes(), limits) {
+                Err(Refusal::DuplicateKey { key: k, .. }) => {
+                    assert_eq!(format!("{k:?}").trim_matches('"'), key, "{doc}");
+                }
+                other => panic!("{doc}: {other:?}"),
+            }
+        }
+        let many: Vec<String> = (0..2000).map(|i| format!(r#""k{i}":{i}"#)).collect();
+        let doc = format!("{{{},\"K\":0,\"q\":1}}", many.join(","));
+        let value = parse_value(doc.as_bytes(), limits).unwrap();
+        assert_eq!(value.as_object().unwrap().len(), 2002);
+    }
 
     /// Every code point whose Unicode case mappings (lower, upper, either of
     /// the other, simple folding) are pure ASCII is in the table, with that
