@@ -22,8 +22,8 @@
 //!   2.0 request, notification or response.
 
 use std::collections::HashSet;
-use std::hash::BuildHasher;
 use std::fmt;
+use std::hash::BuildHasher;
 
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Number, Value};

@@ -81,7 +81,10 @@ impl ProtectedPaths {
         let mut always_full = false;
         for e in &entries {
             match e.components.last() {
-                Some(leaf) if leaf.is_ascii() => leaves.push(leaf.clone()),
+                // The scan below reads quoted strings without their quotes.
+                Some(leaf) if leaf.is_ascii() && !leaf.contains(['\'', '"']) => {
+                    leaves.push(leaf.clone());
+                }
                 _ => always_full = true,
             }
         }
@@ -191,17 +194,51 @@ impl ProtectedPaths {
         None
     }
 
-    /// A necessary condition for a hit, cheap enough for every argument.
+    /// A necessary condition for a hit, cheap enough for every argument:
+    /// one pass over its bytes, then the leaves' automaton.
     fn might_match(&self, s: &str) -> bool {
-        // Percent-encoding, shell quoting and globs can hide a name from the
-        // scan below: such strings get the full check.
-        if self.always_full || s.contains(['%', '\'', '"', '\\', '*', '?', '[', '{']) {
+        let seen = s
+            .bytes()
+            .fold(0, |seen, b| seen | BYTE_CLASS[usize::from(b)]);
+        // Percent-encoding, globs and brace expansion can hide a name from
+        // the scan below, and so can lowercasing (the Kelvin sign becomes
+        // `k`): such strings get the full check.
+        if self.always_full || seen & HIDES != 0 {
             return true;
         }
-        if self.home_relevant && (s.contains('~') || s.contains("$HOME") || s.contains("${HOME}")) {
+        if self.home_relevant
+            && seen & HOME != 0
+            && (s.contains('~') || s.contains("$HOME") || s.contains("${HOME}"))
+        {
             return true;
         }
-        self.leaves.as_ref().is_some_and(|ac| ac.is_match(s))
+        // Every `file://` is dropped before the check, wherever it stands.
+        let file_scheme = |(at, _): (usize, &str)| {
+            at >= 4 && s.as_bytes()[at - 4..at].eq_ignore_ascii_case(b"file")
+        };
+        if seen & COLON != 0 && s.match_indices("://").any(file_scheme) {
+            return true;
+        }
+        let Some(leaves) = &self.leaves else {
+            return false;
+        };
+        // Shell quotes and escapes split a name (`sha''dow`, `sha\dow`);
+        // without them it is whole again (and no leaf holds one).
+        if seen & QUOTES != 0 {
+            // ASCII only by now; a short string is stripped on the stack.
+            let kept = s.bytes().filter(|b| BYTE_CLASS[usize::from(*b)] != QUOTES);
+            let mut stack = [0u8; 256];
+            if s.len() <= stack.len() {
+                let n = stack
+                    .iter_mut()
+                    .zip(kept)
+                    .map(|(slot, b)| *slot = b)
+                    .count();
+                return leaves.is_match(&stack[..n]);
+            }
+            return leaves.is_match(&kept.collect::<Vec<u8>>());
+        }
+        leaves.is_match(s)
     }
 
     /// A token with glob characters, as a glob-expanding tool would read it:
@@ -244,6 +281,32 @@ impl ProtectedPaths {
         })
     }
 }
+
+/// What [`ProtectedPaths::might_match`] looks for in a string's bytes.
+const HIDES: u8 = 1;
+const QUOTES: u8 = 2;
+const HOME: u8 = 4;
+const COLON: u8 = 8;
+const BYTE_CLASS: [u8; 256] = {
+    let mut class = [0u8; 256];
+    let mut b = 0x80;
+    while b < 256 {
+        class[b] = HIDES; // any byte of a non-ASCII character
+        b += 1;
+    }
+    class[b'%' as usize] = HIDES;
+    class[b'*' as usize] = HIDES;
+    class[b'?' as usize] = HIDES;
+    class[b'[' as usize] = HIDES;
+    class[b'{' as usize] = HIDES;
+    class[b'\'' as usize] = QUOTES;
+    class[b'"' as usize] = QUOTES;
+    class[b'\\' as usize] = QUOTES;
+    class[b'~' as usize] = HOME;
+    class[b'$' as usize] = HOME;
+    class[b':' as usize] = COLON;
+    class
+};
 
 /// Percent-decodes (repeatedly, so double encoding does not hide a path)
 /// and lowercases; `${home}` becomes `$home`, one token for the split below.
@@ -649,6 +712,30 @@ mod evasions {
         // Bounded: a word of many groups is not expanded without limit.
         let many = "{a,b}".repeat(40);
         assert_eq!(hit(&["/etc/shadow"], json!(many)), None);
+    }
+
+    /// The cheap scan that lets most arguments skip the full check reads
+    /// through what the full check undoes: quotes and escapes inside a
+    /// name, a `file://` glued anywhere, a character that lowercases to
+    /// ASCII; and an argument with quotes that names nothing still passes.
+    #[test]
+    fn the_cheap_scan_never_skips_what_the_full_check_catches() {
+        for written in [
+            "/etc/sha''dow",
+            r#"/etc/"sha"dow"#,
+            r"/etc/sha\dow",
+            "/etc/shafile://dow",
+            "/etc/shaFILE://dow",
+            "/etc/\u{212a}ubeconfig",
+        ] {
+            assert!(
+                hit(&["/etc/shadow", "/etc/kubeconfig"], json!(written)).is_some(),
+                "{written}"
+            );
+        }
+        let p = ProtectedPaths::new(["/etc/shadow"], Some("/home/agent"));
+        assert!(!p.might_match("SELECT id FROM t42 WHERE owner = 'platform'"));
+        assert_eq!(hit(&["/etc/shadow"], json!("owner = 'platform'")), None);
     }
 
     #[test]
