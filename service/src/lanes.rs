@@ -224,6 +224,12 @@ mod tests {
             })
         });
         let spread = Spread::start(serve).unwrap();
+        let open = |s: &Spread| {
+            s.open
+                .iter()
+                .map(|o| o.load(Ordering::Relaxed))
+                .sum::<usize>()
+        };
         let mut clients = Vec::new();
         let mut served = Vec::new();
         for _ in 0..4 {
@@ -246,26 +252,12 @@ mod tests {
                 (1, Some("lane-1".to_owned()))
             ]
         );
-        assert_eq!(
-            spread
-                .open
-                .iter()
-                .map(|o| o.load(Ordering::Relaxed))
-                .sum::<usize>(),
-            4
-        );
+        assert_eq!(open(&spread), 4);
         drop(clients);
         for s in served {
             s.await.unwrap();
         }
-        assert_eq!(
-            spread
-                .open
-                .iter()
-                .map(|o| o.load(Ordering::Relaxed))
-                .sum::<usize>(),
-            0
-        );
+        assert_eq!(open(&spread), 0);
         declare(1);
     }
 }
