@@ -93,7 +93,7 @@ struct State {
 /// Agent sessions, bounded.
 #[derive(Default)]
 struct Sessions {
-    map: HashMap<String, Session>,
+    map: HashMap<String, Session, foldhash::fast::RandomState>,
     clock: u64,
 }
 

@@ -20,7 +20,9 @@ pub(super) struct Catalog {
     /// The `Connections::listing` count it was built at.
     version: u64,
     pub entries: Vec<CatalogEntry>,
-    by_name: HashMap<String, usize>,
+    /// Looked up on every call: a fast hash (keys are the catalog's own
+    /// names, not chosen by the agent alone).
+    by_name: HashMap<String, usize, foldhash::fast::RandomState>,
     ambiguous: HashSet<String>,
 }
 
