@@ -345,3 +345,39 @@ fn a_message_of_a_million_tiny_values_is_refused_by_count() {
     );
     assert!(out.contains(r#""id":9"#), "the id is still known");
 }
+
+/// A body that arrives in pieces (here three chunks of a chunked body,
+/// each its own frame for the server) is put together before it is read;
+/// the same message in one piece gets the same answer.
+#[test]
+fn a_body_in_pieces_is_read_whole() {
+    let sidecar = Sidecar::start(&[], "pieces");
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"pieces","version":"1"}}}"#;
+    let (a, rest) = body.split_at(20);
+    let (b, c) = rest.split_at(50);
+    let chunked: String = [a, b, c]
+        .iter()
+        .map(|piece| format!("{:x}\r\n{piece}\r\n", piece.len()))
+        .collect();
+    let head = "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nConnection: close\r\n";
+    let requests = [
+        format!("{head}Transfer-Encoding: chunked\r\n\r\n{chunked}0\r\n\r\n"),
+        format!("{head}Content-Length: {}\r\n\r\n{body}", body.len()),
+    ];
+    for request in requests {
+        let mut stream = TcpStream::connect(sidecar.addr).unwrap();
+        stream.set_read_timeout(Some(PATIENCE)).unwrap();
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        assert!(
+            response.contains(r#""protocolVersion":"2025-11-25""#),
+            "{response}"
+        );
+        assert!(
+            response.to_ascii_lowercase().contains("mcp-session-id:"),
+            "{response}"
+        );
+    }
+}

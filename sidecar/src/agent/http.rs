@@ -219,19 +219,12 @@ async fn post(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
     // against its body once it is read.
     let (parts, body) = req.into_parts();
     let headers = parts.headers;
-    let header = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-    };
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let (session_header, version_header) =
         (header("mcp-session-id"), header("mcp-protocol-version"));
     let accept = header("accept");
-    let (sse, accepts) = (wants_sse(accept.as_deref()), accepts_sse(accept.as_deref()));
-    let modern_header = version_header
-        .as_deref()
-        .is_some_and(|v| !AGENT_VERSIONS.contains(&v));
+    let (sse, accepts) = (wants_sse(accept), accepts_sse(accept));
+    let modern_header = version_header.is_some_and(|v| !AGENT_VERSIONS.contains(&v));
     let declared = header("content-length").and_then(|v| v.parse::<usize>().ok());
     if declared.is_some_and(|n| n > MAX_BODY) {
         return too_large();
@@ -297,10 +290,10 @@ async fn post(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
     } else {
         match session_header {
             None => return text(StatusCode::BAD_REQUEST, "missing Mcp-Session-Id\n"),
-            Some(s) if !lock(&state.sessions).touch(&s) => {
+            Some(s) if !lock(&state.sessions).touch(s) => {
                 return text(StatusCode::NOT_FOUND, "unknown session\n");
             }
-            Some(s) => s,
+            Some(s) => s.to_owned(),
         }
     };
     // Only requests that reach an upstream (or wait for a person) can have
