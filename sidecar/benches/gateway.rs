@@ -6,10 +6,12 @@
 //! The upstreams are minimal MCP responders (in this process for HTTP; this
 //! executable re-run with `--null-stdio-server` for stdio), the same on both
 //! sides of each comparison, so the numbers measure the gateway. Over HTTP
-//! each figure is taken three ways: direct, through the floor (this
-//! executable re-run with `--floor-proxy`: a pass-through proxy from the
-//! sidecar's own stack, hyper on tokio, parsing nothing — what any HTTP hop
-//! costs) and through the sidecar, in both protocol eras: 2025-11-25 (a
+//! each figure is taken four ways: direct; through a TCP relay (this
+//! executable re-run with `--tcp-relay`: bytes copied, none read — the
+//! least any hop can cost on this machine); through the floor (re-run with
+//! `--floor-proxy`: a pass-through proxy from the sidecar's own stack,
+//! hyper on tokio, parsing no body — what an HTTP hop costs); and through
+//! the sidecar; in both protocol eras: 2025-11-25 (a
 //! session per client) and 2026-07-28 (no session, `_meta` and routing
 //! headers on every request, the upstream probed and spoken to in that era).
 //! Results go to target/bench/sidecar.json for scripts/bench-table.py.
@@ -61,6 +63,9 @@ fn main() {
     if let Some(upstream) = std::env::args().skip_while(|a| a != "--floor-proxy").nth(1) {
         return floor_proxy(&upstream);
     }
+    if let Some(upstream) = std::env::args().skip_while(|a| a != "--tcp-relay").nth(1) {
+        return tcp_relay(&upstream);
+    }
     if let Some(calls) = std::env::args().skip_while(|a| a != "--profile").nth(1) {
         return profile(calls.parse().unwrap());
     }
@@ -108,15 +113,18 @@ enum Era {
 async fn http_figures(era: Era) -> (Value, Value) {
     let upstream = null_upstream(era).await;
     let direct_url = format!("http://{upstream}/mcp");
-    let floor = Floor::start(&format!("http://{upstream}"));
+    let floor = Floor::start("--floor-proxy", &format!("http://{upstream}"));
     let floor_url = format!("http://{}/mcp", floor.agent);
+    let relay = Floor::start("--tcp-relay", &upstream.to_string());
+    let relay_url = format!("http://{}/mcp", relay.agent);
     let gateway = Gateway::start(&direct_url).await;
     let gateway_url = format!("http://{}/mcp", gateway.agent);
     let idle_rss = gateway.rss_kib();
 
-    let [direct, floored, via] = latencies(
+    let [direct, relayed, floored, via] = latencies(
         [
             (&direct_url, "read"),
+            (&relay_url, "read"),
             (&floor_url, "read"),
             (&gateway_url, "up_read"),
         ],
@@ -127,22 +135,32 @@ async fn http_figures(era: Era) -> (Value, Value) {
     let mut cpu = json!({});
     for clients in CLIENT_COUNTS {
         let direct_tput = throughput(&direct_url, "read", clients, era).await;
-        let floor_cpu = floor.cpu_seconds();
-        let floor_tput = throughput(&floor_url, "read", clients, era).await;
-        let floor_cpu = floor.cpu_seconds() - floor_cpu;
-        let gateway_cpu = gateway.cpu_seconds();
-        let via_tput = throughput(&gateway_url, "up_read", clients, era).await;
-        let gateway_cpu = gateway.cpu_seconds() - gateway_cpu;
+        let (relay_tput, relay_cpu) = measured(
+            relay.child.id(),
+            throughput(&relay_url, "read", clients, era),
+        )
+        .await;
+        let (floor_tput, floor_cpu) = measured(
+            floor.child.id(),
+            throughput(&floor_url, "read", clients, era),
+        )
+        .await;
+        let (via_tput, gateway_cpu) = measured(
+            gateway.child.id(),
+            throughput(&gateway_url, "up_read", clients, era),
+        )
+        .await;
         by_clients.insert(
             clients.to_string(),
-            json!({"direct_calls_per_s": direct_tput, "floor_calls_per_s": floor_tput,
-                   "gateway_calls_per_s": via_tput}),
+            json!({"direct_calls_per_s": direct_tput, "relay_calls_per_s": relay_tput,
+                   "floor_calls_per_s": floor_tput, "gateway_calls_per_s": via_tput}),
         );
         if clients == CONCURRENT_CLIENTS {
             let per_call = |seconds: f64, rate: f64| {
                 (seconds * 1e6 / (rate * THROUGHPUT_WINDOW.as_secs_f64()) * 10.0).round() / 10.0
             };
-            cpu = json!({"floor_cpu_us_per_call": per_call(floor_cpu, floor_tput),
+            cpu = json!({"relay_cpu_us_per_call": per_call(relay_cpu, relay_tput),
+                         "floor_cpu_us_per_call": per_call(floor_cpu, floor_tput),
                          "gateway_cpu_us_per_call": per_call(gateway_cpu, via_tput)});
         }
     }
@@ -157,15 +175,19 @@ async fn http_figures(era: Era) -> (Value, Value) {
     );
     drop(gateway);
     drop(floor);
+    drop(relay);
 
     let at32 = &by_clients[&CONCURRENT_CLIENTS.to_string()];
     let mut http = json!({
         "direct_p50_us": direct.0, "direct_p99_us": direct.1,
+        "relay_p50_us": relayed.0, "relay_p99_us": relayed.1,
+        "relay_added_p50_us": relayed.0 - direct.0,
         "floor_p50_us": floored.0, "floor_p99_us": floored.1,
         "gateway_p50_us": via.0, "gateway_p99_us": via.1,
         "added_p50_us": via.0 - direct.0,
         "floor_added_p50_us": floored.0 - direct.0,
         "direct_calls_per_s": at32["direct_calls_per_s"],
+        "relay_calls_per_s": at32["relay_calls_per_s"],
         "floor_calls_per_s": at32["floor_calls_per_s"],
         "gateway_calls_per_s": at32["gateway_calls_per_s"],
         "floor_peak_rss_kib": floor_peak_rss,
@@ -193,7 +215,7 @@ fn profile(calls: u64) {
         .unwrap();
     runtime.block_on(async move {
         let upstream = null_upstream(Era::Legacy).await;
-        let mut floor = Floor::start(&format!("http://{upstream}"));
+        let mut floor = Floor::start("--floor-proxy", &format!("http://{upstream}"));
         let mut gateway = Gateway::start(&format!("http://{upstream}/mcp")).await;
         for (url, tool) in [
             (format!("http://{}/mcp", floor.agent), "read"),
@@ -344,16 +366,53 @@ fn floor_proxy(upstream: &str) {
     });
 }
 
-/// The floor proxy's process.
+/// The floor of the floor: a TCP relay that copies bytes between each
+/// agent connection and a connection of its own to `upstream` (host:port),
+/// reading nothing of them, on one single-threaded runtime (no hand-off
+/// between threads). No HTTP proxy can cost less; what it adds is what
+/// this machine charges for one more process on the path. Prints its
+/// address on stdout.
+fn tcp_relay(upstream: &str) {
+    let upstream: SocketAddr = upstream.parse().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        println!("{}", listener.local_addr().unwrap());
+        loop {
+            let (mut agent, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await else {
+                    return;
+                };
+                let _ = (agent.set_nodelay(true), server.set_nodelay(true));
+                let _ = tokio::io::copy_bidirectional(&mut agent, &mut server).await;
+            });
+        }
+    });
+}
+
+/// What `work` returns and the CPU seconds process `pid` spent meanwhile.
+async fn measured<T>(pid: u32, work: impl std::future::Future<Output = T>) -> (T, f64) {
+    let before = cpu_seconds(pid);
+    let out = work.await;
+    (out, cpu_seconds(pid) - before)
+}
+
+/// A floor's process: the HTTP floor proxy or the TCP relay.
 struct Floor {
     child: Child,
     agent: SocketAddr,
 }
 
 impl Floor {
-    fn start(upstream: &str) -> Floor {
+    /// This executable re-run as `mode` (`--floor-proxy`, `--tcp-relay`)
+    /// in front of `upstream`.
+    fn start(mode: &str, upstream: &str) -> Floor {
         let mut child = wrapped(&std::env::current_exe().unwrap(), "floor")
-            .args(["--floor-proxy", upstream])
+            .args([mode, upstream])
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
@@ -363,10 +422,6 @@ impl Floor {
             .unwrap();
         let agent = line.trim().parse().unwrap();
         Floor { child, agent }
-    }
-
-    fn cpu_seconds(&self) -> f64 {
-        cpu_seconds(self.child.id())
     }
 
     fn peak_rss_kib(&self) -> u64 {
@@ -457,10 +512,6 @@ impl Gateway {
 
     fn status_kib(&self, field: &str) -> u64 {
         status_kib(self.child.id(), field)
-    }
-
-    fn cpu_seconds(&self) -> f64 {
-        cpu_seconds(self.child.id())
     }
 
     fn rss_kib(&self) -> u64 {
@@ -567,10 +618,10 @@ impl McpClient {
     }
 }
 
-/// (p50, p99) in microseconds of sequential calls on one keep-alive connection.
-/// p50/p99 of sequential calls to each `(url, tool)`, one client each. The
-/// calls alternate in batches, so a busy moment of this machine falls on
-/// all three alike instead of on whichever ran then.
+/// (p50, p99) in microseconds of sequential calls to each `(url, tool)`,
+/// one client each on one keep-alive connection. The calls alternate in
+/// batches, so a busy moment of this machine falls on every target alike
+/// instead of on whichever ran then.
 async fn latencies<const N: usize>(targets: [(&str, &str); N], era: Era) -> [(f64, f64); N] {
     const BATCH: usize = 100;
     let mut clients = Vec::with_capacity(N);
