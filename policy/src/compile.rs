@@ -234,7 +234,12 @@ impl Evaluator {
             for (name, pattern) in rule.allow_args.iter().flatten() {
                 let regex = match patterns.get(pattern.as_str()) {
                     Some(regex) => Ok(Arc::clone(regex)),
-                    None => LazyRegex::new(pattern).map(Arc::new),
+                    // Checked by the policy's validation, as a rule is
+                    // that came from a document; parsed here otherwise.
+                    None => policy.checked.get(pattern).map_or_else(
+                        || LazyRegex::new(pattern).map(Arc::new),
+                        |checked| Ok(Arc::clone(checked)),
+                    ),
                 };
                 match regex {
                     Ok(regex) => {
@@ -383,5 +388,30 @@ mod tests {
         let theirs = regexes(&next);
         assert_eq!(theirs[1].1, mine[1].1, "the kept pattern is the same regex");
         assert_ne!(theirs[0].1, mine[0].1, "the changed pattern is new");
+    }
+
+    /// A pattern is parsed once: the compiler takes what validation
+    /// checked; a policy built without validation still compiles, each of
+    /// its patterns checked then.
+    #[test]
+    fn the_compiler_takes_the_regexes_validation_checked() {
+        let options = CompileOptions::default();
+        let doc = crate::AgentPolicy::from_yaml(&policy("^[0-9]+$")).unwrap();
+        let compiled = Evaluator::compile(&doc, &options).unwrap();
+        for (pattern, at) in regexes(&compiled) {
+            let checked = doc.checked.get(&pattern).expect("validation checked it");
+            assert_eq!(Arc::as_ptr(checked) as usize, at, "{pattern}");
+        }
+        let mut unchecked = doc.clone();
+        unchecked.checked = Default::default();
+        let compiled = Evaluator::compile(&unchecked, &options).unwrap();
+        assert_eq!(regexes(&compiled).len(), 3);
+        let rules = unchecked.spec.tool_rules.as_mut().unwrap();
+        let args = rules[1].allow_args.as_mut().unwrap();
+        args.insert("z".into(), "(unclosed".into());
+        let Err(refused) = Evaluator::compile(&unchecked, &options) else {
+            panic!("a bad regex compiled");
+        };
+        assert!(refused.to_string().contains("allow_args.z"), "{refused}");
     }
 }

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -14,6 +15,7 @@ use serde_json::{Map, Value};
 use crate::fields::{Checker, join_key, type_name};
 use crate::limits;
 use crate::ratelimit::RateLimit;
+use crate::regexes::{Checked, LazyRegex};
 
 pub const API_VERSION: &str = "aip.io/v1alpha1";
 pub const KIND: &str = "AgentPolicy";
@@ -27,6 +29,10 @@ pub struct AgentPolicy {
     pub kind: String,
     pub metadata: Metadata,
     pub spec: PolicySpec,
+    /// The spec's argument regexes as validation checked them (its
+    /// compilation takes them instead of parsing each again).
+    #[serde(skip)]
+    pub(crate) checked: Checked,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -278,6 +284,7 @@ impl Checker {
             kind: kind?,
             metadata: metadata?,
             spec: spec?,
+            checked: Checked::new(std::mem::take(&mut self.regexes)),
         })
     }
 
@@ -454,8 +461,17 @@ impl Checker {
             if name.is_empty() {
                 self.error(&arg_path, "argument name must not be empty");
             }
-            if let Err(e) = crate::regexes::check(pattern) {
-                self.error(&arg_path, e);
+            // A pattern two rules share is checked once; one that failed is
+            // checked again, so that each place it is used gets its error.
+            if self.regexes.contains_key(pattern.as_str()) {
+                continue;
+            }
+            match LazyRegex::new(pattern) {
+                Ok(regex) => {
+                    self.regexes
+                        .insert(pattern.as_str().into(), Arc::new(regex));
+                }
+                Err(e) => self.error(&arg_path, e),
             }
         }
         Some(args)

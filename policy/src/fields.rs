@@ -3,14 +3,20 @@
 //! check of a document that embeds an AgentPolicy (the cluster object `aip
 //! policy check` reads) words its errors, and writes its paths, the same.
 
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
 use serde_json::{Map, Value};
 
 use crate::document::FieldError;
+use crate::regexes::LazyRegex;
 
 /// Walks a document, collecting errors as it goes.
 #[derive(Debug, Default)]
 pub struct Checker {
     pub errors: Vec<FieldError>,
+    /// The argument regexes that passed, by pattern, for the compiler.
+    pub regexes: FxHashMap<Box<str>, Arc<LazyRegex>>,
 }
 
 impl Checker {

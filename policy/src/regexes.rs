@@ -11,11 +11,13 @@
 //! reload of a policy with a hundred regexes costs milliseconds, and every
 //! error a full build would give is still given at validation.
 
-use std::sync::OnceLock;
+use std::fmt;
+use std::sync::{Arc, OnceLock};
 
 use regex::{Regex, RegexBuilder, RegexSet, RegexSetBuilder};
 use regex_syntax::hir::{Class, Hir, HirKind};
 use regex_syntax::utf8::Utf8Sequences;
+use rustc_hash::FxHashMap;
 
 use crate::limits;
 
@@ -60,6 +62,37 @@ impl LazyRegex {
             .get_or_init(|| build(&self.pattern))
             .as_ref()
             .map_err(String::as_str)
+    }
+}
+
+/// The argument patterns a policy's validation checked, by their text:
+/// handed from the validated document to its compilation, so that no
+/// pattern is parsed twice (the parse is most of a reload's cost). Two are
+/// always equal: what they hold follows from the spec they came with, and
+/// the spec is what is compared.
+#[derive(Clone, Default)]
+pub struct Checked(Arc<FxHashMap<Box<str>, Arc<LazyRegex>>>);
+
+impl Checked {
+    pub fn new(patterns: FxHashMap<Box<str>, Arc<LazyRegex>>) -> Checked {
+        Checked(Arc::new(patterns))
+    }
+
+    /// The checked regex of `pattern`, if validation saw it.
+    pub fn get(&self, pattern: &str) -> Option<&Arc<LazyRegex>> {
+        self.0.get(pattern)
+    }
+}
+
+impl PartialEq for Checked {
+    fn eq(&self, _: &Checked) -> bool {
+        true
+    }
+}
+
+impl fmt::Debug for Checked {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Checked({} patterns)", self.0.len())
     }
 }
 

@@ -329,27 +329,37 @@ async fn answer(req: Request<Incoming>, era: Era) -> Result<Response<Full<Bytes>
 // --------------------------------------------------------------- floor --
 
 /// The floor: forwards every request to `upstream` and every response back,
-/// bodies streamed, on pooled keep-alive connections, parsing nothing. Its
-/// runtime is the sidecar's (multi-threaded, a worker per core). Prints its
-/// address on stdout.
+/// bodies streamed, on pooled keep-alive connections, parsing no body. Its
+/// runtime is the sidecar's: lanes (`aip_service::lanes`, one
+/// single-threaded runtime per CPU, each connection served to its end on
+/// one), each lane with its own upstream pool. Prints its address on
+/// stdout.
 fn floor_proxy(upstream: &str) {
+    use aip_service::lanes::{self, ServeFn, Spread};
     let upstream: hyper::Uri = upstream.parse().unwrap();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    lanes::declare(lanes::default_count());
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         println!("{}", listener.local_addr().unwrap());
-        let client: Client<HttpConnector, Incoming> = Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(256)
-            .build_http();
-        loop {
-            let (stream, _) = listener.accept().await.unwrap();
-            let (client, upstream) = (client.clone(), upstream.clone());
-            tokio::spawn(async move {
+        // A pool per lane: a connection dialled on a lane is driven there.
+        let pools: std::sync::Arc<Vec<Client<HttpConnector, Incoming>>> = std::sync::Arc::new(
+            (0..lanes::count())
+                .map(|_| {
+                    Client::builder(TokioExecutor::new())
+                        .pool_max_idle_per_host(256)
+                        .build_http()
+                })
+                .collect(),
+        );
+        let serve: ServeFn = std::sync::Arc::new(move |stream| {
+            let (pools, upstream) = (pools.clone(), upstream.clone());
+            Box::pin(async move {
                 let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                    let (client, upstream) = (client.clone(), upstream.clone());
+                    let (client, upstream) = (pools[lanes::current()].clone(), upstream.clone());
                     async move {
                         let (mut parts, body) = req.into_parts();
                         let mut uri = upstream.into_parts();
@@ -361,7 +371,12 @@ fn floor_proxy(upstream: &str) {
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), service)
                     .await;
-            });
+            })
+        });
+        let spread = Spread::start(serve).unwrap();
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            tokio::spawn(spread.dispatch(stream));
         }
     });
 }
