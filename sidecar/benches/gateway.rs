@@ -338,13 +338,7 @@ fn floor_proxy(upstream: &str) {
     use aip_service::lanes::{self, ServeFn, Spread};
     let upstream: hyper::Uri = upstream.parse().unwrap();
     lanes::declare(lanes::default_count());
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        println!("{}", listener.local_addr().unwrap());
+    serve_on_loopback(|listener| async move {
         // A pool per lane: a connection dialled on a lane is driven there.
         let pools: std::sync::Arc<Vec<Client<HttpConnector, Incoming>>> = std::sync::Arc::new(
             (0..lanes::count())
@@ -389,13 +383,7 @@ fn floor_proxy(upstream: &str) {
 /// address on stdout.
 fn tcp_relay(upstream: &str) {
     let upstream: SocketAddr = upstream.parse().unwrap();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        println!("{}", listener.local_addr().unwrap());
+    serve_on_loopback(|listener| async move {
         loop {
             let (mut agent, _) = listener.accept().await.unwrap();
             tokio::spawn(async move {
@@ -406,6 +394,22 @@ fn tcp_relay(upstream: &str) {
                 let _ = tokio::io::copy_bidirectional(&mut agent, &mut server).await;
             });
         }
+    });
+}
+
+/// Runs `serve` on a listener of loopback, on a single-threaded runtime
+/// (lane 0, for the floor), once the listener's address is printed.
+fn serve_on_loopback<F: std::future::Future<Output = ()>>(
+    serve: impl FnOnce(tokio::net::TcpListener) -> F,
+) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        println!("{}", listener.local_addr().unwrap());
+        serve(listener).await;
     });
 }
 
