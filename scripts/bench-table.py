@@ -148,7 +148,7 @@ def http_rows(http, row, era):
         # cost less. Where it misses a target, the target is out of reach of
         # any proxy on this machine, and the table says so.
         relay_share = http["relay_calls_per_s"] / http["direct_calls_per_s"]
-        rows.append((f"  - the least any hop costs here (TCP relay): added p50, share at 32 clients", "", "",
+        rows.append(("  - the least any hop costs here (TCP relay): added p50, share at 32 clients", "", "",
                      f"{http['relay_added_p50_us']:.0f} us{' (over 60)' if http['relay_added_p50_us'] > 60 else ''}, "
                      f"{relay_share:.2f}{' (under 0.80)' if relay_share < 0.8 else ''}", "", "", ""))
     if "gateway_peak_rss_kib" in http:
