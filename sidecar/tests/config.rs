@@ -341,6 +341,16 @@ fn credentials_in_urls_and_broken_header_values_are_refused_without_their_values
             "s3cr3t-value",
         ),
         (
+            "  url: https://example.com/mcp?t%6Fken=s3cr3t-value\n".to_owned(),
+            "spec.url: query parameter \"token\" carries a credential",
+            "s3cr3t-value",
+        ),
+        (
+            "  url: https://example.com/mcp#access_token=s3cr3t-value\n".to_owned(),
+            "spec.url: query parameter \"access_token\" carries a credential",
+            "s3cr3t-value",
+        ),
+        (
             format!(
                 "  url: https://example.com/mcp\n  headers:\n    - name: X-Token\n      valueFrom: {{file: {}}}\n",
                 broken.display()

@@ -336,8 +336,10 @@ const CREDENTIAL_PARAMETERS: &[&str] = &[
 
 /// Why a URL may not be used because it carries a credential: in its user
 /// information (which the HTTP client would drop, or send where no header
-/// asked for it) or in a query parameter named for one (which ends up in
-/// logs and in `check` output). The value is never repeated.
+/// asked for it) or in a parameter named for one, in the query (which ends
+/// up in logs and in `check` output) or in the fragment (where an OAuth
+/// implicit grant puts its `access_token`, and `check` prints it too). The
+/// value is never repeated.
 fn url_credentials(url: &str) -> Option<String> {
     let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
     let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
@@ -347,20 +349,34 @@ fn url_credentials(url: &str) -> Option<String> {
                 .to_owned(),
         );
     }
-    let query = rest.split_once('?')?.1.split('#').next()?;
-    query.split('&').find_map(|pair| {
-        let name = pair.split('=').next()?.to_ascii_lowercase();
-        let plain = name.replace('-', "_");
-        let credential = CREDENTIAL_PARAMETERS.contains(&plain.as_str())
-            || plain.ends_with("_token")
-            || plain.ends_with("_key")
-            || plain.ends_with("secret");
-        credential.then(|| {
-            format!(
-                "query parameter {name:?} carries a credential; pass it as a header or bearerToken"
-            )
+    let (before_fragment, fragment) = rest.split_once('#').unwrap_or((rest, ""));
+    let query = before_fragment.split_once('?').map_or("", |(_, q)| q);
+    [query, fragment]
+        .into_iter()
+        .flat_map(|part| part.split(['&', ';']))
+        .find_map(|pair| {
+            let name = parameter_name(pair.split('=').next()?);
+            let plain = name.replace('-', "_");
+            let credential = CREDENTIAL_PARAMETERS.contains(&plain.as_str())
+                || plain.ends_with("_token")
+                || plain.ends_with("_key")
+                || plain.ends_with("secret");
+            credential.then(|| {
+                format!(
+                    "query parameter {name:?} carries a credential; pass it as a header or bearerToken"
+                )
+            })
         })
-    })
+}
+
+/// A parameter's name as the server reads it: form-decoded (`t%6Fken` and
+/// `api+key` are `token` and `api key` to it), lowercased, without the
+/// `[]` some frameworks read as a list of the name.
+fn parameter_name(raw: &str) -> String {
+    let spaced = raw.replace('+', " ");
+    let decoded = percent_encoding::percent_decode_str(&spaced).decode_utf8_lossy();
+    let name = decoded.split('[').next().unwrap_or_default();
+    name.to_lowercase()
 }
 
 fn resolve_credentials(
@@ -399,5 +415,34 @@ fn resolve(source: &ValueSource) -> Result<SecretString, String> {
             r.name, r.key
         )),
         _ => Err("valueFrom needs exactly one of env, file, secretKeyRef".to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_credential_in_a_url_is_found_however_its_key_is_spelled_or_wherever_it_sits() {
+        for url in [
+            "https://example.com/mcp?t%6Fken=s3cr3t-value",
+            "https://example.com/mcp?ACCESS%5fTOKEN=s3cr3t-value",
+            "https://example.com/mcp?api+key=x&x%2Dapi%2Dkey=s3cr3t-value",
+            "https://example.com/mcp?token[]=s3cr3t-value",
+            "https://example.com/mcp?tenant=a;token=s3cr3t-value",
+            "https://example.com/mcp#access_token=s3cr3t-value",
+            "https://example.com/mcp?tenant=a#state=x&t%6Fken=s3cr3t-value",
+        ] {
+            let problem = url_credentials(url).unwrap_or_else(|| panic!("{url} passed"));
+            assert!(problem.contains("carries a credential"), "{url}: {problem}");
+            assert!(!problem.contains("s3cr3t"), "{url}: {problem}");
+        }
+        for url in [
+            "https://example.com/mcp?tenant=a&region=eu",
+            "https://example.com/mcp#section-2",
+            "https://example.com/mcp?q=%74oken",
+        ] {
+            assert_eq!(url_credentials(url), None, "{url}");
+        }
     }
 }
