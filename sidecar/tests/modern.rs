@@ -137,6 +137,46 @@ async fn modern_requests_are_checked_before_anything_reads_them() {
     assert_eq!(s.attempts().len(), 1, "{:?}", s.attempts());
 }
 
+/// A task id is the only thing that lets its agent read the task: a
+/// refusal for an `Mcp-Name` that disagrees with the body is audited
+/// without either value (the header's, the body's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_task_request_audits_no_task_id() {
+    let s = Stack::start(Setup::default()).await;
+    let (in_body, in_header) = (
+        "0123456789abcdef0123456789abcdef",
+        "fedcba9876543210fedcba9876543210",
+    );
+    for method in ["tasks/get", "tasks/cancel"] {
+        let body = json!({"jsonrpc": "2.0", "id": 3, "method": method,
+            "params": {"taskId": in_body, "_meta": meta("a", true)}});
+        let headers = [
+            ("mcp-protocol-version", "2026-07-28"),
+            ("mcp-method", method),
+            ("mcp-name", in_header),
+        ];
+        let r = s.post(&headers, &body.to_string()).await;
+        assert_eq!(r.json()["error"]["code"], -32020, "{r:?}");
+    }
+    let refusals: Vec<Value> = s
+        .audit_lines()
+        .into_iter()
+        .filter(|l| l["event"] == "MALFORMED_MESSAGE")
+        .collect();
+    assert_eq!(refusals.len(), 2, "each refusal is audited: {refusals:?}");
+    for line in refusals {
+        let text = line.to_string();
+        assert!(
+            !text.contains(in_body) && !text.contains(in_header),
+            "a task id in the audit: {text}"
+        );
+        assert!(
+            line["reason"].as_str().unwrap().contains("Mcp-Name"),
+            "{text}"
+        );
+    }
+}
+
 const ASKING: &str =
     "  allowed_tools: [up_deploy]\n  tool_rules: [{tool: up_deploy, action: ask}]\n";
 const DEPLOY: &str =
