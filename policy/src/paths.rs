@@ -13,11 +13,14 @@
 //! absolute protected path as text (`cat /etc/shadow`) also matches.
 //!
 //! What a shell or a glob-expanding tool would turn into a protected path
-//! matches too: `${HOME}` and `~user` are expanded, shell quoting and
+//! matches too: `${HOME}` and `~user` are expanded, and so are `$USER` (the
+//! last component of the home directory) and a parameter with a default
+//! (`${HOME:-/root}` is read both as the variable and as its default, as a
+//! shell reads it set or unset), shell quoting and
 //! backslash escapes are removed (`/etc/sha''dow`, `/etc/sha\dow`), a token
 //! with glob characters (`*`, `?`, `[...]`) matches when the glob could name
 //! a protected path or something under it (`/etc/sh*`, `/e?c/shadow`), and
-//! object keys are checked as well as values.
+//! object keys are checked as well as values, the arguments' own names too.
 //!
 //! The common case, an argument that mentions no protected file name at all, is
 //! rejected by one Aho-Corasick scan for the paths' last components.
@@ -116,15 +119,18 @@ impl ProtectedPaths {
         self.entries.is_empty()
     }
 
-    /// Finds the first argument whose value (at any depth) refers to a
-    /// protected path. Values nested deeper than the scan limit count as a hit:
-    /// what cannot be checked is refused.
+    /// Finds the first argument whose name or value (at any depth) refers
+    /// to a protected path. Values nested deeper than the scan limit count as
+    /// a hit: what cannot be checked is refused.
     pub fn find(&self, args: &Map<String, Value>) -> Option<PathHit> {
         if self.entries.is_empty() {
             return None;
         }
         for (name, value) in args {
-            if let Some(protected) = self.scan(value, 0) {
+            // A tool that takes its paths as keys (`{"/etc/shadow": "r"}`)
+            // reads the name as a path as much as any value.
+            let named = self.check_str(name).map(|e| e.written.clone());
+            if let Some(protected) = named.or_else(|| self.scan(value, 0)) {
                 return Some(PathHit {
                     argument: name.clone(),
                     protected,
@@ -159,12 +165,20 @@ impl ProtectedPaths {
             return None;
         }
         let decoded = decode_lower(s);
-        // As a path (a backslash separates, as on Windows), with `file://`
-        // dropped and as written (`sfile://etc/shadow` loses the name when
-        // the scheme goes, yet split at its colon it is one), and as a
-        // shell word (quotes and backslash escapes removed).
+        let user = self.home.as_deref().and_then(|h| h.rsplit('/').next());
+        parameter_expansions(&decoded, user)
+            .iter()
+            .find_map(|expanded| self.check_reading(expanded))
+    }
+
+    /// One reading of a decoded string: as a path (a backslash separates, as
+    /// on Windows), with `file://` dropped and as written
+    /// (`sfile://etc/shadow` loses the name when the scheme goes, yet split
+    /// at its colon it is one), and as a shell word (quotes and backslash
+    /// escapes removed).
+    fn check_reading(&self, decoded: &str) -> Option<&Entry> {
         let slashed = decoded.replace('\\', "/");
-        let shell = as_shell_word(&decoded);
+        let shell = as_shell_word(decoded);
         let readings = [strip_file_scheme(&slashed), slashed]
             .into_iter()
             .chain(brace_expansions(&shell));
@@ -206,10 +220,13 @@ impl ProtectedPaths {
         if self.always_full || seen & HIDES != 0 {
             return true;
         }
-        if self.home_relevant
-            && seen & HOME != 0
-            && (s.contains('~') || s.contains("$HOME") || s.contains("${HOME}"))
-        {
+        // (`${...}`, a default or not, is a brace: deferred above.)
+        if self.home_relevant && seen & HOME != 0 && (s.contains('~') || s.contains("$HOME")) {
+            return true;
+        }
+        // `$USER` is the home's last component, which may be what a
+        // protected path's leaf names.
+        if seen & HOME != 0 && self.home.is_some() && s.contains("$USER") {
             return true;
         }
         // Every `file://` is dropped before the check, wherever it stands.
@@ -334,6 +351,94 @@ fn decode_lower(s: &str) -> String {
         text = decoded;
     }
     text.to_lowercase().replace("${home}", "$home")
+}
+
+/// The texts a shell's parameter expansion makes of `text` (decoded and
+/// lowercased): `$user` and `${user}` are the agent's own name (`user`, the
+/// home's last component, when known), and `${name<op>word}` (`:-`, `:=`,
+/// `:+`, `:?` and their forms without the colon) is read both as `$name`
+/// and as `word`, since whether the variable is set is not known here.
+/// Bounded as brace expansion is; `text` alone when it has no `$`.
+fn parameter_expansions(text: &str, user: Option<&str>) -> Vec<String> {
+    if !text.contains('$') {
+        return vec![text.to_owned()];
+    }
+    let text = match user {
+        Some(user) => own_name(text, user),
+        None => text.to_owned(),
+    };
+    let mut done = Vec::new();
+    let mut pending = vec![text];
+    while let Some(word) = pending.pop() {
+        match parameter_with_operator(&word) {
+            Some((open, name, default, close)) if done.len() + pending.len() < MAX_EXPANSIONS => {
+                let (before, after) = (&word[..open], &word[close + 1..]);
+                let variable = match (name, user) {
+                    ("user", Some(user)) => user.to_owned(),
+                    _ => format!("${name}"),
+                };
+                pending.push(format!("{before}{variable}{after}"));
+                pending.push(format!("{before}{default}{after}"));
+            }
+            _ => done.push(word),
+        }
+    }
+    done
+}
+
+/// `text` with `${user}` and `$user` (not part of a longer name) replaced by
+/// `user`.
+fn own_name(text: &str, user: &str) -> String {
+    let text = text.replace("${user}", user);
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text.as_str();
+    while let Some(at) = rest.find("$user") {
+        let after = &rest[at + "$user".len()..];
+        let longer = after
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+        out.push_str(&rest[..at]);
+        out.push_str(if longer { "$user" } else { user });
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The first `${name<op>word}`: where it opens, the name, the word, and
+/// where it closes (braces inside the word nest).
+fn parameter_with_operator(text: &str) -> Option<(usize, &str, &str, usize)> {
+    for (open, _) in text.match_indices("${") {
+        let inner = &text[open + 2..];
+        let name_len = inner
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(inner.len());
+        let (name, rest) = inner.split_at(name_len);
+        let op_len = [":-", ":=", ":+", ":?", "-", "=", "+", "?"]
+            .iter()
+            .find(|op| rest.starts_with(**op))
+            .map(|op| op.len());
+        let (Some(op_len), false) = (op_len, name.is_empty()) else {
+            continue;
+        };
+        let word_start = open + 2 + name_len + op_len;
+        let mut depth = 1;
+        for (i, c) in text[word_start..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        let close = word_start + i;
+                        return Some((open, name, &text[word_start..close], close));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    None
 }
 
 /// The text as a shell would read a word of it: quotes removed, a backslash
@@ -745,6 +850,54 @@ mod evasions {
         let p = ProtectedPaths::new(["/etc/shadow"], Some("/home/agent"));
         assert!(!p.might_match("SELECT id FROM t42 WHERE owner = 'platform'"));
         assert_eq!(hit(&["/etc/shadow"], json!("owner = 'platform'")), None);
+    }
+
+    #[test]
+    fn an_argument_named_for_a_protected_path_matches() {
+        let p = ProtectedPaths::new(["/etc/shadow", "~/.ssh"], Some("/home/agent"));
+        for args in [
+            json!({"/etc/shadow": "read"}),
+            json!({"~/.ssh/id_rsa": true}),
+            json!({"path": "/tmp/x", "/etc/sha''dow": 1}),
+        ] {
+            let hit = p.find(args.as_object().unwrap());
+            assert!(hit.is_some(), "{args}");
+        }
+        let args = json!({"/etc/shadow": 1});
+        assert_eq!(
+            p.find(args.as_object().unwrap()).map(|h| h.argument),
+            Some("/etc/shadow".to_owned()),
+            "the hit names the argument"
+        );
+        assert_eq!(p.find(json!({"/tmp/x": "y"}).as_object().unwrap()), None);
+    }
+
+    #[test]
+    fn shell_defaults_and_the_users_own_name_expand_too() {
+        for arg in [
+            "${HOME:-x}/.ssh/id_rsa",
+            "${HOME:-/root}/.ssh/id_rsa",
+            "${HOME:=/tmp}/.ssh",
+            "${HOME-x}/.ssh/config",
+            "${UNSET:-~/.ssh}/id_rsa",
+            "${UNSET:-$HOME}/.ssh",
+            "~${USER}/.ssh/id_rsa",
+            "~$USER/.ssh",
+            "/home/${USER}/.ssh/id_rsa",
+            "cat ~${USER:-x}/.ssh/id_rsa",
+        ] {
+            assert!(hit(&["~/.ssh"], json!(arg)).is_some(), "{arg}");
+        }
+        // The default a shell takes when HOME is unset.
+        assert!(hit(&["/root/.ssh"], json!("${HOME:-/root}/.ssh/id_rsa")).is_some());
+        assert!(hit(&["/etc/shadow"], json!("${X:-/etc}/shadow")).is_some());
+        // Home itself, which no leaf names: the cheap scan must not skip it.
+        for arg in ["${HOME:-x}", "ls ${HOME:-/tmp}", "~${USER}", "/home/$USER"] {
+            assert!(hit(&["/home/agent"], json!(arg)).is_some(), "{arg}");
+        }
+        for arg in ["${X:-/tmp}/.ssh", "${HOME:-x}/notes", "~${USER}/work"] {
+            assert_eq!(hit(&["~/.ssh", "/etc/shadow"], json!(arg)), None, "{arg}");
+        }
     }
 
     #[test]
