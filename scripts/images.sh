@@ -32,12 +32,36 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-images=(aip-operator aip-sidecar aip-fault-server)
+images=(aip-operator aip-sidecar aip-fault-server aip-example-agent pause)
 declare -A manifest=(
   [aip-operator]=operator/Cargo.toml
   [aip-sidecar]=sidecar/Cargo.toml
   [aip-fault-server]=e2e/fault-server/Cargo.toml
 )
+# Two images of Go programs, static (no libraries): the agent of
+# examples/cluster, on the official MCP Go SDK's client, and the sandbox
+# (pause) image of the test node (aip-node), which imports every archive
+# here. Both are built from e2e/peers by scripts/ensure-go-peers.sh.
+declare -A binary=(
+  [aip-operator]=target/release/aip-operator
+  [aip-sidecar]=target/release/aip-sidecar
+  [aip-fault-server]=target/release/aip-fault-server
+  [aip-example-agent]=target/peers/aip-example-agent
+  [pause]=target/peers/pause
+)
+declare -A static_description=(
+  [aip-example-agent]="The agent of examples/cluster: the official MCP Go SDK's client making an allowed, a blocked and a held call through the injected gateway."
+  [pause]="The pod sandbox of the project's test node: holds a pod's namespaces, exits on SIGTERM."
+)
+# The Go programs link the Go standard library (BSD-3-Clause); the agent
+# also the MCP Go SDK and its dependencies (MIT, Apache-2.0, BSD-3-Clause).
+declare -A static_licences=(
+  [aip-example-agent]="Apache-2.0 AND BSD-3-Clause AND MIT"
+  [pause]="Apache-2.0 AND BSD-3-Clause"
+)
+# The sandbox image's name: what the node's containerd is configured with
+# (e2e/kube-test/src/node/mod.rs, PAUSE_IMAGE); never pushed anywhere.
+pause_reference=localhost/aip-node/pause:1.0
 repository=${IMAGE_REPOSITORY:-ghcr.io/aip-k8s}
 out=target/images
 work=$out/.build
@@ -56,6 +80,7 @@ for tool in ldd dpkg-query tar; do
   }
 done
 cargo build --release --locked -p aip-operator -p aip-sidecar -p aip-fault-server
+scripts/ensure-go-peers.sh
 scripts/ensure-crane.sh
 
 source_url=$(awk -F'"' '/^repository *=/ {print $2; exit}' Cargo.toml)
@@ -75,9 +100,9 @@ rootfs() {
   mkdir -p "$(dirname "$root")"
   : > "$root.packages"
   install -d -m 0755 "$root"/{etc,usr/local/bin,usr/share/doc/aip,var/lib/dpkg/status.d}
-  install -m 0755 "target/release/$name" "$root/usr/local/bin/$name"
+  install -m 0755 "${binary[$name]}" "$root/usr/local/bin/$name"
   install -m 0644 LICENSE "$root/usr/share/doc/aip/copyright"
-  for lib in $(libraries "target/release/$name"); do
+  for lib in $( [ -n "${static_description[$name]:-}" ] || libraries "${binary[$name]}"); do
     install -d -m 0755 "$root$(dirname "$lib")"
     install -m 0755 "$(readlink -f "$lib")" "$root$lib"
     pkg=$(dpkg-query -S "$lib" 2>/dev/null | head -n1 | cut -d: -f1) \
@@ -132,13 +157,20 @@ registry() {
 }
 
 mkdir -p "$work"
+workspace_version=$(awk -F'"' '/^version *=/ {print $2; exit}' Cargo.toml)
 for name in "${images[@]}"; do
-  version=$("target/release/$name" --version | awk '{print $2}')
+  if [ -n "${static_description[$name]:-}" ]; then
+    version=$workspace_version
+    description=${static_description[$name]}
+  else
+    version=$("${binary[$name]}" --version | awk '{print $2}')
+    description=$(sed -n 's/^description = "\(.*\)"$/\1/p' "${manifest[$name]}" | head -n1)
+  fi
   tag=${IMAGE_TAG:-$version}
   reference=$repository/$name:$tag
-  description=$(sed -n 's/^description = "\(.*\)"$/\1/p' "${manifest[$name]}" | head -n1)
+  [ "$name" != pause ] || reference=$pause_reference
   rootfs "$name" "$work/$name/rootfs"
-  licences="Apache-2.0"
+  licences=${static_licences[$name]:-Apache-2.0}
   for pkg in $(LC_ALL=C sort "$work/$name/rootfs.packages"); do
     licences="$licences AND ${package_licence[$pkg]}"
   done

@@ -75,6 +75,18 @@ pub enum Error {
 
     #[error("{what} did not happen within {waited:?}")]
     Timeout { what: String, waited: Duration },
+
+    #[error("{tool} is not on PATH: {hint}")]
+    ToolMissing {
+        tool: &'static str,
+        hint: &'static str,
+    },
+
+    #[error("the node: {what}: {reason}")]
+    Node { what: String, reason: String },
+
+    #[error("cleaning up the node: {reason}")]
+    Cleanup { reason: String },
 }
 
 impl Error {

@@ -18,6 +18,7 @@ mod external;
 mod identity;
 mod kubeconfig;
 mod local;
+pub mod node;
 mod pki;
 mod process;
 

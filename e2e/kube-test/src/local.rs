@@ -10,7 +10,7 @@ use kube::Api;
 use kube::config::Kubeconfig;
 
 use crate::kubeconfig::{self, Credentials};
-use crate::pki::{self, Pki};
+use crate::pki::{self, NodeIdentity, Pki};
 use crate::process::Supervised;
 use crate::{Error, User};
 
@@ -55,36 +55,66 @@ const CONTROLLERS_READY: Duration = Duration::from_secs(60);
 /// Attempts at finding free ports before a clash is reported.
 const PORT_ATTEMPTS: u32 = 4;
 
+/// Where a control plane serves, and for whom.
+#[derive(Clone, Copy)]
+pub(crate) enum Layout<'a> {
+    /// Alone on loopback: an API server for tests of the API; no scheduler,
+    /// no kubelet, pods stay Pending.
+    Loopback,
+    /// The control plane of a node, inside the node's network namespace:
+    /// the API server listens on every address there (6443), advertises
+    /// the node's address (the `kubernetes` Service's endpoint, which pods
+    /// reach through kube-proxy), talks to the kubelet with a client
+    /// certificate; every default controller and the scheduler run.
+    Node(NodeIdentity<'a>),
+}
+
+/// The API server's port on a node (its own network namespace: no clash).
+pub(crate) const NODE_APISERVER_PORT: u16 = 6443;
+
 struct Binaries {
     etcd: PathBuf,
     apiserver: PathBuf,
     controller_manager: PathBuf,
+    scheduler: Option<PathBuf>,
 }
 
 impl Binaries {
-    fn find() -> Result<Binaries, Error> {
-        let dir = match std::env::var_os("AIP_CONTROLPLANE_DIR") {
-            Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-            _ => workspace_root().join(DEFAULT_DIR),
-        };
-        let binary = |name: &'static str| {
-            let path = dir.join(name);
-            if path.is_file() {
-                Ok(path)
-            } else {
-                Err(Error::BinaryMissing { binary: name, path })
-            }
-        };
+    fn find(layout: Layout<'_>) -> Result<Binaries, Error> {
         Ok(Binaries {
             etcd: binary("etcd")?,
             apiserver: binary("kube-apiserver")?,
             controller_manager: binary("kube-controller-manager")?,
+            scheduler: match layout {
+                Layout::Loopback => None,
+                Layout::Node(_) => Some(binary("kube-scheduler")?),
+            },
         })
     }
 }
 
+/// The directory holding the Kubernetes binaries: `AIP_CONTROLPLANE_DIR`,
+/// or `target/controlplane` of the workspace.
+pub(crate) fn binaries_dir() -> PathBuf {
+    match std::env::var_os("AIP_CONTROLPLANE_DIR") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => workspace_root().join(DEFAULT_DIR),
+    }
+}
+
+/// A binary of [`binaries_dir`], or the error that names the script that
+/// builds it.
+pub(crate) fn binary(name: &'static str) -> Result<PathBuf, Error> {
+    let path = binaries_dir().join(name);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(Error::BinaryMissing { binary: name, path })
+    }
+}
+
 /// The workspace root: two levels above this crate's manifest.
-fn workspace_root() -> PathBuf {
+pub(crate) fn workspace_root() -> PathBuf {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     manifest
         .ancestors()
@@ -105,11 +135,13 @@ pub(crate) struct Local {
     etcd: Option<Supervised>,
     apiserver: Option<Supervised>,
     controller_manager: Option<Supervised>,
+    scheduler: Option<Supervised>,
 }
 
 impl Drop for Local {
     fn drop(&mut self) {
         for process in [
+            self.scheduler.as_mut(),
             self.controller_manager.as_mut(),
             self.apiserver.as_mut(),
             self.etcd.as_mut(),
@@ -148,6 +180,7 @@ impl Local {
             self.etcd.as_mut(),
             self.apiserver.as_mut(),
             self.controller_manager.as_mut(),
+            self.scheduler.as_mut(),
         ]
         .into_iter()
         .flatten()
@@ -159,9 +192,14 @@ impl Local {
 /// controller manager has created the `default` namespace's `default`
 /// ServiceAccount.
 pub(crate) async fn start() -> Result<Local, Error> {
-    let binaries = Binaries::find()?;
     let keep = std::env::var_os("AIP_KUBE_TEST_KEEP").is_some_and(|v| !v.is_empty());
-    let dir = fresh_dir()?;
+    start_in(fresh_dir()?, Layout::Loopback, keep).await
+}
+
+/// Starts a control plane of `layout` in `dir` (which exists, mode 0700).
+/// `keep`: leave the directory when it stops.
+pub(crate) async fn start_in(dir: PathBuf, layout: Layout<'_>, keep: bool) -> Result<Local, Error> {
+    let binaries = Binaries::find(layout)?;
     let mut local = Local {
         dir: dir.clone(),
         ca_pem: String::new(),
@@ -172,15 +210,20 @@ pub(crate) async fn start() -> Result<Local, Error> {
         etcd: None,
         apiserver: None,
         controller_manager: None,
+        scheduler: None,
     };
-    let pki = pki::generate()?;
+    let node = match layout {
+        Layout::Loopback => None,
+        Layout::Node(node) => Some(node),
+    };
+    let pki = pki::generate(node)?;
     local.ca_pem = pki.ca_pem.clone();
     write_files(&dir, &pki, &local.tokens)?;
 
     let mut attempt = 0;
     loop {
         attempt += 1;
-        match start_apiserver(&mut local, &binaries).await {
+        match start_apiserver(&mut local, &binaries, layout).await {
             Ok(()) => break,
             Err(Error::Exited { ref tail, .. })
                 if attempt < PORT_ATTEMPTS && tail.contains("address already in use") =>
@@ -224,6 +267,12 @@ pub(crate) async fn start() -> Result<Local, Error> {
             },
         ),
     )?;
+    let controllers = match layout {
+        Layout::Loopback => CONTROLLERS.join(","),
+        // A node runs what any cluster runs: endpoints, pod GC, TTL after
+        // finished, node lifecycle, ...
+        Layout::Node(_) => "*".to_owned(),
+    };
     let args = [
         format!("--kubeconfig={}", manager_kubeconfig.display()),
         "--leader-elect=false".into(),
@@ -234,7 +283,7 @@ pub(crate) async fn start() -> Result<Local, Error> {
             dir.join("service-account.key").display()
         ),
         "--use-service-account-credentials=false".into(),
-        format!("--controllers={}", CONTROLLERS.join(",")),
+        format!("--controllers={controllers}"),
     ];
     local.controller_manager = Some(Supervised::spawn(
         "kube-controller-manager",
@@ -243,15 +292,35 @@ pub(crate) async fn start() -> Result<Local, Error> {
         &dir,
         None,
     )?);
+    if let Some(scheduler) = &binaries.scheduler {
+        // The controller manager's identity (system:masters) serves the
+        // scheduler too: one test client certificate fewer.
+        let args = [
+            format!("--kubeconfig={}", manager_kubeconfig.display()),
+            "--leader-elect=false".into(),
+            "--secure-port=0".into(),
+        ];
+        local.scheduler = Some(Supervised::spawn(
+            "kube-scheduler",
+            scheduler,
+            &args,
+            &dir,
+            None,
+        )?);
+    }
     wait_for_controllers(&mut local).await?;
     Ok(local)
 }
 
 /// Starts etcd (unless it runs already) and the API server on fresh ports,
 /// and waits for `/readyz`.
-async fn start_apiserver(local: &mut Local, binaries: &Binaries) -> Result<(), Error> {
+async fn start_apiserver(
+    local: &mut Local,
+    binaries: &Binaries,
+    layout: Layout<'_>,
+) -> Result<(), Error> {
     let dir = local.dir.clone();
-    let [client_port, peer_port, secure_port] = free_ports()?;
+    let [client_port, peer_port, mut secure_port] = free_ports()?;
     let etcd_url = match &local.etcd {
         Some(_) => local.etcd_url.clone(),
         None => {
@@ -284,16 +353,20 @@ async fn start_apiserver(local: &mut Local, binaries: &Binaries) -> Result<(), E
             client
         }
     };
-    let url = format!("https://127.0.0.1:{secure_port}");
     let file = |name: &str| dir.join(name).display().to_string();
-    let args = [
-        "--bind-address=127.0.0.1".to_owned(),
+    let (bind, advertise) = match layout {
+        Layout::Loopback => ("127.0.0.1", "127.0.0.1"),
+        Layout::Node(node) => {
+            secure_port = NODE_APISERVER_PORT;
+            ("0.0.0.0", node.address)
+        }
+    };
+    let url = format!("https://{advertise}:{secure_port}");
+    let mut args = vec![
+        format!("--bind-address={bind}"),
         // Without it the server looks for a default-route interface.
-        "--advertise-address=127.0.0.1".into(),
+        format!("--advertise-address={advertise}"),
         format!("--secure-port={secure_port}"),
-        // No Endpoints for the `kubernetes` Service: nothing in a test can
-        // reach a ClusterIP anyway.
-        "--endpoint-reconciler-type=none".into(),
         format!("--etcd-servers={etcd_url}"),
         format!("--tls-cert-file={}", file("apiserver.crt")),
         format!("--tls-private-key-file={}", file("apiserver.key")),
@@ -312,6 +385,24 @@ async fn start_apiserver(local: &mut Local, binaries: &Binaries) -> Result<(), E
         format!("--service-cluster-ip-range={SERVICE_CIDR}"),
         "--profiling=false".into(),
     ];
+    match layout {
+        // No Endpoints for the `kubernetes` Service: nothing in a test can
+        // reach a ClusterIP anyway.
+        Layout::Loopback => args.push("--endpoint-reconciler-type=none".into()),
+        Layout::Node(_) => args.extend([
+            format!(
+                "--kubelet-client-certificate={}",
+                file("apiserver-kubelet-client.crt")
+            ),
+            format!(
+                "--kubelet-client-key={}",
+                file("apiserver-kubelet-client.key")
+            ),
+            format!("--kubelet-certificate-authority={}", file("ca.crt")),
+            // Else it resolves the node's hostname with the host's resolver.
+            "--kubelet-preferred-address-types=InternalIP".into(),
+        ]),
+    }
     local.url = url;
     local.apiserver = Some(Supervised::spawn(
         "kube-apiserver",
@@ -417,6 +508,24 @@ fn write_files(dir: &Path, pki: &Pki, tokens: &[(User, String)]) -> Result<(), E
         &dir.join("service-account.pub"),
         &pki.service_account_public_pem,
     )?;
+    if let Some(node) = &pki.node {
+        for (name, text) in [
+            ("kubelet.crt", &node.kubelet_serving_cert_pem),
+            ("kubelet.key", &node.kubelet_serving_key_pem),
+            ("kubelet-client.crt", &node.kubelet_client_cert_pem),
+            ("kubelet-client.key", &node.kubelet_client_key_pem),
+            (
+                "apiserver-kubelet-client.crt",
+                &node.apiserver_kubelet_client_cert_pem,
+            ),
+            (
+                "apiserver-kubelet-client.key",
+                &node.apiserver_kubelet_client_key_pem,
+            ),
+        ] {
+            write(&dir.join(name), text)?;
+        }
+    }
     let lines: String = tokens
         .iter()
         .map(|(user, token)| crate::identity::token_file_line(*user, token))

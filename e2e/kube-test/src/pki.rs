@@ -35,19 +35,42 @@ pub(crate) struct Pki {
     /// its public half that verifies tokens.
     pub service_account_key_pem: String,
     pub service_account_public_pem: String,
+    /// A node's certificates, when the control plane has one.
+    pub node: Option<NodePki>,
 }
 
-pub(crate) fn generate() -> Result<Pki, rcgen::Error> {
+/// What a node needs besides the control plane's own: the kubelet's
+/// serving certificate (signed by the API server's CA, which the API server
+/// is told to trust for kubelets), the kubelet's client certificate
+/// (`system:node:NAME` in `system:nodes`, which the Node authorizer
+/// knows), and the API server's client certificate for the kubelet (logs,
+/// exec).
+pub(crate) struct NodePki {
+    pub kubelet_serving_cert_pem: String,
+    pub kubelet_serving_key_pem: String,
+    pub kubelet_client_cert_pem: String,
+    pub kubelet_client_key_pem: String,
+    pub apiserver_kubelet_client_cert_pem: String,
+    pub apiserver_kubelet_client_key_pem: String,
+}
+
+/// The node a control plane is made for: its name and address.
+#[derive(Clone, Copy)]
+pub(crate) struct NodeIdentity<'a> {
+    pub name: &'a str,
+    pub address: &'a str,
+}
+
+pub(crate) fn generate(node: Option<NodeIdentity<'_>>) -> Result<Pki, rcgen::Error> {
     let (ca_pem, ca) = authority("aip-kube-test apiserver CA")?;
     let (client_ca_pem, client_ca) = authority("aip-kube-test client CA")?;
 
     let serving_key = KeyPair::generate()?;
-    let mut serving = CertificateParams::new(
-        SERVING_NAMES
-            .iter()
-            .map(|n| (*n).to_owned())
-            .collect::<Vec<_>>(),
-    )?;
+    let mut names: Vec<String> = SERVING_NAMES.iter().map(|n| (*n).to_owned()).collect();
+    if let Some(node) = &node {
+        names.push(node.address.to_owned());
+    }
+    let mut serving = CertificateParams::new(names)?;
     serving
         .distinguished_name
         .push(DnType::CommonName, "kube-apiserver");
@@ -72,7 +95,43 @@ pub(crate) fn generate() -> Result<Pki, rcgen::Error> {
 
     let service_account_key = KeyPair::generate()?;
 
+    let node = match node {
+        Some(node) => {
+            let serving = leaf(
+                &ca,
+                vec![node.address.to_owned(), node.name.to_owned()],
+                node.name,
+                None,
+                ExtendedKeyUsagePurpose::ServerAuth,
+            )?;
+            let client = leaf(
+                &client_ca,
+                Vec::new(),
+                &format!("system:node:{}", node.name),
+                Some("system:nodes"),
+                ExtendedKeyUsagePurpose::ClientAuth,
+            )?;
+            let apiserver = leaf(
+                &client_ca,
+                Vec::new(),
+                "kube-apiserver-kubelet-client",
+                Some("system:masters"),
+                ExtendedKeyUsagePurpose::ClientAuth,
+            )?;
+            Some(NodePki {
+                kubelet_serving_cert_pem: serving.0,
+                kubelet_serving_key_pem: serving.1,
+                kubelet_client_cert_pem: client.0,
+                kubelet_client_key_pem: client.1,
+                apiserver_kubelet_client_cert_pem: apiserver.0,
+                apiserver_kubelet_client_key_pem: apiserver.1,
+            })
+        }
+        None => None,
+    };
+
     Ok(Pki {
+        node,
         ca_pem,
         serving_cert_pem: serving_cert.pem(),
         serving_key_pem: serving_key.serialize_pem(),
@@ -82,6 +141,33 @@ pub(crate) fn generate() -> Result<Pki, rcgen::Error> {
         service_account_public_pem: service_account_key.public_key_pem(),
         service_account_key_pem: service_account_key.serialize_pem(),
     })
+}
+
+/// A certificate signed by `issuer`, and its key (PEM both).
+fn leaf(
+    issuer: &Issuer<'static, KeyPair>,
+    names: Vec<String>,
+    common_name: &str,
+    organization: Option<&str>,
+    usage: ExtendedKeyUsagePurpose,
+) -> Result<(String, String), rcgen::Error> {
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(names)?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, common_name);
+    if let Some(organization) = organization {
+        params
+            .distinguished_name
+            .push(DnType::OrganizationName, organization);
+    }
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = vec![usage];
+    let cert = params.signed_by(&key, issuer)?;
+    Ok((cert.pem(), key.serialize_pem()))
 }
 
 /// A self-signed CA: its certificate (PEM) and what signs with it.

@@ -1,0 +1,88 @@
+//! A real node for the tests: the control plane, containerd, runc, the CNI
+//! plugins, the kubelet, kube-proxy and CoreDNS on this machine, with pods
+//! that really run. One node per test run (its ports, cgroup paths and
+//! kubelet directories are the machine's): the launcher (`aip-node`, see
+//! `src/bin/aip-node.rs`) starts it once, runs the test command inside its
+//! network namespace, and every test process attaches to it through
+//! [`ENV`], each test in a namespace of its own.
+//!
+//! Where it lives, and why that leaves the machine as it was:
+//! - a network namespace of its own, made by `unshare`, with a veth pair
+//!   holding the node's address ([`NODE_ADDRESS`]): node, pod and Service
+//!   addresses exist only there, and traffic stays on that namespace's
+//!   loopback and bridge. Its iptables chains go with it.
+//! - a mount namespace of its own, with tmpfs over /run, /var/lib and
+//!   /var/log: the kubelet's, containerd's and runc's files and mounts go
+//!   with it.
+//! - one cgroup subtree (`/aip-node`, see `cgroups.rs`): every process of
+//!   the node, of its pods and of the test command is in it, so they can be
+//!   killed as one and the subtree removed.
+//! - the global sysctls a kubelet sets are saved first and put back
+//!   (`host.rs`).
+//!
+//! A launcher that is killed leaves the node to notice its closed stdin and
+//! clean up; a node killed with it is cleaned up by the next start.
+
+pub mod cgroups;
+mod config;
+pub mod host;
+mod inside;
+mod launcher;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+pub use inside::serve;
+pub use launcher::{Launched, base_dir, clean_leftovers, enter, launch};
+
+/// The variable that names a running node's directory (its `node.json`):
+/// set by the launcher for the command it runs.
+pub const ENV: &str = "AIP_TEST_NODE";
+
+/// The node's name, as the Node object and the kubelet's certificate have
+/// it.
+pub const NODE_NAME: &str = "aip-node";
+/// The node's address, on a veth link inside the node's network
+/// namespace: the API server, the kubelet and CoreDNS listen on it.
+pub const NODE_ADDRESS: &str = "10.223.0.1";
+/// The pods' addresses (kube-proxy's cluster CIDR) and the one node's
+/// share of them (the bridge's subnet).
+pub const POD_CIDR: &str = "10.224.0.0/16";
+pub const POD_SUBNET: &str = "10.224.0.0/24";
+pub const CLUSTER_DOMAIN: &str = "cluster.local";
+/// The sandbox image, built from e2e/peers/cmd/pause by `make images`.
+pub const PAUSE_IMAGE: &str = "localhost/aip-node/pause:1.0";
+
+/// What the node tells the processes that attach to it (`node.json` in its
+/// directory). It holds the test identities' tokens: the directory is 0700.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub url: String,
+    pub ca_pem: String,
+    /// Each test identity's static bearer token, by user name.
+    pub tokens: BTreeMap<String, String>,
+    pub node_name: String,
+    pub node_address: String,
+    /// The node's process: its network namespace is
+    /// `/proc/PID/ns/net`.
+    pub pid: u32,
+    pub dir: PathBuf,
+    pub containerd_socket: PathBuf,
+    /// From the launcher's start of the node to Node Ready with DNS.
+    pub started_in_ms: u64,
+}
+
+impl NodeInfo {
+    /// Reads `DIR/node.json`.
+    pub fn read(dir: &std::path::Path) -> Result<NodeInfo, crate::Error> {
+        let path = dir.join("node.json");
+        let text =
+            std::fs::read_to_string(&path).map_err(crate::Error::io("cannot read", &path))?;
+        serde_json::from_str(&text).map_err(|e| crate::Error::Node {
+            what: format!("reading {}", path.display()),
+            reason: e.to_string(),
+        })
+    }
+}

@@ -1,0 +1,99 @@
+// aip-example-agent is the agent of examples/cluster: a tool-using program
+// built on the official MCP Go SDK's client, talking to whatever
+// $AIP_MCP_URL names (the gateway the injector put in its pod; nothing in it
+// knows about the gateway).
+//
+// It lists the tools it may see, reads a file (allowed), changes a file's
+// mode (blocked: the policy does not allow fs_chmod), and deletes a file
+// (held until a person approves the ApprovalRequest the gateway makes).
+// Each step prints one line: the call, and what the gateway or the server
+// said. It exits 0 once every step has had its answer, whatever the answer;
+// 1 when it cannot reach the gateway or never sees a tool.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+const (
+	// The example policy's approval timeout is 120 s; wait a little longer.
+	heldCallTimeout = 150 * time.Second
+	callTimeout     = 30 * time.Second
+	// Until the operator may read the connection's Secret (`kubectl aip
+	// grant`), the gateway serves no tools.
+	toolsPatience = 300 * time.Second
+)
+
+func main() {
+	url := os.Getenv("AIP_MCP_URL")
+	if url == "" {
+		fail("AIP_MCP_URL is not set (the injected gateway sets it in the agent's environment)")
+	}
+	ctx := context.Background()
+	client := mcp.NewClient(&mcp.Implementation{Name: "aip-example-agent", Version: "0.1.0"}, nil)
+	session, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url}, nil)
+	if err != nil {
+		fail("connecting to %s: %v", url, err)
+	}
+	defer session.Close()
+
+	names := toolsOnceGranted(ctx, session)
+	fmt.Println("tools:", strings.Join(names, ", "))
+	call(ctx, session, "fs_read_file", map[string]any{"path": "/reports/q3.txt"}, callTimeout)
+	call(ctx, session, "fs_chmod", map[string]any{"path": "/reports/q3.txt"}, callTimeout)
+	fmt.Println("fs_delete_file: waiting for a person (kubectl aip approvals -n agents)")
+	call(ctx, session, "fs_delete_file", map[string]any{"path": "/reports/old.txt"}, heldCallTimeout)
+}
+
+func toolsOnceGranted(ctx context.Context, session *mcp.ClientSession) []string {
+	deadline := time.Now().Add(toolsPatience)
+	for {
+		listed, err := session.ListTools(ctx, nil)
+		if err != nil {
+			fail("tools/list: %v", err)
+		}
+		if len(listed.Tools) > 0 {
+			names := make([]string, 0, len(listed.Tools))
+			for _, tool := range listed.Tools {
+				names = append(names, tool.Name)
+			}
+			return names
+		}
+		if time.Now().After(deadline) {
+			fail("no tools after %s: is the connection granted? (kubectl get aip -n agents)", toolsPatience)
+		}
+		time.Sleep(2 * time.Second)
+	}
+}
+
+func call(ctx context.Context, session *mcp.ClientSession, tool string, arguments map[string]any, timeout time.Duration) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	result, err := session.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: arguments})
+	if err != nil { // a JSON-RPC error, e.g. the policy's refusal
+		fmt.Printf("%s: refused: %v\n", tool, err)
+		return
+	}
+	var text []string
+	for _, content := range result.Content {
+		if t, ok := content.(*mcp.TextContent); ok {
+			text = append(text, t.Text)
+		}
+	}
+	outcome := "ok"
+	if result.IsError {
+		outcome = "error"
+	}
+	fmt.Printf("%s: %s: %s\n", tool, outcome, strings.Join(text, " "))
+}
+
+func fail(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "aip-example-agent: "+format+"\n", args...)
+	os.Exit(1)
+}
