@@ -19,7 +19,8 @@
 //!   them exact, JavaScript rounds them);
 //! - more JSON values than the size limit allows ([`Limits::max_values`]);
 //! - nesting deeper than the limit; batches; anything that is not a JSON-RPC
-//!   2.0 request, notification or response.
+//!   2.0 request, notification or response: a `notifications/...` method
+//!   with an `id`, and any other method without one, are neither.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -263,6 +264,11 @@ fn classify(value: &Value) -> Result<Kind, Refusal> {
             return Err(Refusal::Invalid("\"params\" must be an object or an array"));
         }
         return match id {
+            // Neither: one server would run it as a request and answer,
+            // another drop it as a notification.
+            Some(_) if method.starts_with("notifications/") => Err(Refusal::Invalid(
+                "a notifications/... method is a notification and carries no \"id\"",
+            )),
             Some(id) => Ok(Kind::Request {
                 id,
                 method: method.to_owned(),

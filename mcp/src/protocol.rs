@@ -66,6 +66,81 @@ pub const METHODS: &[&str] = &[
     "notifications/tasks/status",
 ];
 
+/// The `params` keys MCP defines for a client's request or notification,
+/// in either era, with `_meta` (which the specification permits in every
+/// params): what a gateway forwards of them. None for a method whose
+/// params are not the core specification's to say (a server's own method;
+/// the tasks extension's `tasks/update`), which go as they came.
+///
+/// `task` is 2025-11-25's task augmentation of a call (which the gateway
+/// refuses by name); `inputResponses` and `requestState` are 2026-07-28's
+/// retry of a request that asked for input.
+pub fn params_keys(method: &str) -> Option<&'static [&'static str]> {
+    let keys: &'static [&'static str] = match method {
+        "initialize" => &["protocolVersion", "capabilities", "clientInfo", "_meta"],
+        "ping" | "server/discover" => &["_meta"],
+        "notifications/initialized" | "notifications/roots/list_changed" => &["_meta"],
+        "tools/list"
+        | "prompts/list"
+        | "resources/list"
+        | "resources/templates/list"
+        | "tasks/list" => &["cursor", "_meta"],
+        "tools/call" => &[
+            "name",
+            "arguments",
+            "task",
+            "inputResponses",
+            "requestState",
+            "_meta",
+        ],
+        "prompts/get" => &[
+            "name",
+            "arguments",
+            "inputResponses",
+            "requestState",
+            "_meta",
+        ],
+        "resources/read" => &["uri", "inputResponses", "requestState", "_meta"],
+        "resources/subscribe" | "resources/unsubscribe" => &["uri", "_meta"],
+        "completion/complete" => &[
+            "ref",
+            "argument",
+            "context",
+            "inputResponses",
+            "requestState",
+            "_meta",
+        ],
+        "logging/setLevel" => &["level", "_meta"],
+        "tasks/get" | "tasks/result" | "tasks/cancel" => &["taskId", "_meta"],
+        "subscriptions/listen" => &["notifications", "_meta"],
+        "notifications/cancelled" => &["requestId", "reason", "_meta"],
+        "notifications/progress" => &["progressToken", "progress", "total", "message", "_meta"],
+        _ => return None,
+    };
+    Some(keys)
+}
+
+/// Drops the keys of `message`'s params that its method does not define
+/// (see [`params_keys`]); the keys dropped, in order.
+pub fn drop_undefined_params(message: &mut Value) -> Vec<String> {
+    let method = message.get("method").and_then(Value::as_str);
+    let Some(defined) = method.and_then(params_keys) else {
+        return Vec::new();
+    };
+    let Some(Value::Object(params)) = message.get_mut("params") else {
+        return Vec::new();
+    };
+    let undefined: Vec<String> = params
+        .keys()
+        .filter(|k| !defined.contains(&k.as_str()))
+        .cloned()
+        .collect();
+    for key in &undefined {
+        params.remove(key);
+    }
+    undefined
+}
+
 /// What a server sends when its tool list changed: the catalog is
 /// refreshed at once rather than at the next interval.
 pub const TOOLS_LIST_CHANGED: &str = "notifications/tools/list_changed";

@@ -257,6 +257,28 @@ fn json_rpc_shape_is_checked() {
     );
 }
 
+/// A `notifications/...` method with an id is neither: one server would run
+/// it as a request and answer, another drop it as a notification. Refused,
+/// under its id, rather than forwarded as either.
+#[test]
+fn a_notification_that_carries_an_id_is_refused() {
+    for text in [
+        r#"{"jsonrpc":"2.0","id":5,"method":"notifications/initialized"}"#,
+        r#"{"jsonrpc":"2.0","id":"c","method":"notifications/cancelled","params":{"requestId":1}}"#,
+    ] {
+        let (code, id, refusal) = refuse(text);
+        assert_eq!(code, -32600, "{text}");
+        assert!(id.is_some(), "the refusal answers the id: {text}");
+        assert!(refusal.to_string().contains("notification"), "{refusal}");
+    }
+    let note = parse(
+        br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        Limits::default(),
+    )
+    .unwrap();
+    assert!(matches!(note.kind, Kind::Notification { .. }));
+}
+
 /// Found by the differential test: without correctly rounded float parsing
 /// (serde_json's `float_roundtrip`), this decodes one ULP away from what
 /// Python and JavaScript read.

@@ -785,3 +785,82 @@ async fn a_server_echoing_the_connections_credentials_never_reaches_the_agent() 
     );
     shutdown.cancel();
 }
+
+/// What reaches a server is what MCP defines: a key a method's params do
+/// not have (`args` beside `arguments`, which a lenient server might read
+/// and the policy never did) is dropped, `_meta` kept; and a
+/// `notifications/...` carrying an id is refused -32600, never forwarded as
+/// the request it looks like to the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_what_mcp_defines_reaches_the_server() {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
+    let kept = seen.clone();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let url = common::scripted_server(
+        move |m| {
+            kept.lock().unwrap().push(m.clone());
+            match m["method"].as_str() {
+                Some("initialize") => (
+                    200,
+                    json!({"protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
+                        "serverInfo": {"name": "s", "version": "1"}}),
+                ),
+                Some("tools/list") => (
+                    200,
+                    json!({"tools": [{"name": "echo", "inputSchema": {"type": "object"}}]}),
+                ),
+                Some("tools/call") => (200, json!({"content": [{"type": "text", "text": "ok"}]})),
+                _ => (200, json!({})),
+            }
+        },
+        shutdown.clone(),
+    )
+    .await;
+    let s = Stack::start(Setup {
+        url: Some(url),
+        policy: "  allowed_tools: [up_echo]\n",
+        ..Setup::default()
+    })
+    .await;
+    let session = s.session().await;
+    let call = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+        "name": "up_echo", "arguments": {"path": "/tmp/x"}, "_meta": {"progressToken": "p"},
+        "args": {"path": "/etc/shadow"}, "input": "x"}});
+    let r = s
+        .post(&[("mcp-session-id", &session)], &call.to_string())
+        .await;
+    assert_eq!(r.json()["result"]["content"][0]["text"], "ok", "{r:?}");
+    let forwarded = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|m| m["method"] == "tools/call")
+        .cloned()
+        .unwrap();
+    let mut keys: Vec<&String> = forwarded["params"].as_object().unwrap().keys().collect();
+    keys.sort();
+    assert_eq!(keys, ["_meta", "arguments", "name"], "{forwarded}");
+
+    for note in [
+        json!({"jsonrpc": "2.0", "id": 9, "method": "notifications/initialized"}),
+        json!({"jsonrpc": "2.0", "id": 10, "method": "notifications/cancelled", "params": {"requestId": 3}}),
+    ] {
+        let r = s
+            .post(&[("mcp-session-id", &session)], &note.to_string())
+            .await;
+        assert_eq!(r.json()["error"]["code"], -32600, "{r:?}");
+        assert_eq!(r.json()["id"], note["id"], "{r:?}");
+    }
+    let notes = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|m| {
+            m["method"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("notifications/"))
+        })
+        .count();
+    assert_eq!(notes, 0, "nothing of either reached the server");
+    shutdown.cancel();
+}

@@ -371,7 +371,7 @@ impl Gateway {
     }
 
     /// The pipeline proper.
-    async fn decide(&self, message: Message, caller: &Caller) -> Reply {
+    async fn decide(&self, mut message: Message, caller: &Caller) -> Reply {
         let evaluator = self.config().evaluator.clone();
         if let Kind::Response { .. } = message.kind {
             // The agent answering a request a server made of it: matched to
@@ -381,6 +381,14 @@ impl Gateway {
         }
         if let Some(spelled) = misspelled_method(message.method().unwrap_or_default()) {
             return self.refuse_misspelled(&message, spelled);
+        }
+        // A params key MCP does not define for the method is nothing the
+        // policy reads, yet a lenient server might (`args` for
+        // `arguments`): what is decided and forwarded is without it.
+        let undefined = aip_mcp::protocol::drop_undefined_params(&mut message.value);
+        if !undefined.is_empty() {
+            let method = message.method().unwrap_or_default();
+            tracing::debug!(method, keys = ?undefined, "params keys the method does not define were dropped");
         }
         let request = match Request::from_value(&message.value) {
             Ok(r) => r,
