@@ -702,17 +702,12 @@ async fn a_servers_task_notifications_reach_the_agent_that_follows_it() {
     shutdown.cancel();
 }
 
-/// A legacy server asking for input while serving a prompt: the modern
-/// agent gets `input_required`, and its retry answers the server's open
-/// request — the server serves the prompt once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_legacy_servers_question_during_a_prompt_is_answered_by_the_retry() {
-    let seen = Arc::new(Mutex::new(Vec::<Value>::new()));
-    let shutdown = CancellationToken::new();
-    let log = seen.clone();
+/// A legacy server that asks for the agent's name (`q1`) while serving the
+/// prompt `greet`; every message kept.
+async fn asking_server(seen: Arc<Mutex<Vec<Value>>>, shutdown: CancellationToken) -> Stack {
     let url = common::scripted_server(
         move |m| {
-            log.lock().unwrap().push(m.clone());
+            seen.lock().unwrap().push(m.clone());
             match m["method"].as_str() {
                 Some("initialize") => (200, json!({"protocolVersion": "2025-11-25",
                     "capabilities": {"tools": {}, "prompts": {}},
@@ -728,19 +723,35 @@ async fn a_legacy_servers_question_during_a_prompt_is_answered_by_the_retry() {
                 _ => (202, Value::Null), // the agent's answer, notifications
             }
         },
-        shutdown.clone(),
+        shutdown,
     )
     .await;
-    let s = Stack::start(Setup {
+    Stack::start(Setup {
         url: Some(url),
         prefix: "",
-        policy: "  allowed_methods: [server/discover, prompts/list, prompts/get]\n",
+        policy: "  allowed_methods: [initialize, notifications/initialized, server/discover, prompts/list, prompts/get]\n",
         connection: "  clientCapabilities: {elicitation: true}\n",
         ..Setup::default()
     })
-    .await;
+    .await
+}
+
+/// A modern agent that can answer an elicitation.
+fn answering() -> Value {
     let mut asking = meta("a", false);
     asking["io.modelcontextprotocol/clientCapabilities"]["elicitation"] = json!({});
+    asking
+}
+
+/// A legacy server asking for input while serving a prompt: the modern
+/// agent gets `input_required`, and its retry answers the server's open
+/// request — the server serves the prompt once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_legacy_servers_question_during_a_prompt_is_answered_by_the_retry() {
+    let seen = Arc::new(Mutex::new(Vec::<Value>::new()));
+    let shutdown = CancellationToken::new();
+    let s = asking_server(seen.clone(), shutdown.clone()).await;
+    let asking = answering();
     let first = modern_with(&s, asking.clone(), "prompts/get", json!({"name": "greet"})).await;
     let asked = first.json()["result"].clone();
     assert_eq!(asked["resultType"], "input_required", "{first:?}");
@@ -767,5 +778,64 @@ async fn a_legacy_servers_question_during_a_prompt_is_answered_by_the_retry() {
         Some(json!("Luca")),
         "the server's question was answered"
     );
+    shutdown.cancel();
+}
+
+/// Toward a legacy server a `requestState` can only be one of the
+/// gateway's handles: one spelled otherwise (another case, a missing dash,
+/// a space, anything foreign) is refused -32602 and sends nothing upstream
+/// — it neither runs the prompt a second time nor spends the parked call,
+/// which the agent's proper retry still resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_state_not_of_the_gateway_is_refused_without_an_upstream_call() {
+    let seen = Arc::new(Mutex::new(Vec::<Value>::new()));
+    let shutdown = CancellationToken::new();
+    let s = asking_server(seen.clone(), shutdown.clone()).await;
+    let gets = || {
+        let seen = seen.lock().unwrap();
+        seen.iter().filter(|m| m["method"] == "prompts/get").count()
+    };
+    let first = modern_with(&s, answering(), "prompts/get", json!({"name": "greet"})).await;
+    let state = first.json()["result"]["requestState"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let handle = state.strip_prefix("aip-parked-").unwrap();
+    let answer = json!({"aip": {"action": "accept", "content": {"name": "Luca"}}});
+    for foreign in [
+        format!("AIP-PARKED-{handle}"),
+        format!("aip-parked{handle}"),
+        format!(" {state}"),
+        format!("{state} "),
+        "opaque-state-of-some-server".to_owned(),
+    ] {
+        let retry = json!({"name": "greet", "requestState": foreign, "inputResponses": answer});
+        let r = modern_with(&s, answering(), "prompts/get", retry).await;
+        let error = &r.json()["error"];
+        assert_eq!(error["code"], -32602, "{foreign:?}: {r:?}");
+        assert!(
+            error["message"].as_str().unwrap().contains("requestState"),
+            "{r:?}"
+        );
+        assert_eq!(gets(), 1, "{foreign:?} reached the server");
+    }
+    // A legacy agent has no requestState to give.
+    let session = s.session().await;
+    let legacy = json!({"jsonrpc": "2.0", "id": 4, "method": "prompts/get",
+        "params": {"name": "greet", "requestState": state}});
+    let r = s
+        .post(&[("mcp-session-id", &session)], &legacy.to_string())
+        .await;
+    assert_eq!(r.json()["error"]["code"], -32602, "{r:?}");
+    assert_eq!(gets(), 1);
+
+    let retry = json!({"name": "greet", "requestState": state, "inputResponses": answer});
+    let resumed = modern_with(&s, answering(), "prompts/get", retry).await;
+    assert_eq!(
+        resumed.json()["result"]["messages"][0]["content"]["text"],
+        "hello",
+        "{resumed:?}"
+    );
+    assert_eq!(gets(), 1, "the server served the prompt once");
     shutdown.cancel();
 }

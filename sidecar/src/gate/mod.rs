@@ -706,7 +706,8 @@ impl Gateway {
     }
 
     /// Sends `request` upstream and sees it through: a modern agent's
-    /// retry carrying a parked call's handle resumes that call instead
+    /// retry carrying a parked call's handle resumes that call instead,
+    /// and any other `requestState` toward a legacy server is refused
     /// (parked.rs); when a modern server asks a legacy agent for input, the
     /// gateway asks the agent and retries (input.rs); the request is kept
     /// for that only where a retry may follow.
@@ -722,6 +723,9 @@ impl Gateway {
             && let Some(handle) = parked::handle_in(&request)
         {
             return Box::pin(self.resume(&handle, &request, caller, evaluator, cancel)).await;
+        }
+        if let Some(refused) = parked::refuse_foreign_state(&request, connection) {
+            return Some(Ok(refused));
         }
         let retry = (!caller.modern && connection.upstream.modern()).then(|| request.clone());
         let outcome = self

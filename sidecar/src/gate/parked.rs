@@ -162,6 +162,27 @@ pub(super) fn handle_in(request: &Value) -> Option<String> {
     state.strip_prefix(STATE_PREFIX).map(str::to_owned)
 }
 
+/// Toward a legacy server, whose era has no `requestState`, one can only
+/// be a handle of the gateway's (a modern agent's retry resumes it before
+/// this is asked): anything else — a handle spelled otherwise, a modern
+/// server's state, a legacy agent's — would have the server run the call
+/// afresh, so the agent gets this refusal instead and nothing is sent.
+pub(super) fn refuse_foreign_state(
+    request: &Value,
+    connection: &ConnectionState,
+) -> Option<Exchange> {
+    if connection.upstream.modern() {
+        return None;
+    }
+    request.get("params")?.get("requestState")?;
+    let why = "requestState: is not a handle this gateway gave out; a call to this server \
+        is resumed only by a 2026-07-28 retry carrying the requestState of its \
+        input_required exactly as it came";
+    Some(exchange(
+        json!({"code": codes::INVALID_PARAMS, "message": why}),
+    ))
+}
+
 impl Gateway {
     /// Whether another call may not be parked: its server's question is then
     /// refused, and the call goes on.
