@@ -6,7 +6,7 @@ AIP    := target/debug/aip
 PYENV  := target/pyenv
 NPMENV := target/npm
 
-.PHONY: all build test check-shared fuzz fuzz-smoke lint fmt clippy chart-lint unit conformance pyenv npmenv go-peers interop-deps mcp-conformance kubectl helm controlplane bench profile-hop demo demo-cluster demo-policy demo-bins demo-cluster-bins demo-policy-bins images dist clean
+.PHONY: all build test node-test node node-deps check-shared fuzz fuzz-smoke lint fmt clippy chart-lint unit conformance pyenv npmenv go-peers interop-deps mcp-conformance kubectl helm controlplane bench profile-hop demo demo-cluster demo-policy demo-bins demo-cluster-bins demo-policy-bins images dist clean
 
 all: build
 
@@ -17,7 +17,7 @@ build:
 ## conformance vectors (the shared Basic level and the project's own), the
 ## official MCP conformance suite through the gateway, and a short run of
 ## every fuzz target.
-test: check-shared lint unit conformance mcp-conformance fuzz-smoke
+test: check-shared lint unit node-test conformance mcp-conformance fuzz-smoke
 
 ## check-shared: the shared AIP conformance vectors are where SHARED says
 ## (first in `make test`, so a missing folder is reported in seconds, not
@@ -50,6 +50,7 @@ fmt:
 
 clippy:
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+	$(CARGO) clippy --locked -p aip-operator --test node -- -D warnings
 
 ## pyenv: a virtualenv with the Python MCP SDK, for the interop tests.
 pyenv: $(PYENV)/.installed
@@ -106,6 +107,27 @@ unit: check-shared build interop-deps kubectl helm controlplane
 	else \
 		AIP_SHARED="$(abspath $(SHARED))" PATH="$(CURDIR)/target/bin:$$PATH" $(CARGO) test --workspace --locked --no-fail-fast; \
 	fi
+
+## node-test: the stories in real pods (operator/tests/node/) on the test
+## node: `aip-node run` starts the control plane, containerd, the kubelet,
+## kube-proxy and CoreDNS in namespaces of its own with the archives of
+## `make images` imported, runs the tests inside, stops it and checks that
+## the host is as it was (iptables-save, sysctls, mounts, cgroups). Root.
+NODE_TEST_ARGS ?=
+node-test: build images controlplane node-deps kubectl helm
+	$(CARGO) test --locked -p aip-operator --test node --no-run
+	PATH="$(CURDIR)/target/bin:$$PATH" target/debug/aip-node run --check-host -- \
+		$(CARGO) test --locked -p aip-operator --test node -- $(NODE_TEST_ARGS)
+
+## node: the test node alone, until Ctrl-C (`target/debug/aip-node enter
+## -- kubectl get pods -A` from another terminal).
+node: build images controlplane node-deps kubectl
+	PATH="$(CURDIR)/target/bin:$$PATH" target/debug/aip-node up
+
+## node-deps: containerd, runc, the CNI plugins and iptables (Debian
+## packages) for the test node, installed when missing.
+node-deps:
+	@scripts/ensure-node.sh
 
 conformance: check-shared build
 	$(AIP) conformance conformance/project

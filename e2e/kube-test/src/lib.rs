@@ -63,6 +63,9 @@ pub struct ControlPlane {
 enum Cluster {
     Local(local::Local),
     External(external::External),
+    /// The control plane of the running test node (`aip-node run`), whose
+    /// processes belong to the launcher.
+    Node(node::NodeInfo),
 }
 
 impl ControlPlane {
@@ -99,6 +102,31 @@ impl ControlPlane {
         }
         .finish(started)
         .await
+    }
+
+    /// The control plane of the node the launcher runs (`aip-node run` sets
+    /// [`node::ENV`] to its directory for the command it runs).
+    pub async fn attach_node(dir: &Path) -> Result<ControlPlane, Error> {
+        let started = Instant::now();
+        let info = node::NodeInfo::read(dir)?;
+        ControlPlane {
+            url: info.url.clone(),
+            ca_pem: Some(info.ca_pem.clone()),
+            version: String::new(),
+            started_in: Duration::ZERO,
+            kubeconfig_dir: info.dir.join("controlplane"),
+            cluster: Cluster::Node(info),
+        }
+        .finish(started)
+        .await
+    }
+
+    /// The running node, when this control plane is a node's.
+    pub fn node(&self) -> Option<&node::NodeInfo> {
+        match &self.cluster {
+            Cluster::Node(info) => Some(info),
+            _ => None,
+        }
     }
 
     /// Writes every user's kubeconfig file and asks for `/version`.
@@ -150,6 +178,7 @@ impl ControlPlane {
         match &self.cluster {
             Cluster::Local(local) => Some(&local.dir),
             Cluster::External(_) => None,
+            Cluster::Node(info) => Some(&info.dir),
         }
     }
 
@@ -158,6 +187,7 @@ impl ControlPlane {
         match &self.cluster {
             Cluster::Local(local) => Some(local.token(user)),
             Cluster::External(_) => None,
+            Cluster::Node(info) => info.tokens.get(user.name()).map(String::as_str),
         }
     }
 
@@ -167,6 +197,12 @@ impl ControlPlane {
     pub fn kubeconfig(&self, user: User) -> String {
         match &self.cluster {
             Cluster::Local(local) => local.kubeconfig(user),
+            Cluster::Node(_) => kubeconfig::text(
+                &self.url,
+                self.ca_pem.as_deref().unwrap_or_default(),
+                user.name(),
+                kubeconfig::Credentials::Token(self.token(user).unwrap_or_default()),
+            ),
             Cluster::External(external) => {
                 let config = kubeconfig::impersonating(&external.admin, user);
                 serde_json::to_string_pretty(&config).unwrap_or_default()
@@ -233,6 +269,12 @@ impl ControlPlane {
         let config = match &self.cluster {
             Cluster::Local(local) => {
                 Kubeconfig::from_yaml(&local.kubeconfig(user)).map_err(|e| Error::Kubeconfig {
+                    path: self.kubeconfig_file(user),
+                    reason: e.to_string(),
+                })?
+            }
+            Cluster::Node(_) => {
+                Kubeconfig::from_yaml(&self.kubeconfig(user)).map_err(|e| Error::Kubeconfig {
                     path: self.kubeconfig_file(user),
                     reason: e.to_string(),
                 })?
@@ -323,6 +365,36 @@ pub async fn try_shared() -> Result<&'static ControlPlane, &'static Error> {
         })
         .await
         .as_ref()
+}
+
+static NODE: OnceCell<Result<ControlPlane, Error>> = OnceCell::const_new();
+
+/// The control plane of the test node that `aip-node run` started for this
+/// test process (one node per test run; each test in namespaces of its
+/// own).
+///
+/// # Panics
+///
+/// Without a node ([`node::ENV`] unset: the tests were not started by
+/// `aip-node run`, e.g. `make node-test`), or when it cannot be reached.
+pub async fn node() -> &'static ControlPlane {
+    let attached = NODE
+        .get_or_init(|| async {
+            match std::env::var_os(node::ENV) {
+                Some(dir) if !dir.is_empty() => ControlPlane::attach_node(Path::new(&dir)).await,
+                _ => Err(Error::Node {
+                    what: format!("{} is not set", node::ENV),
+                    reason: "these tests run in real pods on the test node: run them with \
+                             `make node-test`, or under `target/debug/aip-node run -- cargo test ...`"
+                        .into(),
+                }),
+            }
+        })
+        .await;
+    match attached {
+        Ok(control_plane) => control_plane,
+        Err(e) => panic!("{e}"),
+    }
 }
 
 /// [`ControlPlane::fresh_namespace`] on the [`shared`] control plane.

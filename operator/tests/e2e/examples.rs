@@ -4,10 +4,10 @@
 //! kube-controller-manager makes the Deployment's and the Job's pods, the
 //! injector gives the agent's pod its gateway and leaves the tool server's
 //! alone, the policy is accepted, the connection waits for its grant and
-//! stops waiting once `kubectl aip grant` ran. The scripts the ConfigMaps
-//! carry are valid (the fault server's check, Python's parser), and the
-//! images named are the ones `make images` builds. (No kubelet: the pods
-//! stay Pending; the quickstart runs them on kind.)
+//! stops waiting once `kubectl aip grant` ran. The script the ConfigMap
+//! carries is valid (the fault server's check), and the images named are
+//! the ones `make images` builds. (No kubelet here: the pods stay Pending;
+//! operator/tests/node/ runs the same example in real pods.)
 
 use std::path::Path;
 use std::process::Command;
@@ -50,7 +50,7 @@ async fn the_cluster_example_applies_and_its_pods_come_out_as_described() {
             "{created} missing from:\n{applied}"
         );
     }
-    assert_eq!(applied.matches("configmap/").count(), 2, "{applied}");
+    assert_eq!(applied.matches("configmap/").count(), 1, "{applied}");
 
     // The Job controller's pod comes back from the injector with its
     // gateway; the Deployment's, in a namespace not opted in, without.
@@ -103,21 +103,6 @@ fn the_example_scripts_are_valid() {
         checked.status.success(),
         "{}",
         String::from_utf8_lossy(&checked.stderr)
-    );
-    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/pyenv/bin/python");
-    let compiled = Command::new(python)
-        // Compiled, not run, and nothing written beside it.
-        .args([
-            "-c",
-            "import ast, sys; ast.parse(open(sys.argv[1]).read(), sys.argv[1])",
-        ])
-        .arg(Path::new(EXAMPLE).join("agent.py"))
-        .output()
-        .unwrap();
-    assert!(
-        compiled.status.success(),
-        "{}",
-        String::from_utf8_lossy(&compiled.stderr)
     );
 }
 

@@ -16,7 +16,7 @@ use kube::Api;
 
 use super::{NODE_ADDRESS, NODE_NAME, NodeInfo, cgroups, config};
 use crate::kubeconfig::{self, Credentials};
-use crate::local::{self, Layout, Local, write};
+use crate::local::{self, Layout, Local, SERVICE_CIDR, write};
 use crate::pki::NodeIdentity;
 use crate::process::Supervised;
 use crate::{Error, User};
@@ -105,6 +105,11 @@ fn lay_out_namespace() -> Result<(), Error> {
     )?;
     run("ip", &["link", "set", "aip0", "up"])?;
     run("ip", &["link", "set", "aip1", "up"])?;
+    // The node's own clients of Services (the API server calling a
+    // webhook, kubectl in the tests) need a route for ClusterIPs before
+    // kube-proxy's DNAT in OUTPUT sends them to a pod; a node's default
+    // route does that elsewhere, and there is none here.
+    run("ip", &["route", "add", SERVICE_CIDR, "dev", "aip0"])?;
     // Both are this namespace's own (kube-proxy and the bridge need them).
     for (key, value) in [
         ("net/ipv4/ip_forward", "1"),

@@ -13,11 +13,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -77,7 +79,13 @@ func call(ctx context.Context, session *mcp.ClientSession, tool string, argument
 	defer cancel()
 	result, err := session.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: arguments})
 	if err != nil { // a JSON-RPC error, e.g. the policy's refusal
-		fmt.Printf("%s: refused: %v\n", tool, err)
+		var refusal *jsonrpc.Error
+		if errors.As(err, &refusal) {
+			// The gateway says why in the error's data.
+			fmt.Printf("%s: refused: %d %s %s\n", tool, refusal.Code, refusal.Message, refusal.Data)
+		} else {
+			fmt.Printf("%s: refused: %v\n", tool, err)
+		}
 		return
 	}
 	var text []string

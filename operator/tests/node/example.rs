@@ -1,0 +1,98 @@
+//! examples/cluster, verbatim, as docs/quickstart.md tells a platform
+//! engineer to run it: `kubectl apply -k`, `kubectl aip grant`, the agent
+//! Job's pod injected and run by the kubelet, the native sidecar ready
+//! before the agent starts, an allowed call, a refused call with the
+//! policy's reason, a held call approved by alice with `kubectl aip
+//! approve`, the Job Complete (the sidecar does not hold it open), and what
+//! kubectl shows of it afterwards.
+
+use aip_kube_test::User;
+use serde_json::Value;
+
+use crate::support::*;
+
+const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/cluster");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_example_runs_in_real_pods_as_the_quickstart_says() {
+    let cluster = cluster().await;
+    let admin = cluster.kubectl(User::Admin, "agents");
+    let alice = cluster.kubectl(User::Alice, "agents");
+
+    admin.ok(&["apply", "-k", EXAMPLE], None);
+    let (ok, out, err) = admin.aip(&["grant", "fs", "-n", "agents"]);
+    assert!(ok, "{out}{err}");
+
+    // The agent lists its tools, reads a file and is refused fs_chmod; its
+    // delete waits for a person.
+    let request = pending_request(&alice, POD_PATIENCE * 2).await;
+    let log = log_line(
+        &admin,
+        "job/agent",
+        "agent",
+        "fs_delete_file: waiting",
+        POD_PATIENCE,
+    )
+    .await;
+    let tools = log
+        .lines()
+        .find(|l| l.starts_with("tools: "))
+        .unwrap_or_default();
+    let mut tools: Vec<&str> = tools.trim_start_matches("tools: ").split(", ").collect();
+    tools.sort_unstable();
+    assert_eq!(tools, ["fs_delete_file", "fs_read_file"], "{log}");
+    assert!(
+        log.contains("fs_read_file: ok: Q3: revenue up 12%"),
+        "{log}"
+    );
+    let refused = log
+        .lines()
+        .find(|l| l.starts_with("fs_chmod: refused:"))
+        .unwrap_or_else(|| panic!("no refusal of fs_chmod in:\n{log}"));
+    assert!(
+        refused.contains("-32001 Forbidden") && refused.contains("Tool not in allowed_tools list"),
+        "{refused}"
+    );
+
+    let (ok, out, err) = alice.aip(&["approve", &request, "-n", "agents", "--reason", "checked"]);
+    assert!(ok, "kubectl aip approve: {out}{err}");
+    wait_for(&admin, "job/agent", "condition=Complete", POD_PATIENCE);
+    let log = logs(&admin, "job/agent", "agent");
+    assert!(log.contains("fs_delete_file: ok: deleted"), "{log}");
+
+    // The kubelet ran the injected gateway as a native sidecar: started and
+    // initialized before the agent container started.
+    let pod = pod(&admin, "job-name=agent").await;
+    let sidecar = &pod["status"]["initContainerStatuses"][0];
+    assert_eq!(sidecar["name"], "aip-sidecar", "{pod}");
+    let agent = &pod["status"]["containerStatuses"][0];
+    assert_eq!(agent["name"], "agent", "{pod}");
+    let agent_started = time(&agent["state"]["terminated"]["startedAt"], "agent start");
+    assert_eq!(agent["state"]["terminated"]["exitCode"], 0, "{pod}");
+    let initialized = condition(&pod, "Initialized");
+    assert!(
+        time(&initialized["lastTransitionTime"], "Initialized") <= agent_started,
+        "the agent started before the pod was initialized: {pod}"
+    );
+
+    // What kubectl shows of it.
+    let aip = admin.ok(&["get", "aip", "-n", "agents"], None);
+    assert!(aip.contains("files"), "{aip}");
+    admin.wait(
+        "toolconnection/fs",
+        "{.status.conditions[?(@.type==\"Healthy\")].status}",
+        "True",
+    );
+    let request = admin.get(&format!("approvalrequest/{request}"), "{.status.decision}");
+    assert_eq!(request, "Approved");
+}
+
+fn condition(pod: &Value, kind: &str) -> Value {
+    pod["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == kind)
+        .cloned()
+        .unwrap_or_else(|| panic!("no condition {kind}: {pod}"))
+}
