@@ -864,3 +864,77 @@ async fn only_what_mcp_defines_reaches_the_server() {
     assert_eq!(notes, 0, "nothing of either reached the server");
     shutdown.cancel();
 }
+
+/// The same server echoing the token spelled the ways a reflected value
+/// gets mangled on its way — percent-encoded in lower case, in hex, in
+/// upper case, inside a longer base64 text, JSON-escaped in a text, and cut
+/// in two across the result's two text items — reaches the agent with none
+/// of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credential_echoed_in_any_spelling_or_cut_in_two_never_reaches_the_agent() {
+    use base64::Engine;
+    let token = "tok/9x2-mang1ed+sp3lling";
+    let token_for_server = token.to_owned();
+    let (s, shutdown) = with_bearer(token, "  allowed_tools: [up_echo]\n", move |m| {
+        let token = token_for_server.as_str();
+        match m["method"].as_str() {
+            Some("initialize") => (
+                200,
+                json!({"protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
+                    "serverInfo": {"name": "s", "version": "1"}}),
+            ),
+            Some("tools/list") => (
+                200,
+                json!({"tools": [{"name": "echo", "inputSchema": {"type": "object"}}]}),
+            ),
+            Some("tools/call") => {
+                let percent = percent_encoding::utf8_percent_encode(
+                    token,
+                    percent_encoding::NON_ALPHANUMERIC,
+                )
+                .to_string()
+                .to_lowercase();
+                let hex: String = token.bytes().map(|b| format!("{b:02X}")).collect();
+                let embedded = base64::engine::general_purpose::STANDARD
+                    .encode(format!("{{\"user\":\"ops\",\"token\":\"{token}\"}}"));
+                let (head, tail) = token.split_at(11);
+                (
+                    200,
+                    json!({"content": [
+                    {"type": "text", "text": format!("first half {head}")},
+                    {"type": "text", "text": format!("{tail} second half")}],
+                    "structuredContent": {
+                        "url": format!("https://x/?t={percent}"),
+                        "hex": hex,
+                        "shout": token.to_uppercase(),
+                        "blob": embedded,
+                        "json": format!("{{\"t\":\"{}\"}}", token.replace('/', "\\/")),
+                    }}),
+                )
+            }
+            _ => (200, json!({})),
+        }
+    })
+    .await;
+    let session = s.session().await;
+    let reply = s.call(&session, json!(2), "up_echo", json!({})).await;
+    let result = &reply["result"];
+    assert_eq!(
+        result["content"][0]["text"], "first half [REDACTED:credential]",
+        "{reply}"
+    );
+    assert_eq!(
+        result["content"][1]["text"], "[REDACTED:credential] second half",
+        "{reply}"
+    );
+    let shown = &result["structuredContent"];
+    for field in ["url", "hex", "shout", "blob", "json"] {
+        let text = shown[field].as_str().unwrap();
+        assert!(text.contains("[REDACTED:credential]"), "{field}: {text}");
+    }
+    let text = reply.to_string();
+    for piece in ["9x2", "mang1ed", "sp3lling", "9X2", "SP3LLING"] {
+        assert!(!text.contains(piece), "{piece} in {text}");
+    }
+    shutdown.cancel();
+}

@@ -839,3 +839,84 @@ async fn a_request_state_not_of_the_gateway_is_refused_without_an_upstream_call(
     assert_eq!(gets(), 1, "the server served the prompt once");
     shutdown.cancel();
 }
+
+/// A modern server whose task notification (on the gateway's listen
+/// stream to it) echoes the connection's bearer token, in the task's
+/// status message and in its result: the agent following the task hears
+/// neither, as it would not in a direct result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_servers_task_notification_echoing_the_credential_is_redacted() {
+    let token = "tok-t4sk-n0te-ref1ected";
+    let dir = std::env::temp_dir().join(format!("aip-task-note-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, token).unwrap();
+    let shutdown = CancellationToken::new();
+    let task = |status: &str| {
+        json!({"taskId": "srv-1", "status": status, "createdAt": "2026-12-03T10:00:00Z",
+            "lastUpdatedAt": "2026-12-03T10:00:00Z", "ttlMs": 60000, "pollIntervalMs": 50})
+    };
+    let url = common::scripted_server(
+        move |m| {
+            let mut result = match m["method"].as_str().unwrap_or_default() {
+                "server/discover" => json!({"supportedVersions": ["2026-07-28"],
+                    "capabilities": {"tools": {}, "extensions": {TASKS: {}}},
+                    "serverInfo": {"name": "tasking", "version": "1"}}),
+                "tools/list" => json!({"tools": [{"name": "slow", "inputSchema": {"type": "object"}}]}),
+                "tools/call" => task("working"),
+                "subscriptions/listen" if m["params"]["notifications"]["taskIds"] == json!(["srv-1"]) => {
+                    let mut done = task("completed");
+                    done["statusMessage"] = json!(format!("done as Bearer {token}"));
+                    done["result"] = json!({"content": [{"type": "text", "text": format!("your token: {token}")}]});
+                    let ack = json!({"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
+                        "params": {"notifications": {"taskIds": ["srv-1"]}}});
+                    let note = json!({"jsonrpc": "2.0", "method": "notifications/tasks", "params": done});
+                    return (200, json!({"__sse": [ack, note], "__result": {"resultType": "complete"}}));
+                }
+                _ => json!({}),
+            };
+            let created = result["status"].is_string() && m["method"] == "tools/call";
+            result["resultType"] = json!(if created { "task" } else { "complete" });
+            (200, result)
+        },
+        shutdown.clone(),
+    )
+    .await;
+    let connection = format!(
+        "  bearerToken:\n    valueFrom: {{file: {}}}\n",
+        token_file.display()
+    );
+    let s = Stack::start(Setup {
+        url: Some(url),
+        policy: "  allowed_tools: [up_slow]\n",
+        connection: &connection,
+        ..Setup::default()
+    })
+    .await;
+    let call = json!({"name": "up_slow", "arguments": {}});
+    let created = modern(&s, "a", true, "tools/call", call).await;
+    let id = created.json()["result"]["taskId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut stream = listen_tasks(&s, "a", true, &[&id]).await;
+    let ack = stream.next().await.unwrap();
+    assert_eq!(
+        ack["params"]["notifications"]["taskIds"],
+        json!([id]),
+        "{ack}"
+    );
+    let done = until_ended(&mut stream).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let shown = done.to_string();
+    assert!(!shown.contains(token), "{shown}");
+    assert_eq!(
+        done["statusMessage"], "done as [REDACTED:credential]",
+        "{done}"
+    );
+    assert_eq!(
+        done["result"]["content"][0]["text"], "your token: [REDACTED:credential]",
+        "{done}"
+    );
+    shutdown.cancel();
+}

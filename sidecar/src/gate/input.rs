@@ -11,11 +11,12 @@
 use std::sync::Arc;
 
 use aip_mcp::{Exchange, Failure};
-use aip_policy::{Direction, Evaluator};
+use aip_policy::Evaluator;
 use aip_service::sync::lock;
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
+use super::present::{Findings, redact_for_agent};
 use super::relay::Awaiting;
 use super::{Caller, Gateway};
 use crate::upstream::health::ConnectionState;
@@ -123,8 +124,8 @@ impl Gateway {
         }
         let id = json!(format!("aip-s-{}", self.fresh_id()));
         let mut params = question.get("params").cloned().unwrap_or_else(|| json!({}));
-        connection.redact_credentials(&mut params);
-        self.redact_audited(&mut params, evaluator, Direction::Downstream);
+        let findings = Findings::Audited(&self.audit);
+        redact_for_agent(&mut params, connection, evaluator, findings);
         let (waiter, answer) = tokio::sync::oneshot::channel();
         let key = (caller.session.clone(), id.to_string());
         lock(&self.relayed.0).insert(key.clone(), Awaiting::Gateway(waiter));

@@ -17,7 +17,7 @@ use aip_mcp::jsonrpc::Message;
 use aip_policy::codes;
 use aip_service::sync::lock;
 
-use super::present::{error, redact_all, result};
+use super::present::{Findings, error, redact_for_agent, result};
 use super::{Caller, Gateway, Reply};
 use crate::upstream::health::ConnectionState;
 
@@ -130,7 +130,7 @@ impl Gateway {
                 Some((page, cursor)) => {
                     items.extend(
                         page.into_iter()
-                            .map(|item| self.adopt(method, connection, item)),
+                            .map(|item| self.adopt(method, connection, item, evaluator)),
                     );
                     next = on(cursor);
                 }
@@ -140,11 +140,12 @@ impl Gateway {
                 break;
             }
         }
+        // Each item was redacted as it was adopted; the cursor is the
+        // gateway's.
         let mut page = json!({ key: items });
         if let Some(next) = next {
             page["nextCursor"] = json!(next.encode());
         }
-        redact_all(&mut page, evaluator);
         Reply::Message(result(&id, page))
     }
 
@@ -188,10 +189,17 @@ impl Gateway {
         }
     }
 
-    /// An upstream item as the agent sees it, its route remembered: a
-    /// prompt gets its connection's prefix, a resource's URI its connection.
-    fn adopt(&self, method: &str, connection: &Arc<ConnectionState>, mut item: Value) -> Value {
-        connection.redact_credentials(&mut item);
+    /// An upstream item as the agent sees it, redacted, its route
+    /// remembered (under the name or URI the agent is shown): a prompt gets
+    /// its connection's prefix, a resource's URI its connection.
+    fn adopt(
+        &self,
+        method: &str,
+        connection: &Arc<ConnectionState>,
+        mut item: Value,
+        evaluator: &Evaluator,
+    ) -> Value {
+        redact_for_agent(&mut item, connection, evaluator, Findings::Unaudited);
         match method {
             "prompts/list" => {
                 if let Some(name) = item.get("name").and_then(Value::as_str).map(str::to_owned) {
@@ -212,6 +220,7 @@ impl Gateway {
 
     /// Lists `method` everywhere, every page, to learn routes.
     async fn learn_routes(&self, method: &str) {
+        let evaluator = self.config().evaluator.clone();
         for connection in self.usable_connections() {
             let mut cursor: Option<String> = None;
             for _ in 0..MAX_PAGES {
@@ -222,7 +231,7 @@ impl Gateway {
                     break;
                 };
                 for item in items {
-                    self.adopt(method, &connection, item);
+                    self.adopt(method, &connection, item, &evaluator);
                 }
                 match next {
                     Some(next) => cursor = Some(next),
@@ -343,23 +352,23 @@ impl Gateway {
         if targets.is_empty() {
             return Reply::Message(super::present::method_not_found(&id, "logging/setLevel"));
         }
+        // The last error, and the connection it came from.
         let mut last = None;
         for connection in targets {
             let mut request = message.value.clone();
             request["id"] = json!(self.fresh_id());
-            match connection.upstream.request(&request).await {
-                Ok(x) if x.response.get("error").is_none() => {}
-                Ok(x) => last = x.response.get("error").cloned(),
-                Err(failure) => {
-                    let name = &connection.connection().name;
-                    last = Some(failure.to_error(name, None));
-                }
+            let failed = match connection.upstream.request(&request).await {
+                Ok(x) => x.response.get("error").cloned(),
+                Err(failure) => Some(failure.to_error(&connection.connection().name, None)),
+            };
+            if let Some(e) = failed {
+                last = Some((e, connection));
             }
         }
         match last {
             None => Reply::Message(result(&id, json!({}))),
-            Some(mut e) => {
-                redact_all(&mut e, evaluator);
+            Some((mut e, connection)) => {
+                redact_for_agent(&mut e, &connection, evaluator, Findings::Unaudited);
                 Reply::Message(json!({"jsonrpc": "2.0", "id": id, "error": e}))
             }
         }

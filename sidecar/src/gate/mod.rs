@@ -46,7 +46,7 @@ use crate::upstream::health::{ConnectionState, HealthState};
 use catalog::{Route, Routes};
 use connections::Connections;
 use inflight::InFlight;
-use present::{error, method_not_found, result};
+use present::{Findings, error, method_not_found, result};
 
 pub use present::AGENT_VERSIONS;
 pub use subscriptions::Subscription;
@@ -643,17 +643,18 @@ impl Gateway {
             Ok(exchange) => {
                 route.connection.record_success();
                 let mut response = exchange.response;
-                route.connection.redact_credentials(&mut response);
                 if let Some(owner) = task_owner
                     && response
                         .get("result")
                         .is_some_and(aip_mcp::protocol::is_task)
                 {
+                    // Shown as a task view, redacted as it is built.
                     let connection = &route.connection;
                     return self.task_created(&response, id, connection, &name, owner, evaluator);
                 }
+                let findings = Findings::OfTool(&self.audit, &name);
+                present::redact_response(&mut response, &route.connection, evaluator, findings);
                 response["id"] = id;
-                present::redact_tool_response(&mut response, evaluator, &name, &self.audit);
                 Reply::Message(response)
             }
             Err(failure) => {
@@ -661,9 +662,15 @@ impl Gateway {
                     .connection
                     .record_failure(&route.upstream_name, &failure);
                 self.audit_failure(&connection, &name, &failure, started);
-                Reply::Message(
-                    json!({"jsonrpc": "2.0", "id": id, "error": failure.to_error(&connection, Some(&name))}),
-                )
+                // A failure's reason may quote the server.
+                let mut e = failure.to_error(&connection, Some(&name));
+                present::redact_for_agent(
+                    &mut e,
+                    &route.connection,
+                    evaluator,
+                    Findings::Unaudited,
+                );
+                Reply::Message(json!({"jsonrpc": "2.0", "id": id, "error": e}))
             }
         }
     }
@@ -691,16 +698,15 @@ impl Gateway {
             Some(Ok(x)) => {
                 connection.record_success();
                 let mut response = x.response;
-                connection.redact_credentials(&mut response);
+                present::redact_response(&mut response, connection, evaluator, Findings::Unaudited);
                 response["id"] = id;
-                present::redact_all(&mut response, evaluator);
                 Reply::Message(response)
             }
             Some(Err(failure)) => {
                 connection.record_failure("", &failure);
-                Reply::Message(
-                    json!({"jsonrpc": "2.0", "id": id, "error": failure.to_error(&name, None)}),
-                )
+                let mut e = failure.to_error(&name, None);
+                present::redact_for_agent(&mut e, connection, evaluator, Findings::Unaudited);
+                Reply::Message(json!({"jsonrpc": "2.0", "id": id, "error": e}))
             }
         }
     }

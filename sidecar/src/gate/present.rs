@@ -1,6 +1,7 @@
 //! What the agent is shown: the tool list as the policy lets it see it
 //! (hidden tools left out, `ask` tools marked), the gateway's own answers,
-//! and DLP over everything relayed to it.
+//! and the one redaction everything relayed to it from a server passes
+//! ([`redact_for_agent`]).
 
 use std::time::SystemTime;
 
@@ -9,6 +10,7 @@ use serde_json::{Map, Value, json};
 
 use super::catalog::Catalog;
 use crate::audit::Audit;
+use crate::upstream::health::ConnectionState;
 
 /// Protocol versions the gateway speaks to agents, newest first.
 pub const AGENT_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26"];
@@ -28,7 +30,7 @@ pub(super) fn tools_list(catalog: &Catalog, evaluator: &Evaluator) -> Value {
             continue;
         }
         let mut definition = entry.definition.clone();
-        connection.redact_credentials(&mut definition);
+        redact_for_agent(&mut definition, connection, evaluator, Findings::Unaudited);
         match evaluator.listing(agent_name) {
             Listing::Hidden => continue,
             Listing::Ask => mark_ask(&mut definition),
@@ -158,36 +160,65 @@ fn method_allowed(evaluator: &Evaluator, method: &str) -> bool {
     evaluator.evaluate(&request).decision == Decision::Allow
 }
 
-/// DLP over everything an agent reads of a tool's response: result
-/// content, structured content, embedded resources, and an upstream error's
-/// message and data. Each finding is audited.
-pub(super) fn redact_tool_response(
-    response: &mut Value,
+/// How the DLP findings in what the agent is shown are audited.
+#[derive(Clone, Copy)]
+pub(super) enum Findings<'a> {
+    /// Under the tool whose response (or task) it is.
+    OfTool(&'a Audit, &'a str),
+    /// Without a tool: what a server says while a request runs.
+    Audited(&'a Audit),
+    /// Not at all: listings, catalogs and other answers, which are built
+    /// again and again.
+    Unaudited,
+}
+
+/// Everything a server sent that the agent is shown passes here, whatever
+/// path brought it: a result or an error, the tool list and listings, a
+/// server's task (polled, or heard on a listen stream), progress and
+/// logging during a call, a server's question. First the credentials of
+/// the connection it came from, in every spelling (`upstream::credentials`),
+/// then the policy's DLP patterns, each finding audited as `findings` says.
+/// What the gateway writes itself (ids, cursors, its own task fields) is
+/// added after, and never redacted.
+pub(super) fn redact_for_agent(
+    value: &mut Value,
+    from: &ConnectionState,
     evaluator: &Evaluator,
-    tool: &str,
-    audit: &Audit,
+    findings: Findings<'_>,
 ) {
+    from.redact_credentials(value);
     let Some(redactor) = evaluator.redactor() else {
         return;
     };
     let mut events = Vec::new();
-    if let Some(result) = response.get_mut("result") {
-        events = redactor.redact_tool_result(result);
-    }
-    if let Some(error) = response.get_mut("error").and_then(Value::as_object_mut) {
-        for key in ["message", "data"] {
-            if let Some(v) = error.get_mut(key) {
-                redactor.redact_strings(v, &mut events);
-            }
-        }
-    }
-    for line in DlpRecord::for_events(&events, Some(tool), SystemTime::now()) {
+    redactor.redact_strings(value, &mut events);
+    let (audit, tool) = match findings {
+        Findings::OfTool(audit, tool) => (audit, Some(tool)),
+        Findings::Audited(audit) => (audit, None),
+        Findings::Unaudited => return,
+    };
+    for line in DlpRecord::for_events(&events, tool, SystemTime::now()) {
         audit.record(&line);
     }
 }
 
-/// DLP over every string of a value (prompt messages, resource contents,
-/// listings).
+/// A server's response as the agent is shown it: its result or its error
+/// through [`redact_for_agent`]; the envelope is the gateway's.
+pub(super) fn redact_response(
+    response: &mut Value,
+    from: &ConnectionState,
+    evaluator: &Evaluator,
+    findings: Findings<'_>,
+) {
+    for part in ["result", "error"] {
+        if let Some(part) = response.get_mut(part) {
+            redact_for_agent(part, from, evaluator, findings);
+        }
+    }
+}
+
+/// DLP over every string of the agent's own arguments, for the person
+/// asked to approve them (nothing of a server's is in them).
 pub(super) fn redact_all(value: &mut Value, evaluator: &Evaluator) {
     if let Some(r) = evaluator.redactor() {
         r.redact_strings(value, &mut Vec::new());

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::present::error_object;
+use super::present::{Findings, error_object, redact_for_agent};
 use super::{Caller, Gateway, parked};
 use crate::upstream::health::ConnectionState;
 
@@ -236,7 +236,8 @@ impl Gateway {
     }
 
     /// DLP over every string of `value` going `direction`, each finding
-    /// audited.
+    /// audited: what the agent sends a server (what a server sends the
+    /// agent goes through `present::redact_for_agent`).
     pub(super) fn redact_audited(
         &self,
         value: &mut Value,
@@ -384,9 +385,7 @@ impl CallRelay<'_> {
             _ => {}
         }
         if let Some(params) = note.get_mut("params") {
-            self.connection.redact_credentials(params);
-            self.gateway
-                .redact_audited(params, self.evaluator, Direction::Downstream);
+            self.redact(params);
         }
         self.caller.send(note);
     }
@@ -419,9 +418,7 @@ impl CallRelay<'_> {
         };
         if refusal.is_none() && answerable {
             if let Some(params) = request.get_mut("params") {
-                self.connection.redact_credentials(params);
-                self.gateway
-                    .redact_audited(params, self.evaluator, Direction::Downstream);
+                self.redact(params);
             }
             return Some(parked::Question::from_request(request));
         }
@@ -446,9 +443,7 @@ impl CallRelay<'_> {
         let upstream_id = request["id"].clone();
         let agent_id = json!(format!("aip-s-{}", self.gateway.fresh_id()));
         if let Some(params) = request.get_mut("params") {
-            self.connection.redact_credentials(params);
-            self.gateway
-                .redact_audited(params, self.evaluator, Direction::Downstream);
+            self.redact(params);
         }
         request["id"] = agent_id.clone();
         let key = (self.caller.session.clone(), agent_id.to_string());
@@ -468,6 +463,12 @@ impl CallRelay<'_> {
             self.answer(&json!({"id": upstream_id}), error).await;
         }
         None
+    }
+
+    /// What the server says for the agent, as the agent is shown it.
+    fn redact(&self, params: &mut Value) {
+        let findings = Findings::Audited(&self.gateway.audit);
+        redact_for_agent(params, self.connection, self.evaluator, findings);
     }
 
     /// Sends the server a reply of our own to its request.

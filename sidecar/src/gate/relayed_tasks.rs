@@ -7,8 +7,9 @@
 //! `tasks/update` and `tasks/cancel` is authorized again (the tool must
 //! still be one the policy lets the agent call) and relayed to the server
 //! that holds the task; what comes back is checked as the extension has
-//! it, and a finished task's result gets the DLP and credential redaction
-//! a direct result gets.
+//! it, and what the server says of a task — polled, or heard on a listen
+//! stream — gets the credential and DLP redaction a direct result gets
+//! (`present::redact_for_agent`).
 //!
 //! The gateway keeps its binding as long as the server's `ttlMs` says, at
 //! most `MAX_TTL`, and `RETENTION` past an end it has seen.
@@ -23,7 +24,7 @@ use aip_policy::{Evaluator, Listing, codes};
 use aip_service::sync::lock;
 use serde_json::{Map, Value, json};
 
-use super::present::{error, redact_all, redact_tool_response};
+use super::present::{Findings, error, redact_for_agent};
 use super::tasks::{Task, task_not_found};
 use super::{Caller, Gateway, Reply};
 use crate::upstream::health::ConnectionState;
@@ -71,8 +72,8 @@ fn terminal(status: &str) -> bool {
 
 impl Gateway {
     /// A server answered a call of `owner`'s with a task (`response`,
-    /// checked, credentials redacted): kept under a gateway id and shown to
-    /// the agent as its task.
+    /// checked, not yet redacted): kept under a gateway id and shown to the
+    /// agent as its task.
     pub(super) fn task_created(
         &self,
         response: &Value,
@@ -111,38 +112,33 @@ impl Gateway {
             return Reply::Message(error(Some(&id), codes::INTERNAL_ERROR, why, None));
         };
         tracing::info!(connection = %connection.connection().name, tool, "a server's task relayed");
-        let mut view = self.task_view(task, &gateway_id, tool, evaluator);
+        let mut view = self.task_view(task, &gateway_id, connection, tool, evaluator);
         view["resultType"] = json!("task");
         Reply::Message(json!({"jsonrpc": "2.0", "id": id, "result": view}))
     }
 
-    /// A server's task as the agent sees it: the extension's fields under
-    /// the gateway's id, redacted as a direct result would be.
+    /// A server's task (from `connection`) as the agent sees it: the
+    /// extension's fields, redacted as a direct result of `tool` would be,
+    /// under the gateway's id. Every path that shows one comes here: the
+    /// call's answer, `tasks/get`, and a listen stream's notification.
     pub(super) fn task_view(
         &self,
         task: &Value,
         gateway_id: &str,
+        connection: &ConnectionState,
         tool: &str,
         evaluator: &Evaluator,
     ) -> Value {
-        let mut view = Map::new();
-        view.insert("taskId".into(), json!(gateway_id));
+        let mut view = Value::Object(Map::new());
         for field in TASK_FIELDS {
             if let Some(value) = task.get(*field) {
-                view.insert((*field).into(), value.clone());
+                view[*field] = value.clone();
             }
         }
-        if let Some(result) = view.get_mut("result") {
-            let mut response = json!({"result": result.take()});
-            redact_tool_response(&mut response, evaluator, tool, &self.audit);
-            *result = response["result"].take();
-        }
-        for field in ["statusMessage", "error", "inputRequests"] {
-            if let Some(value) = view.get_mut(field) {
-                redact_all(value, evaluator);
-            }
-        }
-        Value::Object(view)
+        let findings = Findings::OfTool(&self.audit, tool);
+        redact_for_agent(&mut view, connection, evaluator, findings);
+        view["taskId"] = json!(gateway_id);
+        view
     }
 
     /// `tasks/get`, `tasks/update` or `tasks/cancel` for a server's task:
@@ -178,7 +174,9 @@ impl Gateway {
         drop(tracked);
         let failed = |failure: Failure| {
             connection.record_failure("", &failure);
-            let e = failure.to_error(&name, Some(&relayed.tool));
+            // A failure's reason may quote the server.
+            let mut e = failure.to_error(&name, Some(&relayed.tool));
+            redact_for_agent(&mut e, connection, evaluator, Findings::Unaudited);
             Reply::Message(json!({"jsonrpc": "2.0", "id": id, "error": e}))
         };
         let mut response = match outcome {
@@ -187,14 +185,13 @@ impl Gateway {
             Some(Ok(exchange)) => exchange.response,
         };
         connection.record_success();
-        connection.redact_credentials(&mut response);
         if let Some(mut e) = response.get_mut("error").map(Value::take) {
             if e.get("code") == Some(&json!(codes::INVALID_PARAMS)) {
                 // The server no longer knows it: neither does the gateway.
                 lock(&self.tasks.0).remove(&gateway_id);
                 return Reply::Message(task_not_found(&id, &gateway_id));
             }
-            redact_all(&mut e, evaluator);
+            redact_for_agent(&mut e, connection, evaluator, Findings::Unaudited);
             return Reply::Message(json!({"jsonrpc": "2.0", "id": id, "error": e}));
         }
         let result = match method {
@@ -204,7 +201,8 @@ impl Gateway {
                     return failed(failure);
                 }
                 self.saw_status(&gateway_id, status_of(&task));
-                let mut view = self.task_view(&task, &gateway_id, &relayed.tool, evaluator);
+                let tool = &relayed.tool;
+                let mut view = self.task_view(&task, &gateway_id, connection, tool, evaluator);
                 view["resultType"] = json!("complete");
                 view
             }

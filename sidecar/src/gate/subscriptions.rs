@@ -244,8 +244,8 @@ impl Subscription {
     }
 
     /// A server's `notifications/tasks` about a task this subscription
-    /// follows, checked as `tasks/get` answers are and shown under the
-    /// gateway's id.
+    /// follows, checked as `tasks/get` answers are and shown as they are:
+    /// redacted (the connection's credentials, DLP) under the gateway's id.
     fn relayed_task_note(&self, connection: &str, note: &Value) -> Option<Value> {
         let task = note.get("params")?;
         let upstream_id = task.get("taskId").and_then(Value::as_str)?;
@@ -258,7 +258,8 @@ impl Subscription {
         }
         let gateway = self.gateway.upgrade()?;
         gateway.saw_status(id, super::relayed_tasks::status_of(task));
-        let view = gateway.task_view(task, id, &relayed.tool, &self.evaluator);
+        let (connection, tool) = (&relayed.connection, &relayed.tool);
+        let view = gateway.task_view(task, id, connection, tool, &self.evaluator);
         Some(self.task_note(view))
     }
 
