@@ -166,9 +166,12 @@ impl ProtectedPaths {
         }
         let decoded = decode_lower(s);
         let user = self.home.as_deref().and_then(|h| h.rsplit('/').next());
-        parameter_expansions(&decoded, user)
+        let expansions = parameter_expansions(&decoded, user);
+        // The words of both expansions together stay within one bound.
+        let braces = (MAX_EXPANSIONS / expansions.len()).max(1);
+        expansions
             .iter()
-            .find_map(|expanded| self.check_reading(expanded))
+            .find_map(|expanded| self.check_reading(expanded, braces))
     }
 
     /// One reading of a decoded string: as a path (a backslash separates, as
@@ -176,12 +179,12 @@ impl ProtectedPaths {
     /// (`sfile://etc/shadow` loses the name when the scheme goes, yet split
     /// at its colon it is one), and as a shell word (quotes and backslash
     /// escapes removed).
-    fn check_reading(&self, decoded: &str) -> Option<&Entry> {
+    fn check_reading(&self, decoded: &str, braces: usize) -> Option<&Entry> {
         let slashed = decoded.replace('\\', "/");
         let shell = as_shell_word(decoded);
         let readings = [strip_file_scheme(&slashed), slashed]
             .into_iter()
-            .chain(brace_expansions(&shell));
+            .chain(brace_expansions(&shell, braces));
         for text in readings {
             if let Some(e) = self
                 .entries
@@ -407,7 +410,9 @@ fn own_name(text: &str, user: &str) -> String {
 }
 
 /// The first `${name<op>word}`: where it opens, the name, the word, and
-/// where it closes (braces inside the word nest).
+/// where it closes (braces inside the word nest). An unclosed one ends the
+/// search, as it ends a shell's reading (and every later one would be read
+/// to the end again).
 fn parameter_with_operator(text: &str) -> Option<(usize, &str, &str, usize)> {
     for (open, _) in text.match_indices("${") {
         let inner = &text[open + 2..];
@@ -437,6 +442,7 @@ fn parameter_with_operator(text: &str) -> Option<(usize, &str, &str, usize)> {
                 _ => {}
             }
         }
+        return None;
     }
     None
 }
@@ -458,14 +464,14 @@ fn as_shell_word(decoded: &str) -> String {
 
 /// The words a shell's brace expansion makes of `text` (`/etc/{shadow,x}`
 /// is `/etc/shadow` and `/etc/x`), `text` itself when it has none. Bounded:
-/// past [`MAX_EXPANSIONS`] words the rest are not expanded (the unexpanded
-/// text is still checked).
-fn brace_expansions(text: &str) -> Vec<String> {
+/// past `limit` words the rest are not expanded (the unexpanded text is
+/// still checked).
+fn brace_expansions(text: &str, limit: usize) -> Vec<String> {
     let mut done = Vec::new();
     let mut pending = vec![text.to_owned()];
     while let Some(word) = pending.pop() {
         match first_brace_group(&word) {
-            Some((open, close)) if done.len() + pending.len() < MAX_EXPANSIONS => {
+            Some((open, close)) if done.len() + pending.len() < limit => {
                 let inner = &word[open + 1..close];
                 for alternative in split_top_level(inner) {
                     pending.push(format!(
