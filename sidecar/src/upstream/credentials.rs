@@ -111,7 +111,7 @@ impl Credentials {
             splice(s, spans);
         }
         let pieces = spellings.cut_in_two(&strings);
-        found += pieces.pairs;
+        found += pieces.found;
         for (i, spans) in pieces.spans {
             splice(strings[i], spans);
         }
@@ -211,24 +211,28 @@ impl Spellings {
         }
         let mut spans: HashMap<usize, Vec<Range<usize>>> = HashMap::new();
         // Spellings share heads and tails (padded base64 and unpadded): a
-        // pair of strings is one credential however many match it.
-        let mut pairs = HashSet::new();
+        // string holds one head however many spellings it ends.
+        let mut heads = HashSet::new();
+        // A piece counts when another string holds the other piece (a
+        // string read after itself is no pair). Each side is marked in one
+        // pass, never pair by pair: many strings on both sides cost their
+        // number, not its square.
+        let other = |strings: &[usize], me: usize| strings.iter().any(|&s| s != me);
         for ((spelling, head), enders) in &ends {
             let tail = self.lengths[*spelling] - head;
             let Some(starters) = starts.get(&(*spelling, tail)) else {
                 continue;
             };
-            // A string read after itself is no pair.
-            for &i in enders {
-                for &j in starters.iter().filter(|&&j| j != i) {
-                    let end = strings[i].len();
-                    spans.entry(i).or_default().push(end - head..end);
-                    spans.entry(j).or_default().push(0..tail);
-                    pairs.insert((i, j));
-                }
+            for &i in enders.iter().filter(|&&i| other(starters, i)) {
+                let end = strings[i].len();
+                spans.entry(i).or_default().push(end - head..end);
+                heads.insert(i);
+            }
+            for &j in starters.iter().filter(|&&j| other(enders, j)) {
+                spans.entry(j).or_default().push(0..tail);
             }
         }
-        pieces.pairs = pairs.len();
+        pieces.found = heads.len();
         pieces.spans = spans
             .into_iter()
             .map(|(i, s)| (i, merged(strings[i], s)))
@@ -279,7 +283,9 @@ fn matcher(patterns: &[&[u8]], kind: MatchKind) -> Option<AhoCorasick> {
 /// Both pieces of each spelling cut in two, by string.
 #[derive(Default)]
 struct Pieces {
-    pairs: usize,
+    /// How many values were found cut (one per head).
+    found: usize,
+    /// Each string's pieces, sorted and apart.
     spans: Vec<(usize, Vec<Range<usize>>)>,
 }
 
