@@ -198,6 +198,7 @@ impl<A: Authenticate> Config for ConfigService<A> {
             sent: self.sent.clone(),
             served: self.served.clone(),
             shutdown: self.shutdown.clone(),
+            recorder: self.approvals.as_ref().map(|a| a.recorder.clone()),
         };
         tokio::spawn(stream.run());
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))

@@ -8,6 +8,8 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use aip_proto::v1;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{EventType, Recorder};
 use secrecy::ExposeSecret;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -15,6 +17,7 @@ use tonic::Status;
 
 use super::{SentLog, lock};
 use crate::certs::ServedRx;
+use crate::events::{pod_reference, publish};
 use crate::identity::PodIdentity;
 use crate::index::{PodConfig, ResolvedConnection};
 use crate::metrics::Metrics;
@@ -27,6 +30,11 @@ pub(super) struct Stream {
     pub sent: SentLog,
     pub served: Option<ServedRx>,
     pub shutdown: CancellationToken,
+    /// Where a pod that nothing governs is told why (a Warning Event on
+    /// it): its gateway refuses every call and is never ready, so its
+    /// agent containers do not start, and `kubectl describe pod` is where
+    /// a person looks.
+    pub recorder: Option<Recorder>,
 }
 
 impl Stream {
@@ -47,8 +55,10 @@ impl Stream {
         let serving = served
             .as_mut()
             .map(|s| s.borrow_and_update().tls.cert_pem.clone());
+        let mut told: Option<String> = None;
         loop {
             let config = self.configs.borrow_and_update().clone();
+            self.tell_ungoverned(&config, &mut told);
             let version = config.version;
             let mut snapshot = to_proto(&config);
             if let Some(served) = &served {
@@ -84,6 +94,42 @@ impl Stream {
             let _ = self.tx.send(Err(end)).await;
             return;
         }
+    }
+}
+
+impl Stream {
+    /// A Warning Event `Ungoverned` on the pod when its configuration
+    /// refuses everything (no policy selects it, several do, or the one
+    /// that does was never accepted), once per reason and stream.
+    fn tell_ungoverned(&self, config: &PodConfig, told: &mut Option<String>) {
+        let (Some(recorder), None, Some(reason)) =
+            (&self.recorder, &config.policy, &config.deny_reason)
+        else {
+            return;
+        };
+        // An unaccepted policy is the policy's own Event; a sidecar that
+        // runs an earlier version keeps it.
+        if told.as_ref() == Some(reason) || config.keep_previous {
+            return;
+        }
+        *told = Some(reason.clone());
+        let note = format!(
+            "{reason}: its aip-sidecar gateway refuses every tool call and stays unready, so the pod's containers do not start until one AgentPolicy governs it"
+        );
+        let reference: ObjectReference =
+            pod_reference(&self.id.namespace, &self.id.pod, Some(&self.id.uid));
+        let recorder = recorder.clone();
+        tokio::spawn(async move {
+            publish(
+                &recorder,
+                EventType::Warning,
+                "Ungoverned",
+                "Govern",
+                Some(note),
+                &reference,
+            )
+            .await;
+        });
     }
 }
 

@@ -14,5 +14,8 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod admission;
+mod enforcement;
 mod example;
+mod faults;
 mod support;

@@ -214,3 +214,256 @@ pub fn time<'a>(value: &'a Value, what: &str) -> &'a str {
         .as_str()
         .unwrap_or_else(|| panic!("no {what} in {value}"))
 }
+
+/// One story's world on the node: a namespace of its own opted in to
+/// injection, a scripted tool server (aip-fault-server from its image) as
+/// Deployment `files` and Service `files` there, the connection `fs` to it
+/// with its bearer token in Secret `fs-token` (granted), and agent pods
+/// whose agent container is a do-nothing process: the test itself plays
+/// the agent through `kubectl port-forward` to the pod's loopback port
+/// 15001, exactly where the injected gateway listens for its agents.
+pub struct Story {
+    pub namespace: String,
+    pub admin: Kubectl,
+}
+
+/// The tool server's script: read_file answers, delete_file and chmod do
+/// what they say; only `token`'s SHA-256 is in it.
+pub fn upstream_script(token: &str) -> String {
+    use sha2::Digest;
+    let sha = hex::encode(sha2::Sha256::digest(token.as_bytes()));
+    // A sequence answers one call per step: as many as a story makes.
+    let steps = |value: &str| vec![format!("{{return: \"{value}\"}}"); 100].join(", ");
+    let (read, delete, chmod) = (
+        steps("Q3: revenue up 12%"),
+        steps("deleted"),
+        steps("changed"),
+    );
+    format!(
+        "apiVersion: aip.io/v1alpha1
+kind: FaultServer
+metadata: {{name: files}}
+spec:
+  requireBearer: {{sha256: {sha}}}
+  tools:
+    - name: read_file
+      description: Read a file.
+      inputSchema: {{type: object, properties: {{path: {{type: string}}}}, required: [path]}}
+      responses: [{{sequence: [{read}]}}]
+    - name: delete_file
+      description: Delete a file.
+      inputSchema: {{type: object, properties: {{path: {{type: string}}}}, required: [path]}}
+      responses: [{{sequence: [{delete}]}}]
+    - name: chmod
+      description: Change a file's mode.
+      responses: [{{sequence: [{chmod}]}}]
+"
+    )
+}
+
+impl Story {
+    /// A fresh namespace `PREFIX-xxxxx`, labelled for injection.
+    pub async fn new(cluster: &Cluster, prefix: &str) -> Story {
+        let namespace = cluster.fresh_namespace(prefix).await;
+        let admin = cluster.kubectl(User::Admin, &namespace);
+        admin.ok(
+            &["label", "namespace", &namespace, "aip.io/inject=enabled"],
+            None,
+        );
+        Story { namespace, admin }
+    }
+
+    /// The tool server, accepting `server_token`; the connection `fs` with
+    /// `secret_token` in its Secret, granted; returns once the server's pod
+    /// is Ready.
+    pub fn tools(&self, server_token: &str, secret_token: &str) {
+        let ns = &self.namespace;
+        let script = upstream_script(server_token).replace('\n', "\n    ");
+        self.admin.apply(&format!(
+            "apiVersion: v1
+kind: ConfigMap
+metadata: {{name: files-script, namespace: {ns}}}
+data:
+  script.yaml: |
+    {script}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: files, namespace: {ns}}}
+spec:
+  selector: {{matchLabels: {{app: files}}}}
+  template:
+    metadata: {{labels: {{app: files, aip.io/inject: disabled}}}}
+    spec:
+      automountServiceAccountToken: false
+      containers:
+        - name: files
+          image: ghcr.io/aip-k8s/aip-fault-server:{VERSION}
+          args: [--http, \"0.0.0.0:8080\", --config, /etc/files/script.yaml]
+          ports: [{{name: mcp, containerPort: 8080}}]
+          readinessProbe: {{httpGet: {{path: /healthz, port: mcp}}, periodSeconds: 1}}
+          volumeMounts: [{{name: script, mountPath: /etc/files}}]
+      volumes: [{{name: script, configMap: {{name: files-script}}}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: files, namespace: {ns}}}
+spec:
+  selector: {{app: files}}
+  ports: [{{name: mcp, port: 8080, targetPort: mcp}}]
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: fs-token, namespace: {ns}}}
+stringData: {{token: {secret_token}}}
+---
+apiVersion: aip.io/v1alpha1
+kind: ToolConnection
+metadata: {{name: fs, namespace: {ns}}}
+spec:
+  url: http://files.{ns}.svc.cluster.local:8080/mcp
+  toolPrefix: fs_
+  bearerToken: {{valueFrom: {{secretKeyRef: {{name: fs-token, key: token}}}}}}
+  healthCheck: {{intervalSeconds: 5}}
+"
+        ));
+        let (ok, out, err) = self.admin.aip(&["grant", "fs", "-n", ns]);
+        assert!(ok, "{out}{err}");
+        wait_for(
+            &self.admin,
+            "deployment/files",
+            "condition=Available",
+            POD_PATIENCE,
+        );
+    }
+
+    /// AgentPolicy `files` for pods `app=agent`: `allowed` tools, and
+    /// `rules` (YAML list items, indented as `tool_rules` entries).
+    pub fn policy(&self, allowed: &[&str], rules: &str) {
+        let ns = &self.namespace;
+        let rules = if rules.is_empty() {
+            String::new()
+        } else {
+            format!("  tool_rules:\n{rules}")
+        };
+        self.admin.apply(&format!(
+            "apiVersion: aip.io/v1alpha1
+kind: AgentPolicy
+metadata: {{name: files, namespace: {ns}}}
+spec:
+  podSelector: {{matchLabels: {{app: agent}}}}
+  toolConnections: [fs]
+  allowed_tools: {allowed}
+  approval: {{timeoutSeconds: 300}}
+{rules}",
+            allowed = serde_json::json!(allowed),
+        ));
+    }
+
+    /// Pod `name` (`app=agent`), its agent container the node's pause
+    /// image; returns once the kubelet reports it Ready.
+    pub fn agent_pod(&self, name: &str) {
+        let ns = &self.namespace;
+        self.admin.apply(&format!(
+            "apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: {ns}, labels: {{app: agent}}}}
+spec:
+  containers:
+    - name: agent
+      image: {PAUSE}
+"
+        ));
+        wait_for(
+            &self.admin,
+            &format!("pod/{name}"),
+            "condition=Ready",
+            POD_PATIENCE,
+        );
+    }
+
+    /// The pod as JSON.
+    pub fn pod_json(&self, name: &str) -> Value {
+        let out = self.admin.ok(
+            &["get", "pod", name, "-n", &self.namespace, "-o", "json"],
+            None,
+        );
+        serde_json::from_str(&out).unwrap()
+    }
+
+    /// The tool server's attempt log lines for `tool`.
+    pub fn upstream_calls(&self, tool: &str) -> Vec<Value> {
+        logs(&self.admin, "deployment/files", "files")
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|l| l["tool"] == tool)
+            .collect()
+    }
+}
+
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The node's sandbox image, also a do-nothing agent container.
+pub const PAUSE: &str = "localhost/aip-node/pause:1.0";
+
+/// `kubectl port-forward` to a pod's loopback port: what the test's agent
+/// connects to stands for the agent container's `127.0.0.1:PORT`.
+pub struct Forward {
+    child: std::process::Child,
+    pub addr: std::net::SocketAddr,
+}
+
+impl Forward {
+    pub fn to(kubectl: &Kubectl, pod: &str, port: u16) -> Forward {
+        use std::io::BufRead;
+        let mut child = Command::new("kubectl")
+            .args([
+                "port-forward",
+                "--address=127.0.0.1",
+                "-n",
+                &kubectl.namespace,
+                &format!("pod/{pod}"),
+                &format!(":{port}"),
+            ])
+            .env("KUBECONFIG", &kubectl.kubeconfig)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("kubectl");
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        // kubectl says "Handling connection for PORT" on every connection:
+        // a closed pipe would end it (SIGPIPE).
+        std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+        // "Forwarding from 127.0.0.1:PORT -> 15001"
+        let addr = line
+            .split_whitespace()
+            .nth(2)
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("kubectl port-forward said {line:?}"));
+        Forward { child, addr }
+    }
+}
+
+impl Drop for Forward {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Calls `f` every 100 ms until it returns Some, for up to `patience`.
+pub async fn eventually<T, F, Fut>(what: &str, patience: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + patience;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

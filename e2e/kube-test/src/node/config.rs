@@ -156,7 +156,8 @@ pub fn corefile(dir: &Path) -> String {
     format!(
         r#".:53 {{
     errors
-    health 127.0.0.1:8080
+    # Not 8080: kubectl without a kubeconfig tries localhost:8080.
+    health 127.0.0.1:8091
     ready 127.0.0.1:8181
     kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
         kubeconfig {}/coredns.kubeconfig

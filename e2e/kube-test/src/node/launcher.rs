@@ -110,12 +110,16 @@ pub fn enter(info: &NodeInfo, program: &[String]) -> std::io::Error {
     if let Err(e) = cgroups::join(std::process::id()) {
         return e;
     }
-    Command::new("nsenter")
+    let mut command = Command::new("nsenter");
+    command
         .arg(format!("--net=/proc/{}/ns/net", info.pid))
         .arg("--")
         .args(program)
-        .env(super::ENV, &info.dir)
-        .exec()
+        .env(super::ENV, &info.dir);
+    if std::env::var_os("KUBECONFIG").is_none() {
+        command.env("KUBECONFIG", info.dir.join("controlplane/admin.kubeconfig"));
+    }
+    command.exec()
 }
 
 /// Cleans up after any earlier run, saves what the node will change, and
