@@ -134,6 +134,9 @@ pub(crate) struct Local {
     etcd_url: String,
     etcd: Option<Supervised>,
     apiserver: Option<Supervised>,
+    /// How the API server was started: a node starts it again the same
+    /// way when it dies (as a kubelet restarts a static pod).
+    apiserver_command: Option<(PathBuf, Vec<String>)>,
     controller_manager: Option<Supervised>,
     scheduler: Option<Supervised>,
 }
@@ -209,6 +212,7 @@ pub(crate) async fn start_in(dir: PathBuf, layout: Layout<'_>, keep: bool) -> Re
         etcd_url: String::new(),
         etcd: None,
         apiserver: None,
+        apiserver_command: None,
         controller_manager: None,
         scheduler: None,
     };
@@ -411,7 +415,34 @@ async fn start_apiserver(
         &dir,
         None,
     )?);
+    local.apiserver_command = Some((binaries.apiserver.clone(), args));
     wait_for_readyz(local).await
+}
+
+impl Local {
+    /// Starts the API server again, the same way, if it has exited (a test
+    /// killed it): what a node's supervisor does. Returns whether it did;
+    /// the caller waits for it to be ready as any client does.
+    pub(crate) fn revive_apiserver(&mut self) -> Result<bool, Error> {
+        let exited = self
+            .apiserver
+            .as_mut()
+            .is_some_and(|p| p.exit_status().is_some());
+        let Some((program, args)) = self.apiserver_command.clone().filter(|_| exited) else {
+            return Ok(false);
+        };
+        if let Some(mut old) = self.apiserver.take() {
+            old.stop();
+        }
+        self.apiserver = Some(Supervised::spawn(
+            "kube-apiserver",
+            &program,
+            &args,
+            &self.dir,
+            None,
+        )?);
+        Ok(true)
+    }
 }
 
 /// Polls `/readyz` (the admin's token, the generated CA) until it says

@@ -94,6 +94,24 @@ impl Agent {
         assert_eq!(status, 202);
     }
 
+    /// A tools/call that may take up to `patience` (a held call).
+    pub async fn call_within(&mut self, tool: &str, arguments: Value, patience: Duration) -> Value {
+        self.next_id += 1;
+        let body = json!({"jsonrpc": "2.0", "id": self.next_id, "method": "tools/call",
+            "params": {"name": tool, "arguments": arguments}});
+        let (_, _, body) = post_within(
+            self.addr,
+            &[
+                ("mcp-session-id", &self.session),
+                ("mcp-protocol-version", "2025-11-25"),
+            ],
+            &body,
+            patience,
+        )
+        .await;
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+    }
+
     pub async fn call(&mut self, tool: &str, arguments: Value) -> Value {
         self.request("tools/call", json!({"name": tool, "arguments": arguments}))
             .await
@@ -156,6 +174,16 @@ async fn post(
     headers: &[(&str, &str)],
     body: &Value,
 ) -> (u16, Vec<(String, String)>, String) {
+    post_within(addr, headers, body, Duration::from_secs(20)).await
+}
+
+/// [`post`], answered within `patience`.
+async fn post_within(
+    addr: SocketAddr,
+    headers: &[(&str, &str)],
+    body: &Value,
+    patience: Duration,
+) -> (u16, Vec<(String, String)>, String) {
     let body = body.to_string();
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     let mut head = format!(
@@ -169,7 +197,7 @@ async fn post(
     stream.write_all(head.as_bytes()).await.unwrap();
     stream.write_all(body.as_bytes()).await.unwrap();
     let mut raw = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut raw))
+    let read = tokio::time::timeout(patience, stream.read_to_end(&mut raw))
         .await
         .expect("a response in time");
     // `kubectl port-forward` ends a connection the pod closed with a reset,

@@ -17,8 +17,7 @@ async fn a_changed_policy_is_enforced_by_the_running_pod() {
     story.tools("tok-1", "tok-1");
     story.policy(&["fs_read_file"], "");
     story.agent_pod("agent-1");
-    let forward = Forward::to(&story.admin, "agent-1", 15001);
-    let mut agent = Agent::connect(forward.addr).await;
+    let (forward, mut agent) = story.agent_session("agent-1", "fs_read_file").await;
 
     let read = agent.call("fs_read_file", json!({"path": "/q3"})).await;
     assert_eq!(

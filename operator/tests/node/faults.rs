@@ -19,8 +19,7 @@ async fn a_killed_sidecar_is_restarted_and_nothing_passes_unenforced_meanwhile()
     story.tools("tok-1", "tok-1");
     story.policy(&["fs_read_file"], "");
     story.agent_pod("agent-1");
-    let forward = Forward::to(&story.admin, "agent-1", 15001);
-    let mut agent = Agent::connect(forward.addr).await;
+    let (forward, mut agent) = story.agent_session("agent-1", "fs_read_file").await;
     let read = agent.call("fs_read_file", json!({"path": "/q3"})).await;
     assert_eq!(
         read["result"]["content"][0]["text"], "Q3: revenue up 12%",

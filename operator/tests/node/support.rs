@@ -12,6 +12,7 @@ use aip_kube_test::{Dedicated, User};
 use serde_json::Value;
 
 use crate::common::Cluster;
+use crate::common::agent::Agent;
 use crate::common::kubectl::Kubectl;
 
 /// The operator's namespace and release, as the quickstart names them.
@@ -26,9 +27,45 @@ pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// Whose turn it is on the node: most stories share it; one that stops the
+/// operator or the API server has it alone (within this test process,
+/// which is how `make node-test` runs them).
+static TURN: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// The node's cluster for one story, holding its turn.
+pub struct OnNode {
+    pub cluster: Cluster,
+    _turn: Turn,
+}
+
+enum Turn {
+    Shared(tokio::sync::RwLockReadGuard<'static, ()>),
+    Alone(tokio::sync::RwLockWriteGuard<'static, ()>),
+}
+
+impl std::ops::Deref for OnNode {
+    type Target = Cluster;
+    fn deref(&self) -> &Cluster {
+        &self.cluster
+    }
+}
+
 /// The node's cluster, with the chart installed (once per node: the first
-/// test to get here installs it, the others wait for it).
-pub async fn cluster() -> Cluster {
+/// test to get here installs it, the others wait for it), shared with the
+/// other stories.
+pub async fn cluster() -> OnNode {
+    let turn = Turn::Shared(TURN.read().await);
+    on_node(turn).await
+}
+
+/// The same, for a story that stops what the others need (the operator,
+/// the API server): it runs alone.
+pub async fn cluster_alone() -> OnNode {
+    let turn = Turn::Alone(TURN.write().await);
+    on_node(turn).await
+}
+
+async fn on_node(turn: Turn) -> OnNode {
     let plane = Dedicated::Given(aip_kube_test::node().await);
     let admin = plane.client(User::Admin).await;
     let cluster = Cluster { plane, admin };
@@ -36,7 +73,10 @@ pub async fn cluster() -> Cluster {
     tokio::task::spawn_blocking(move || install_chart_once(&kubectl))
         .await
         .unwrap();
-    cluster
+    OnNode {
+        cluster,
+        _turn: turn,
+    }
 }
 
 /// `helm install` of charts/aip as it ships, `--wait`ing for the operator's
@@ -382,6 +422,50 @@ spec:
         );
     }
 
+    /// Pod `name` (`app=agent`) running the example agent (the official
+    /// MCP Go SDK's client, inside the pod): it lists its tools, reads,
+    /// tries fs_chmod, and deletes, printing a line for each.
+    pub fn example_agent(&self, name: &str) {
+        let ns = &self.namespace;
+        self.admin.apply(&format!(
+            "apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: {ns}, labels: {{app: agent}}}}
+spec:
+  restartPolicy: Never
+  containers:
+    - name: agent
+      image: ghcr.io/aip-k8s/aip-example-agent:{VERSION}
+"
+        ));
+    }
+
+    /// A session through `kubectl port-forward` to the pod's gateway, once
+    /// the gateway lists `tool` (the connection's catalog is fetched after
+    /// the pod is Ready).
+    pub async fn agent_session(&self, pod: &str, tool: &str) -> (Forward, Agent) {
+        let forward = Forward::to(&self.admin, pod, 15001);
+        let agent = Agent::connect(forward.addr).await;
+        let session = agent.session.clone();
+        eventually(
+            &format!("{pod}'s gateway lists {tool}"),
+            POD_PATIENCE,
+            || {
+                let mut agent = Agent::resume(forward.addr, &session);
+                async move {
+                    agent
+                        .tool_names()
+                        .await
+                        .iter()
+                        .any(|t| t == tool)
+                        .then_some(())
+                }
+            },
+        )
+        .await;
+        (forward, agent)
+    }
+
     /// The pod as JSON.
     pub fn pod_json(&self, name: &str) -> Value {
         let out = self.admin.ok(
@@ -398,6 +482,92 @@ spec:
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
             .filter(|l| l["tool"] == tool)
             .collect()
+    }
+}
+
+impl Drop for Story {
+    /// A failed story shows its namespace: pods, Events, and every gateway's
+    /// log (the one before a restart too).
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        eprintln!(
+            "--- namespace {}:\n{}",
+            self.namespace,
+            describe(&self.admin)
+        );
+        let names = self.admin.get("pods", "{.items[*].metadata.name}");
+        for pod in names.split_whitespace() {
+            for previous in ["--previous=false", "--previous=true"] {
+                let (_, log, _) = self.admin.run(
+                    &[
+                        "logs",
+                        "-n",
+                        &self.namespace,
+                        pod,
+                        "-c",
+                        "aip-sidecar",
+                        previous,
+                    ],
+                    None,
+                );
+                if !log.is_empty() {
+                    eprintln!("--- {pod} aip-sidecar ({previous}):\n{log}");
+                }
+            }
+        }
+    }
+}
+
+/// Puts the operator's Deployment back to its replicas when dropped, so
+/// that a story that stopped it and failed does not fail the others.
+pub struct OperatorReplicas {
+    kubectl: Kubectl,
+    pub replicas: String,
+}
+
+impl OperatorReplicas {
+    pub fn scale_to_zero(kubectl: Kubectl) -> OperatorReplicas {
+        let replicas = kubectl.get("deployment/aip-operator", "{.spec.replicas}");
+        kubectl.ok(
+            &[
+                "scale",
+                "deployment/aip-operator",
+                "-n",
+                OPERATOR_NAMESPACE,
+                "--replicas=0",
+            ],
+            None,
+        );
+        OperatorReplicas { kubectl, replicas }
+    }
+
+    pub fn restore(&self) {
+        self.kubectl.ok(
+            &[
+                "scale",
+                "deployment/aip-operator",
+                "-n",
+                OPERATOR_NAMESPACE,
+                &format!("--replicas={}", self.replicas),
+            ],
+            None,
+        );
+        wait_for(
+            &self.kubectl,
+            "deployment/aip-operator",
+            "condition=Available",
+            POD_PATIENCE,
+        );
+    }
+}
+
+impl Drop for OperatorReplicas {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.restore();
+        }
     }
 }
 

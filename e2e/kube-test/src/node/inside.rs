@@ -65,14 +65,21 @@ pub async fn serve(dir: &Path, images: &[PathBuf]) -> Result<(), Error> {
         println!("ready");
         let _ = std::io::stdout().flush();
         // Until the launcher closes our stdin (or dies).
-        let _ = tokio::task::spawn_blocking(|| {
+        let closed = tokio::task::spawn_blocking(|| {
             let mut sink = String::new();
             let stdin = std::io::stdin();
             while stdin.lock().read_line(&mut sink).is_ok_and(|n| n > 0) {
                 sink.clear();
             }
-        })
-        .await;
+        });
+        tokio::pin!(closed);
+        let mut watch = tokio::time::interval(Duration::from_millis(200));
+        loop {
+            tokio::select! {
+                _ = &mut closed => break,
+                _ = watch.tick() => supervise(&mut parts),
+            }
+        }
         eprintln!("aip-node: stopping");
     }
     drop(parts);
@@ -82,6 +89,20 @@ pub async fn serve(dir: &Path, images: &[PathBuf]) -> Result<(), Error> {
     cgroups::leave(me);
     cleaned.map_err(|reason| Error::Cleanup { reason })?;
     result
+}
+
+/// What a node's supervisor does while the node runs: an API server that
+/// died (the tests kill it to restart it) is started again. The other
+/// processes are not restarted: their death is a failure a test shows.
+fn supervise(parts: &mut Parts) {
+    let Some(control_plane) = parts.control_plane.as_mut() else {
+        return;
+    };
+    match control_plane.revive_apiserver() {
+        Ok(true) => eprintln!("aip-node: kube-apiserver exited; started it again"),
+        Ok(false) => {}
+        Err(e) => eprintln!("aip-node: cannot start kube-apiserver again: {e}"),
+    }
 }
 
 fn lay_out_namespace() -> Result<(), Error> {

@@ -86,3 +86,25 @@ impl NodeInfo {
         })
     }
 }
+
+/// Sends SIGKILL to every process of the node named `name` (its
+/// `/proc/PID/comm`, e.g. `kube-apiserver`); how many there were. The node
+/// starts a killed API server again.
+pub fn kill(name: &str) -> usize {
+    let mut killed = 0;
+    for pid in cgroups::processes() {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.trim() != name {
+            continue;
+        }
+        let target = i32::try_from(pid)
+            .ok()
+            .and_then(rustix::process::Pid::from_raw);
+        if let Some(target) = target
+            && rustix::process::kill_process(target, rustix::process::Signal::KILL).is_ok()
+        {
+            killed += 1;
+        }
+    }
+    killed
+}
