@@ -50,7 +50,7 @@ fmt:
 
 clippy:
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
-	$(CARGO) clippy --locked -p aip-operator --test node -- -D warnings
+	$(CARGO) clippy --locked -p aip-operator --test node -p aip-kube-test --test node_lifecycle -- -D warnings
 
 ## pyenv: a virtualenv with the Python MCP SDK, for the interop tests.
 pyenv: $(PYENV)/.installed
@@ -112,10 +112,13 @@ unit: check-shared build interop-deps kubectl helm controlplane
 ## node: `aip-node run` starts the control plane, containerd, the kubelet,
 ## kube-proxy and CoreDNS in namespaces of its own with the archives of
 ## `make images` imported, runs the tests inside, stops it and checks that
-## the host is as it was (iptables-save, sysctls, mounts, cgroups). Root.
+## the host is as it was (iptables-save, sysctls, mounts, cgroups). Before
+## them, e2e/kube-test/tests/node_lifecycle.rs stops nodes with SIGTERM,
+## SIGINT and SIGKILL and checks the same. Root.
 NODE_TEST_ARGS ?=
 node-test: build images controlplane node-deps kubectl helm
 	$(CARGO) test --locked -p aip-operator --test node --no-run
+	$(CARGO) test --locked -p aip-kube-test --test node_lifecycle -- --test-threads=1
 	PATH="$(CURDIR)/target/bin:$$PATH" target/debug/aip-node run --check-host -- \
 		$(CARGO) test --locked -p aip-operator --test node -- $(NODE_TEST_ARGS)
 

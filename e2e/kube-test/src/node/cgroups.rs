@@ -151,10 +151,10 @@ pub fn remove() -> Result<(), String> {
             // Deepest first: a cgroup with children cannot go.
             dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
             for dir in dirs {
-                if let Err(e) = std::fs::remove_dir(&dir) {
-                    if e.kind() != std::io::ErrorKind::NotFound {
-                        left.push(format!("{}: {e}", dir.display()));
-                    }
+                if let Err(e) = std::fs::remove_dir(&dir)
+                    && e.kind() != std::io::ErrorKind::NotFound
+                {
+                    left.push(format!("{}: {e}", dir.display()));
                 }
             }
         }

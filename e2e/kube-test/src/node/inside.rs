@@ -83,11 +83,14 @@ pub async fn serve(dir: &Path, images: &[PathBuf]) -> Result<(), Error> {
         eprintln!("aip-node: stopping");
     }
     drop(parts);
-    // Containers and shims that outlived containerd; then the subtree, with
-    // this process moved out of it.
-    let cleaned = cgroups::kill_all(Some(me));
+    // Containers and shims that outlived containerd, and a command the
+    // launcher ran (it may have died); then, moved out of the subtree,
+    // everything else the launcher would undo: a killed launcher leaves
+    // the machine as a stopped one does.
+    let killed = cgroups::kill_all(Some(me));
     cgroups::leave(me);
-    cleaned.map_err(|reason| Error::Cleanup { reason })?;
+    killed.map_err(|reason| Error::Cleanup { reason })?;
+    super::clean_leftovers()?;
     result
 }
 
