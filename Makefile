@@ -153,7 +153,7 @@ profile-hop:
 ## build's artifacts, and a release build is slower end to end on 2 cores),
 ## saying so first.
 DEMO_BINS         := -p aip-sidecar -p aip-fault-server --bins
-DEMO_CLUSTER_BINS := -p aip-operator -p aip-sidecar -p aip-fault-server -p kubectl-aip --bins -p aip-kube-test --example control_plane
+DEMO_CLUSTER_BINS := -p kubectl-aip -p aip-kube-test --bins
 DEMO_POLICY_BINS  := -p aip-cli --bin aip
 
 demo-bins:
@@ -161,7 +161,7 @@ demo-bins:
 	@$(CARGO) build --locked --quiet $(DEMO_BINS)
 
 demo-cluster-bins:
-	@echo "building aip-operator, aip-sidecar, aip-fault-server, kubectl-aip and the control-plane launcher (cargo build; the first time takes minutes) ..."
+	@echo "building kubectl-aip and the node launcher aip-node (cargo build; the first time takes minutes) ..."
 	@$(CARGO) build --locked --quiet $(DEMO_CLUSTER_BINS)
 
 demo-policy-bins:
@@ -173,13 +173,14 @@ demo-policy-bins:
 demo: demo-bins pyenv
 	@scripts/demo.sh
 
-## demo-cluster: the whole system on the genuine control plane (etcd,
-## kube-apiserver, kube-controller-manager on loopback): helm install of the
-## chart, the operator under the chart's RBAC, an injected agent pod whose
-## sidecar this plays the kubelet for, a blocked call and an ask approved
-## with kubectl.
-demo-cluster: demo-cluster-bins pyenv kubectl helm controlplane
-	@$(PYENV)/bin/python scripts/demo_cluster.py
+## demo-cluster: the whole system on one real node on this machine
+## (aip-node: the genuine control plane, containerd, a kubelet, kube-proxy
+## and CoreDNS in namespaces of its own, the images of `make images`):
+## helm install of the chart, kubectl apply -k examples/cluster, the agent
+## Job in real pods, a blocked call and an ask approved with kubectl aip.
+## Root (the node's containerd and kubelet need it).
+demo-cluster: demo-cluster-bins images controlplane node-deps kubectl helm
+	@target/debug/aip-node run -- python3 scripts/demo_cluster.py
 
 ## demo-policy: the aip CLI walking through the example policies.
 demo-policy: demo-policy-bins

@@ -90,6 +90,10 @@ pub async fn serve(dir: &Path, images: &[PathBuf]) -> Result<(), Error> {
     let killed = cgroups::kill_all(Some(me));
     cgroups::leave(me);
     killed.map_err(|reason| Error::Cleanup { reason })?;
+    // This namespace still holds containerd's mounts under the node's
+    // directory (image layers, pod network namespaces): detached here,
+    // they go, and the directory with them.
+    unmount_below(dir.parent().unwrap_or(dir));
     super::clean_leftovers()?;
     result
 }
@@ -105,6 +109,22 @@ fn supervise(parts: &mut Parts) {
         Ok(true) => eprintln!("aip-node: kube-apiserver exited; started it again"),
         Ok(false) => {}
         Err(e) => eprintln!("aip-node: cannot start kube-apiserver again: {e}"),
+    }
+}
+
+/// Detaches every mount of this namespace below `dir`, deepest first.
+fn unmount_below(dir: &Path) {
+    let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let mut targets: Vec<&str> = table
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .filter(|target| Path::new(target).starts_with(dir))
+        .collect();
+    targets.sort_by_key(|t| std::cmp::Reverse(t.len()));
+    for target in targets {
+        let _ = Command::new("umount").args(["--lazy", target]).output();
     }
 }
 
