@@ -136,12 +136,17 @@ conformance: check-shared build
 	$(AIP) conformance conformance/project
 	$(AIP) conformance "$(SHARED)/conformance/basic"
 
-## bench: the engine benchmarks, then the performance table with targets.
-bench: kubectl controlplane
+## bench: the engine benchmarks, the gateway and operator benchmarks, the
+## node figures (operator/benches/node.rs on the test node: pod start,
+## policy propagation, the example Job, memory as the kubelet reports it),
+## then the performance table with targets.
+bench: kubectl helm controlplane images node-deps build
 	$(CARGO) bench --locked -p aip-policy --bench engine
 	$(CARGO) bench --locked -p aip-sidecar --bench gateway
 	$(CARGO) bench --locked -p aip-sidecar --bench resources
 	PATH="$(CURDIR)/target/bin:$$PATH" $(CARGO) bench --locked -p aip-operator --bench scale
+	$(CARGO) build --locked --release -p kubectl-aip
+	PATH="$(CURDIR)/target/bin:$$PATH" target/debug/aip-node run -- $(CARGO) bench --locked -p aip-operator --bench node
 	python3 scripts/bench-table.py target/criterion
 
 ## profile-hop: what one HTTP call costs in the sidecar against the floor,

@@ -54,6 +54,44 @@ async fn the_cluster_example_runs_in_real_pods_as_the_quickstart_says() {
         "{refused}"
     );
 
+    // While it waits: the policy governs the running pod; the gateway
+    // reached the operator by its Service's name with the pod's projected
+    // token (the operator's TokenReview names the pod); the refusal is in
+    // the gateway's audit log, which kubectl reads.
+    admin.wait("agentpolicy/files", "{.status.synced}", "1/1");
+    let running = pod(&admin, "job-name=agent").await;
+    let pod_name = running["metadata"]["name"].as_str().unwrap().to_owned();
+    let args = running["spec"]["initContainers"][0]["args"].to_string();
+    assert!(
+        args.contains("\"--operator\",\"https://aip-operator.aip-system.svc:"),
+        "{args}"
+    );
+    let operator = cluster.kubectl(User::Admin, OPERATOR_NAMESPACE);
+    let connected = operator.ok(
+        &[
+            "logs",
+            "-n",
+            OPERATOR_NAMESPACE,
+            "-l",
+            "app.kubernetes.io/name=aip-operator",
+            "--tail=-1",
+        ],
+        None,
+    );
+    assert!(
+        connected
+            .lines()
+            .any(|l| l.contains("sidecar connected") && l.contains(&pod_name)),
+        "no operator replica says the pod's sidecar connected:\n{connected}"
+    );
+    let audit = logs(&admin, &format!("pod/{pod_name}"), "aip-sidecar");
+    assert!(
+        audit
+            .lines()
+            .any(|l| l.contains("\"decision\":\"BLOCK\"") && l.contains("fs_chmod")),
+        "no audit record of the refusal:\n{audit}"
+    );
+
     let (ok, out, err) = alice.aip(&["approve", &request, "-n", "agents", "--reason", "checked"]);
     assert!(ok, "kubectl aip approve: {out}{err}");
     wait_for(&admin, "job/agent", "condition=Complete", POD_PATIENCE);
@@ -83,8 +121,13 @@ async fn the_cluster_example_runs_in_real_pods_as_the_quickstart_says() {
         "{.status.conditions[?(@.type==\"Healthy\")].status}",
         "True",
     );
-    let request = admin.get(&format!("approvalrequest/{request}"), "{.status.decision}");
-    assert_eq!(request, "Approved");
+    let decision = admin.get(&format!("approvalrequest/{request}"), "{.status.decision}");
+    assert_eq!(decision, "Approved");
+    let events = admin.ok(&["get", "events", "-n", "agents"], None);
+    assert!(
+        events.contains("ApprovalRequested") && events.contains(&request),
+        "{events}"
+    );
 }
 
 fn condition(pod: &Value, kind: &str) -> Value {

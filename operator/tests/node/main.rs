@@ -15,6 +15,7 @@
 mod common;
 
 mod admission;
+mod chart;
 mod disruptions;
 mod enforcement;
 mod example;

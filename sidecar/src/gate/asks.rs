@@ -4,6 +4,7 @@
 //! cancels it or its session ends. A new policy that blocks a held call
 //! outright answers it at once, as that policy says.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use aip_policy::{Decision, Evaluator, Request, Verdict};
@@ -19,7 +20,7 @@ impl Gateway {
     pub(super) async fn hold(
         &self,
         message: &Message,
-        evaluator: &Evaluator,
+        evaluator: &Arc<Evaluator>,
         verdict: Verdict,
         caller: &Caller,
     ) -> Option<Verdict> {
@@ -46,30 +47,40 @@ impl Gateway {
         tokio::select! {
             a = self.approvals.ask(held, self.options.approval_timeout) => Some(verdict.resolve(a)),
             // Dropping the ask withdraws it: a later decision releases nothing.
-            blocked = self.blocked_by_new_policy(message) => Some(blocked),
+            blocked = self.blocked_by_new_policy(message, evaluator) => Some(blocked),
             () = tracked.cancelled.cancelled() => None,
             () = self.waiting_progress(token, caller) => None, // never ends
         }
     }
 
     /// Resolves when a new configuration blocks this held call outright.
-    async fn blocked_by_new_policy(&self, message: &Message) -> Verdict {
+    /// The call was asked under `asked_under`; a configuration that came
+    /// after it counts even if it came before this first looks (the ask is
+    /// visible, and a policy may be applied, before this is first polled).
+    async fn blocked_by_new_policy(
+        &self,
+        message: &Message,
+        asked_under: &Arc<Evaluator>,
+    ) -> Verdict {
         let mut config = self.config.clone();
-        config.mark_unchanged();
+        let mut seen = asked_under.clone();
         loop {
+            let evaluator = config.borrow_and_update().evaluator.clone();
+            if !Arc::ptr_eq(&evaluator, &seen) {
+                if let Ok(request) = Request::from_value(&message.value) {
+                    let verdict = evaluator.evaluate(&request);
+                    if verdict.decision == Decision::Block {
+                        tracing::info!(
+                            tool = verdict.tool().unwrap_or_default(),
+                            "a held call is now blocked by policy; its ask is withdrawn"
+                        );
+                        return verdict;
+                    }
+                }
+                seen = evaluator;
+            }
             if config.changed().await.is_err() {
                 return std::future::pending().await;
-            }
-            let evaluator = config.borrow_and_update().evaluator.clone();
-            if let Ok(request) = Request::from_value(&message.value) {
-                let verdict = evaluator.evaluate(&request);
-                if verdict.decision == Decision::Block {
-                    tracing::info!(
-                        tool = verdict.tool().unwrap_or_default(),
-                        "a held call is now blocked by policy; its ask is withdrawn"
-                    );
-                    return verdict;
-                }
             }
         }
     }
