@@ -50,7 +50,7 @@ fmt:
 
 clippy:
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
-	$(CARGO) clippy --locked -p aip-operator --test node -p aip-kube-test --test node_lifecycle -- -D warnings
+	$(CARGO) clippy --locked -p aip-operator --test node --bench node -p aip-kube-test --test node_lifecycle -- -D warnings
 
 ## pyenv: a virtualenv with the Python MCP SDK, for the interop tests.
 pyenv: $(PYENV)/.installed

@@ -23,10 +23,8 @@ use kube::api::Api;
 use serde_json::{Value, json};
 
 #[path = "../tests/common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 #[path = "../tests/node/support.rs"]
-#[allow(dead_code)]
 mod support;
 
 use support::*;

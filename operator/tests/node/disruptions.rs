@@ -7,7 +7,6 @@ use std::time::Duration;
 use aip_kube_test::User;
 use serde_json::json;
 
-use crate::common::agent::Agent;
 use crate::support::*;
 
 const OPERATOR: &str = "deployment/aip-operator";
@@ -85,18 +84,7 @@ async fn sidecars_keep_enforcing_while_the_operator_is_gone_and_all_converge_whe
         "aip-sidecar"
     );
     story.policy(&["fs_read_file", "fs_delete_file"], "");
-    let deleted = eventually(
-        "the running sidecar follows the returned operator",
-        Duration::from_secs(90),
-        || {
-            let mut agent = Agent::resume(forward.addr, &agent.session);
-            async move {
-                let answer = agent.call("fs_delete_file", json!({"path": "/old"})).await;
-                answer.get("result").is_some().then_some(answer)
-            }
-        },
-    )
-    .await;
+    let deleted = until_allowed(&forward, &agent, "fs_delete_file", Duration::from_secs(90)).await;
     assert_eq!(
         deleted["result"]["content"][0]["text"], "deleted",
         "{deleted}"

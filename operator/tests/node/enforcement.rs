@@ -30,18 +30,7 @@ async fn a_changed_policy_is_enforced_by_the_running_pod() {
     // The policy now allows the delete: the same session, the same pod.
     let applied = Instant::now();
     story.policy(&["fs_read_file", "fs_delete_file"], "");
-    let enforced = eventually(
-        "the new policy in the running pod",
-        Duration::from_secs(60),
-        || {
-            let mut agent = Agent::resume(forward.addr, &agent.session);
-            async move {
-                let answer = agent.call("fs_delete_file", json!({"path": "/old"})).await;
-                answer.get("result").is_some().then_some(answer)
-            }
-        },
-    )
-    .await;
+    let enforced = until_allowed(&forward, &agent, "fs_delete_file", Duration::from_secs(60)).await;
     let took = applied.elapsed();
     assert_eq!(
         enforced["result"]["content"][0]["text"], "deleted",

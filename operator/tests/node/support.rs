@@ -163,8 +163,7 @@ pub fn describe(kubectl: &Kubectl) -> String {
 
 /// The one pod matching `selector`, as JSON, once it exists.
 pub async fn pod(kubectl: &Kubectl, selector: &str) -> Value {
-    let deadline = tokio::time::Instant::now() + POD_PATIENCE;
-    loop {
+    eventually(&format!("a pod {selector}"), POD_PATIENCE, || async {
         let (ok, out, _) = kubectl.run(
             &[
                 "get",
@@ -178,20 +177,12 @@ pub async fn pod(kubectl: &Kubectl, selector: &str) -> Value {
             ],
             None,
         );
-        if let Some(pod) = serde_json::from_str::<Value>(&out)
+        serde_json::from_str::<Value>(&out)
             .ok()
             .filter(|_| ok)
             .and_then(|list| list["items"].get(0).cloned())
-        {
-            return pod;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no pod {selector}:\n{}",
-            describe(kubectl)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    })
+    .await
 }
 
 /// `kubectl logs` of one container of the pods matching `selector`.
@@ -213,39 +204,46 @@ pub async fn log_line(
     needle: &str,
     patience: Duration,
 ) -> String {
-    let deadline = tokio::time::Instant::now() + patience;
-    loop {
+    let what = format!("{object} container {container} logs {needle:?}");
+    eventually(&what, patience, || async {
         let log = logs(kubectl, object, container);
-        if log.contains(needle) {
-            return log;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{object} container {container} never logged {needle:?}; its log:\n{log}\n{}",
-            describe(kubectl)
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+        log.contains(needle).then_some(log)
+    })
+    .await
 }
 
 /// The name of the one pending ApprovalRequest, once there is one.
 pub async fn pending_request(kubectl: &Kubectl, patience: Duration) -> String {
-    let deadline = tokio::time::Instant::now() + patience;
-    loop {
+    eventually("a pending ApprovalRequest", patience, || async {
         let names = kubectl.get(
             "approvalrequests",
             "{.items[?(@.status.decision==\"Pending\")].metadata.name}",
         );
-        if !names.is_empty() && !names.contains(' ') {
-            return names;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no pending ApprovalRequest:\n{}",
-            describe(kubectl)
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+        (!names.is_empty() && !names.contains(' ')).then_some(names)
+    })
+    .await
+}
+
+/// Calls `tool` in the session until the gateway answers it with a result
+/// (a policy change reached the pod); the answer.
+pub async fn until_allowed(
+    forward: &Forward,
+    agent: &Agent,
+    tool: &str,
+    patience: Duration,
+) -> Value {
+    eventually(
+        &format!("{tool} allowed in the running pod"),
+        patience,
+        || {
+            let mut agent = Agent::resume(forward.addr, &agent.session);
+            async move {
+                let answer = agent.call(tool, serde_json::json!({"path": "/old"})).await;
+                answer.get("result").is_some().then_some(answer)
+            }
+        },
+    )
+    .await
 }
 
 /// An RFC 3339 time of the API (second resolution), comparable as text.
