@@ -58,7 +58,14 @@ async fn the_cluster_example_runs_in_real_pods_as_the_quickstart_says() {
     // reached the operator by its Service's name with the pod's projected
     // token (the operator's TokenReview names the pod); the refusal is in
     // the gateway's audit log, which kubectl reads.
-    admin.wait("agentpolicy/files", "{.status.synced}", "1/1");
+    // (Status is the lease holder's to write: after a story that stopped
+    // every operator replica, a new holder may first wait out the lease.)
+    wait_for(
+        &admin,
+        "agentpolicy/files",
+        "jsonpath={.status.synced}=1/1",
+        POD_PATIENCE,
+    );
     let running = pod(&admin, "job-name=agent").await;
     let pod_name = running["metadata"]["name"].as_str().unwrap().to_owned();
     let args = running["spec"]["initContainers"][0]["args"].to_string();
@@ -116,10 +123,11 @@ async fn the_cluster_example_runs_in_real_pods_as_the_quickstart_says() {
     // What kubectl shows of it.
     let aip = admin.ok(&["get", "aip", "-n", "agents"], None);
     assert!(aip.contains("files"), "{aip}");
-    admin.wait(
+    wait_for(
+        &admin,
         "toolconnection/fs",
-        "{.status.conditions[?(@.type==\"Healthy\")].status}",
-        "True",
+        "jsonpath={.status.conditions[?(@.type==\"Healthy\")].status}=True",
+        POD_PATIENCE,
     );
     let decision = admin.get(&format!("approvalrequest/{request}"), "{.status.decision}");
     assert_eq!(decision, "Approved");
