@@ -49,11 +49,7 @@ async fn sidecars_keep_enforcing_while_the_operator_is_gone_and_all_converge_whe
 
     // The running pod's gateway still answers, with the policy it had.
     let (forward, mut agent) = story.agent_session("agent-1", "fs_read_file").await;
-    let read = agent.call("fs_read_file", json!({"path": "/q3"})).await;
-    assert_eq!(
-        read["result"]["content"][0]["text"], "Q3: revenue up 12%",
-        "{read}"
-    );
+    reads(&mut agent).await;
     let refused = agent.call("fs_delete_file", json!({"path": "/old"})).await;
     assert_eq!(refused["error"]["code"], -32001, "{refused}");
 

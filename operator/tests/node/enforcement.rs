@@ -19,11 +19,7 @@ async fn a_changed_policy_is_enforced_by_the_running_pod() {
     story.agent_pod("agent-1");
     let (forward, mut agent) = story.agent_session("agent-1", "fs_read_file").await;
 
-    let read = agent.call("fs_read_file", json!({"path": "/q3"})).await;
-    assert_eq!(
-        read["result"]["content"][0]["text"], "Q3: revenue up 12%",
-        "{read}"
-    );
+    reads(&mut agent).await;
     let refused = agent.call("fs_delete_file", json!({"path": "/old"})).await;
     assert_eq!(refused["error"]["code"], -32001, "{refused}");
 
@@ -42,11 +38,7 @@ async fn a_changed_policy_is_enforced_by_the_running_pod() {
     );
     assert_eq!(story.upstream_calls("delete_file").len(), 1);
 
-    let pod = story.pod_json("agent-1");
-    assert_eq!(
-        pod["status"]["initContainerStatuses"][0]["restartCount"], 0,
-        "{pod}"
-    );
+    assert_eq!(story.sidecar_restarts("agent-1"), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -100,9 +92,5 @@ async fn a_rotated_secret_is_the_credential_of_the_next_call_without_a_restart()
     for call in &calls {
         assert_eq!(call["auth_sha256"], new, "{call}");
     }
-    let pod = story.pod_json("agent-1");
-    assert_eq!(
-        pod["status"]["initContainerStatuses"][0]["restartCount"], 0,
-        "{pod}"
-    );
+    assert_eq!(story.sidecar_restarts("agent-1"), 0);
 }

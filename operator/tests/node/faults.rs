@@ -20,11 +20,7 @@ async fn a_killed_sidecar_is_restarted_and_nothing_passes_unenforced_meanwhile()
     story.policy(&["fs_read_file"], "");
     story.agent_pod("agent-1");
     let (forward, mut agent) = story.agent_session("agent-1", "fs_read_file").await;
-    let read = agent.call("fs_read_file", json!({"path": "/q3"})).await;
-    assert_eq!(
-        read["result"]["content"][0]["text"], "Q3: revenue up 12%",
-        "{read}"
-    );
+    reads(&mut agent).await;
 
     let pod = story.pod_json("agent-1");
     let id = pod["status"]["initContainerStatuses"][0]["containerID"]
@@ -39,7 +35,7 @@ async fn a_killed_sidecar_is_restarted_and_nothing_passes_unenforced_meanwhile()
     // (kubectl port-forward ends at the first connection the pod refuses:
     // a new one for each try.)
     let mut refused = 0;
-    while story.pod_json("agent-1")["status"]["initContainerStatuses"][0]["restartCount"] == 0 {
+    while story.sidecar_restarts("agent-1") == 0 {
         let forward = Forward::to(&story.admin, "agent-1", 15001);
         if raw_call(forward.addr, "fs_delete_file").await.is_none() {
             refused += 1;
@@ -48,11 +44,7 @@ async fn a_killed_sidecar_is_restarted_and_nothing_passes_unenforced_meanwhile()
     wait_for(&story.admin, "pod/agent-1", "condition=Ready", POD_PATIENCE);
     let forward = Forward::to(&story.admin, "agent-1", 15001);
     let mut agent = Agent::connect(forward.addr).await;
-    let read = agent.call("fs_read_file", json!({"path": "/q3"})).await;
-    assert_eq!(
-        read["result"]["content"][0]["text"], "Q3: revenue up 12%",
-        "{read}"
-    );
+    reads(&mut agent).await;
     let blocked = agent.call("fs_delete_file", json!({"path": "/old"})).await;
     assert_eq!(blocked["error"]["code"], -32001, "{blocked}");
     assert!(

@@ -224,6 +224,17 @@ pub async fn pending_request(kubectl: &Kubectl, patience: Duration) -> String {
     .await
 }
 
+/// fs_read_file through `agent` answers what the tool server says.
+pub async fn reads(agent: &mut Agent) {
+    let read = agent
+        .call("fs_read_file", serde_json::json!({"path": "/q3"}))
+        .await;
+    assert_eq!(
+        read["result"]["content"][0]["text"], "Q3: revenue up 12%",
+        "{read}"
+    );
+}
+
 /// Calls `tool` in the session until the gateway answers it with a result
 /// (a policy change reached the pod); the answer.
 pub async fn until_allowed(
@@ -401,17 +412,7 @@ spec:
     /// Pod `name` (`app=agent`), its agent container the node's pause
     /// image; returns once the kubelet reports it Ready.
     pub fn agent_pod(&self, name: &str) {
-        let ns = &self.namespace;
-        self.admin.apply(&format!(
-            "apiVersion: v1
-kind: Pod
-metadata: {{name: {name}, namespace: {ns}, labels: {{app: agent}}}}
-spec:
-  containers:
-    - name: agent
-      image: {PAUSE}
-"
-        ));
+        self.apply_agent(name, PAUSE, "Always");
         wait_for(
             &self.admin,
             &format!("pod/{name}"),
@@ -422,20 +423,31 @@ spec:
 
     /// Pod `name` (`app=agent`) running the example agent (the official
     /// MCP Go SDK's client, inside the pod): it lists its tools, reads,
-    /// tries fs_chmod, and deletes, printing a line for each.
+    /// tries fs_chmod, and deletes, printing a line for each, and exits.
     pub fn example_agent(&self, name: &str) {
+        let image = format!("ghcr.io/aip-k8s/aip-example-agent:{VERSION}");
+        self.apply_agent(name, &image, "Never");
+    }
+
+    /// A pod `app=agent` whose one container runs `image`.
+    fn apply_agent(&self, name: &str, image: &str, restart: &str) {
         let ns = &self.namespace;
         self.admin.apply(&format!(
             "apiVersion: v1
 kind: Pod
 metadata: {{name: {name}, namespace: {ns}, labels: {{app: agent}}}}
 spec:
-  restartPolicy: Never
+  restartPolicy: {restart}
   containers:
     - name: agent
-      image: ghcr.io/aip-k8s/aip-example-agent:{VERSION}
+      image: {image}
 "
         ));
+    }
+
+    /// How often the kubelet restarted pod `name`'s sidecar.
+    pub fn sidecar_restarts(&self, name: &str) -> Value {
+        self.pod_json(name)["status"]["initContainerStatuses"][0]["restartCount"].clone()
     }
 
     /// A session through `kubectl port-forward` to the pod's gateway, once

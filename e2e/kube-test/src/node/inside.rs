@@ -467,9 +467,9 @@ fn which(program: &'static str) -> Result<String, Error> {
         .map(|dir| dir.join(program))
         .find(|p| p.is_file())
         .map(|p| p.display().to_string())
-        .ok_or(Error::BinaryMissing {
-            binary: program,
-            path: PathBuf::from(program),
+        .ok_or(Error::ToolMissing {
+            tool: program,
+            hint: "scripts/ensure-node.sh installs what the node needs",
         })
 }
 
