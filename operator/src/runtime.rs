@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin;
 use crate::certs::{Served, ServedRx};
-use crate::controllers::{approval_lifecycle, connection_health, feed, policy_status};
+use crate::controllers::{approval_lifecycle, connection_health, feed, policy_status, sync_report};
 use crate::grpc::{self, ConfigService, Signals, TokenReviewer, tls::ServerTls};
 use crate::index::Index;
 use crate::lease::{self, LeaseConfig};
@@ -95,6 +95,11 @@ pub struct Args {
     /// This replica's identity in the Lease (its pod name).
     #[arg(long, env = "POD_NAME")]
     pub pod_name: Option<String>,
+    /// This replica's pod uid: its sync report is owned by the pod, and
+    /// goes with it. Without it the report is deleted when the replica
+    /// stops.
+    #[arg(long, env = "POD_UID")]
+    pub pod_uid: Option<String>,
     /// The leader-election Lease the replicas share (one writes statuses).
     #[arg(long, default_value = "aip-operator")]
     pub lease_name: String,
@@ -239,6 +244,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let (pods_gone_tx, pods_gone_rx) = mpsc::unbounded_channel();
     let (evidence_tx, evidence_rx) = mpsc::unbounded_channel();
     let (leader_tx, leader) = watch::channel(false);
+    let acked = Arc::new(tokio::sync::Notify::new());
 
     let grpc_listener = tokio::net::TcpListener::bind(args.grpc_listen)
         .await
@@ -272,6 +278,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         Signals {
             policies: policies_tx.clone(),
             evidence: evidence_tx,
+            acked: acked.clone(),
         },
         metrics.clone(),
         shutdown.clone(),
@@ -295,7 +302,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let lease_config = LeaseConfig {
         namespace: args.namespace.clone(),
         name: args.lease_name.clone(),
-        identity,
+        identity: identity.clone(),
         duration: args.lease_duration,
         renew_every: args.lease_duration / 3,
     };
@@ -319,9 +326,24 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         leader_tx,
         shutdown.clone(),
     ));
+    let owner = args.pod_name.as_deref().zip(args.pod_uid.as_deref());
+    let report_task = tokio::spawn(sync_report::run(
+        sync_report::Publisher::new(client.clone(), &args.namespace, &identity, owner),
+        index.clone(),
+        acked,
+        shutdown.clone(),
+    ));
+    let peers = feed::peers::run(
+        client.clone(),
+        &args.namespace,
+        &identity,
+        index.clone(),
+        touched.clone(),
+    );
     tokio::select! {
         r = grpc::serve(grpc_listener, served, service) => r.context("the gRPC server")?,
         () = until(feed::run(client.clone(), index.clone(), touched, ready_tx), shutdown.clone()) => {}
+        () = until(peers, shutdown.clone()) => {}
         () = until(approval_lifecycle::run(status_ctx.clone(), args.approval_retention, pods_gone_rx), shutdown.clone()) => {}
         () = until(policy_status::run(status_ctx, policies_rx), shutdown.clone()) => {}
         () = admin::serve(admin, admin_listener, shutdown.clone()) => {}
@@ -330,6 +352,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     shutdown.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(5), lease_task).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), report_task).await;
     tracing::info!("aip-operator stopped");
     Ok(())
 }

@@ -75,6 +75,7 @@ async fn harness() -> Harness {
     let signals = Signals {
         policies: ptx,
         evidence: etx,
+        acked: Default::default(),
     };
     let auth = TokenReviewer::new(cluster.admin.clone(), AUDIENCE);
     let approvals = Some(cluster.admin.clone());
@@ -537,6 +538,7 @@ async fn the_stream_ends_when_the_token_expires() {
     let signals = Signals {
         policies: ptx,
         evidence: etx,
+        acked: Default::default(),
     };
     let channel = serve(&index, auth, None, signals, &metrics, &shutdown)
         .await

@@ -7,6 +7,7 @@ pub mod conditions;
 pub mod connection_health;
 pub mod feed;
 pub mod policy_status;
+pub mod sync_report;
 
 use std::sync::{Arc, Mutex};
 

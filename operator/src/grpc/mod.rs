@@ -22,7 +22,7 @@ use aip_proto::v1::{
 };
 use kube::runtime::events::Recorder;
 use sha2::{Digest, Sha256};
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -60,6 +60,8 @@ pub struct Signals {
     pub policies: mpsc::UnboundedSender<ObjectKey>,
     /// Connection evidence from sidecars.
     pub evidence: mpsc::UnboundedSender<Evidence>,
+    /// This replica's acks changed (its sync report is rewritten).
+    pub acked: Arc<Notify>,
 }
 
 pub struct ConfigService<A> {
@@ -221,6 +223,9 @@ impl<A: Authenticate> Config for ConfigService<A> {
         }
         let touched =
             lock(&self.index).ack(&id.namespace, &id.pod, &id.uid, report.applied_version);
+        if !touched.is_empty() {
+            self.signals.acked.notify_one();
+        }
         for policy in touched {
             let _ = self.signals.policies.send(policy);
         }

@@ -9,11 +9,13 @@
 //! pods granted those.
 //!
 //! One file per kind fed in (`policies`, `connections`, `secrets`, `pods`,
-//! the last with the sidecars' acks), and `config` for what comes out. Every
+//! the last with the sidecars' acks), `peers` for the acks other replicas
+//! reported, and `config` for what comes out. Every
 //! update returns the policies whose status may have changed.
 
 mod config;
 mod connections;
+mod peers;
 mod pods;
 mod policies;
 mod secrets;
@@ -24,11 +26,13 @@ use std::collections::{BTreeMap, HashMap};
 
 pub use config::PodConfig;
 pub use connections::{Credentials, CredentialsError, ResolvedConnection};
+pub use peers::{DIGEST_LEN, digest};
 pub use pods::PodMeta;
 pub use policies::PolicyView;
 pub use secrets::{SecretData, SecretKeyError};
 
 use connections::ConnectionEntry;
+use peers::PeerAcks;
 use pods::PodEntry;
 use policies::PolicyEntry;
 use secrets::Secrets;
@@ -57,6 +61,10 @@ pub struct Index {
     /// pod's config could be wrong (a policy not yet seen), so none is
     /// served.
     synced: bool,
+    /// Where each known pod uid lives (namespace, name).
+    uids: HashMap<String, (String, String)>,
+    /// What the other replicas' sidecars acknowledged.
+    peers: PeerAcks,
 }
 
 impl Default for Index {
@@ -65,6 +73,8 @@ impl Default for Index {
             namespaces: HashMap::new(),
             version: 0,
             synced: true,
+            uids: HashMap::new(),
+            peers: PeerAcks::default(),
         }
     }
 }

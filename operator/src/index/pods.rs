@@ -34,6 +34,10 @@ pub(super) struct PodEntry {
 }
 
 impl PodEntry {
+    pub(super) fn uid(&self) -> &str {
+        &self.uid
+    }
+
     /// The policies this pod touches, as keys of `namespace`.
     fn matched_keys(&self, namespace: &str) -> impl Iterator<Item = ObjectKey> {
         self.matched
@@ -67,9 +71,14 @@ impl Index {
                     injected: pod.injected,
                     acked_once: false,
                 };
-                if let Some(old) = ns.pods.insert(pod.name.clone(), entry) {
+                let uid = entry.uid.clone();
+                let old = ns.pods.insert(pod.name.clone(), entry);
+                if let Some(old) = old {
                     touched.extend(old.matched_keys(&pod.namespace));
+                    self.uids.remove(&old.uid);
                 }
+                self.uids
+                    .insert(uid, (pod.namespace.clone(), pod.name.clone()));
             }
         }
         let Some(ns) = self.namespaces.get_mut(&pod.namespace) else {
@@ -87,9 +96,11 @@ impl Index {
             return BTreeSet::new();
         };
         // Dropping the sender ends every stream of this pod.
-        ns.pods
-            .remove(name)
-            .map_or_else(BTreeSet::new, |p| p.matched_keys(namespace).collect())
+        let Some(pod) = ns.pods.remove(name) else {
+            return BTreeSet::new();
+        };
+        self.uids.remove(&pod.uid);
+        pod.matched_keys(namespace).collect()
     }
 
     /// The configuration channel of pod `namespace/name` with `uid`, or None

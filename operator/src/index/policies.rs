@@ -23,7 +23,7 @@ pub struct PolicyView {
     pub accepted: Option<Arc<AcceptedPolicy>>,
     pub governed_pods: u32,
     /// Governed pods whose sidecar acknowledged a config with `accepted`'s
-    /// hash.
+    /// hash, to this replica or (as reported) to another.
     pub synced_pods: u32,
     /// Pods also selected by another policy, and those policies' names.
     pub conflicts: BTreeMap<String, Vec<String>>,
@@ -128,11 +128,13 @@ impl Index {
                 continue;
             }
             view.governed_pods += 1;
-            if !pod.injected && !pod.acked_once {
+            if !pod.injected && !pod.acked_once && !self.peers.acked(pod.uid(), None) {
                 view.without_sidecar.push(pod_name.clone());
             }
-            let hash = accepted.as_ref().map(|a| &a.hash);
-            if hash.is_some() && pod.acked_hash.as_ref() == hash {
+            if let Some(hash) = accepted.as_ref().map(|a| a.hash.as_str())
+                && (pod.acked_hash.as_deref() == Some(hash)
+                    || self.peers.acked(pod.uid(), Some(hash)))
+            {
                 view.synced_pods += 1;
             }
         }

@@ -4,6 +4,7 @@
 
 mod acks;
 mod connections;
+mod peers;
 mod pods;
 mod policies;
 

@@ -158,6 +158,7 @@ async fn kubectl_to_sidecar_enforcement() {
     status_is_the_operators(&kubectl, "toolconnection/fs");
     let first_hash = kubectl.get("agentpolicy/files", "{.status.policyHash}");
     assert!(first_hash.starts_with("sha256:"));
+    a_second_replica_reports_its_sidecars(&cluster, &kubectl, &installed, &dir).await;
 
     // Another controller's condition: the list is keyed by type, so the
     // operator's next status write leaves it where it is.
@@ -361,6 +362,66 @@ async fn kubectl_to_sidecar_enforcement() {
     drop(sidecar);
 }
 
+/// A second replica (not the lease holder) serving a second pod's sidecar:
+/// the holder counts that pod synced from the replica's sync report, and
+/// stops counting it when the replica (no pod of its own here) withdraws
+/// the report at exit. Leaves the namespace as it found it: one pod.
+async fn a_second_replica_reports_its_sidecars(
+    cluster: &Cluster,
+    kubectl: &Kubectl,
+    installed: &Installed,
+    dir: &std::path::Path,
+) {
+    let ports = Ports {
+        grpc: crate::common::local::free_port(),
+        webhook: crate::common::local::free_port(),
+    };
+    let mut standby = start_chart_operator(
+        &installed.kubeconfig,
+        &installed.args,
+        ports,
+        &["--pod-name", "aip-operator-1"],
+    );
+    standby.line("cluster state loaded").await;
+    let uid = cluster
+        .pod("agents", "agent-2", "agent", json!({"app": "agent"}))
+        .await;
+    let second = dir.join("second");
+    std::fs::create_dir_all(&second).unwrap();
+    let token_file = sidecar_token(cluster, &second, "agent", "agent-2", &uid).await;
+    let sidecar = start_sidecar(&installed.ca, ports.grpc, &token_file);
+    let agent = agent_of(&sidecar).await;
+    lists(&agent, "fs_read_file").await;
+    standby.line("sidecar connected").await;
+    kubectl.wait("agentpolicy/files", "{.status.synced}", "2/2");
+    let reports = kubectl.ok(
+        &[
+            "get",
+            "configmaps",
+            "-n",
+            "aip-system",
+            "-l",
+            "aip.io/sync-report=true",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.annotations.aip\\.io/replica}{\"\\n\"}{end}",
+        ],
+        None,
+    );
+    assert!(
+        reports.lines().any(|r| r == "aip-operator-1"),
+        "the standby's report: {reports}"
+    );
+
+    standby.terminate();
+    kubectl.wait("agentpolicy/files", "{.status.synced}", "1/2");
+    drop(sidecar);
+    kubectl.ok(
+        &["delete", "pod", "agent-2", "-n", "agents", "--wait=false"],
+        None,
+    );
+    kubectl.wait("agentpolicy/files", "{.status.synced}", "1/1");
+}
+
 /// `object`'s status is written by server-side apply, by the operator's
 /// field manager alone (the API server's managedFields say so), and its
 /// spec by whoever applied it.
@@ -430,6 +491,16 @@ async fn least_privilege(cluster: &Cluster) {
     };
     assert!(may("get", "", "secrets", Some("agents"), Some("fs-token")).await);
     assert!(may("watch", "", "secrets", Some("agents"), Some("fs-token")).await);
+    assert!(
+        may(
+            "patch",
+            "",
+            "configmaps",
+            Some("aip-system"),
+            Some("aip-sync-aip-operator-0-0")
+        )
+        .await
+    );
     let denied = [
         ("get", "", "secrets", Some("agents"), Some("unrelated")),
         ("list", "", "secrets", Some("agents"), None),
@@ -488,6 +559,9 @@ async fn least_privilege(cluster: &Cluster) {
             Some("aip-system"),
             Some("someone-else"),
         ),
+        // Sync reports live in its own namespace only.
+        ("patch", "", "configmaps", Some("agents"), None),
+        ("list", "", "configmaps", None, None),
     ];
     for (verb, group, resource, ns, name) in denied {
         assert!(

@@ -58,13 +58,12 @@ async fn the_cluster_example_runs_in_real_pods_as_the_quickstart_says() {
     // reached the operator by its Service's name with the pod's projected
     // token (the operator's TokenReview names the pod); the refusal is in
     // the gateway's audit log, which kubectl reads.
-    // The policy is accepted. (Not `status.synced`: with the chart's two
-    // replicas it counts only the sidecars connected to the lease holder,
-    // see docs/operator.md, "Known limitations".)
+    // The policy is synced: the lease holder counts the pod whichever of
+    // the chart's two replicas its sidecar acked to (their sync reports).
     wait_for(
         &admin,
         "agentpolicy/files",
-        "jsonpath={.status.conditions[?(@.type==\"Accepted\")].status}=True",
+        "jsonpath={.status.synced}=1/1",
         POD_PATIENCE,
     );
     let running = pod(&admin, "job-name=agent").await;
@@ -123,7 +122,7 @@ async fn the_cluster_example_runs_in_real_pods_as_the_quickstart_says() {
 
     // What kubectl shows of it.
     let aip = admin.ok(&["get", "aip", "-n", "agents"], None);
-    assert!(aip.contains("files"), "{aip}");
+    assert!(aip.contains("files") && aip.contains("1/1"), "{aip}");
     wait_for(
         &admin,
         "toolconnection/fs",

@@ -3,12 +3,16 @@
 //! only. Each event becomes one index update; what it touched is handed to
 //! the status writers.
 //!
+//! The other replicas' sync reports are followed on their own (`peers`):
+//! serving sidecars does not wait for them.
+//!
 //! This module only starts the watches and says when the index is synced;
 //! each kind has its own file, and they share `follow` (applying a watch's
 //! events) and `Touched` (telling the status writers), never each other.
 
 mod connections;
 mod follow;
+pub mod peers;
 mod pods;
 mod policies;
 mod secrets;
