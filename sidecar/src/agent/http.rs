@@ -38,7 +38,7 @@ use tokio_util::task::TaskTracker;
 
 use aip_mcp::modern::{self, Invalid};
 
-use crate::gate::{AGENT_VERSIONS, Caller, Gateway, Reply};
+use crate::gate::{AGENT_VERSIONS, Caller, Era, Gateway, Reply};
 
 pub const MCP_PATH: &str = "/mcp";
 /// Sessions kept at once; past this the least recently used one ends.
@@ -264,7 +264,7 @@ async fn post(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
         }
         Err(refused) => return reply(state.gateway.refuse(&refused), sse),
     };
-    if modern::claims_modern(&message.value) {
+    if Era::of(&message.value) == Era::Modern {
         return modern_post(state, message, &headers, accepts, reserved).await;
     }
     if modern_header {
@@ -360,7 +360,7 @@ async fn modern_post(
     let caller = Caller {
         session: format!("m-{:032x}", rand::random::<u128>()),
         events: None,
-        modern: true,
+        era: Era::Modern,
     };
     let may_stream = modern::MAY_REQUIRE_INPUT.contains(&message.method().unwrap_or_default());
     if may_stream && accepts {
@@ -554,16 +554,16 @@ async fn answer_live(
 ) -> Response<Body> {
     let (events, heard) = mpsc::channel(MAX_QUEUED_EVENTS);
     caller.events = Some(events);
-    let modern = caller.modern;
+    let era = caller.era;
     let gateway = state.gateway.clone();
     let mut handling: Handling = Box::pin(async move {
         // The request's memory is held as long as its handling.
         let _reserved = reserved;
         gateway.handle_message(message, &caller).await
     });
-    let answer = |outcome| match modern {
-        true => modern_reply(outcome),
-        false => reply(outcome, sse),
+    let answer = |outcome| match era {
+        Era::Modern => modern_reply(outcome),
+        Era::Legacy => reply(outcome, sse),
     };
     let mut live = Live {
         queued: VecDeque::new(),

@@ -30,7 +30,7 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::gate::{Caller, Gateway, Reply};
+use crate::gate::{Caller, Era, Gateway, Reply};
 use aip_service::budget::Budget;
 
 /// The agent's session name at the gateway.
@@ -65,7 +65,7 @@ where
     let caller = Caller {
         session: SESSION.to_owned(),
         events: Some(to_agent.clone()),
-        modern: false,
+        era: Era::Legacy,
     };
     let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let budget = Budget::new(IN_FLIGHT_BUDGET);
@@ -99,7 +99,7 @@ where
         let listens = listens.clone();
         handling.spawn(async move {
             let reply = match line.parse(&gateway) {
-                Ok(message) if aip_mcp::modern::claims_modern(&message.value) => {
+                Ok(message) if Era::of(&message.value) == Era::Modern => {
                     modern(&gateway, message, &to_agent, &listens).await
                 }
                 Ok(message) => {
@@ -192,7 +192,7 @@ async fn modern(
     let caller = Caller {
         session: SESSION.to_owned(),
         events: Some(to_agent.clone()),
-        modern: true,
+        era: Era::Modern,
     };
     gateway.handle_message(message, &caller).await
 }

@@ -7,28 +7,55 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use aip_mcp::jsonrpc::Message;
 use aip_policy::{Decision, Evaluator, Request, Verdict};
 use serde_json::{Value, json};
+use tokio::sync::watch;
 
-use super::{Caller, Gateway};
-use crate::approvals::Ask;
-use aip_mcp::jsonrpc::Message;
+use super::call::Caller;
+use super::inflight::InFlight;
+use crate::approvals::{Ask, LocalApprovals};
+use crate::config::Config;
 
-impl Gateway {
-    /// Holds an ask until a person decides, the agent cancels, or time runs
-    /// out. None when the ask was withdrawn.
+/// The asks being held, and what holding one needs.
+pub(super) struct Asks {
+    approvals: Arc<LocalApprovals>,
+    /// The longest an ask waits for a person.
+    patience: Duration,
+    /// How often a waiting agent that asked for progress hears of it.
+    progress_every: Duration,
+    /// The configuration, for a new policy that blocks a held call.
+    config: watch::Receiver<Arc<Config>>,
+    held: InFlight,
+}
+
+impl Asks {
+    pub(super) fn new(
+        approvals: Arc<LocalApprovals>,
+        patience: Duration,
+        progress_every: Duration,
+        config: watch::Receiver<Arc<Config>>,
+    ) -> Asks {
+        Asks {
+            approvals,
+            patience,
+            progress_every,
+            config,
+            held: InFlight::default(),
+        }
+    }
+
+    /// Holds an ask for a call to `connection` until a person decides, the
+    /// agent cancels, or time runs out. None when the ask was withdrawn.
     pub(super) async fn hold(
         &self,
         message: &Message,
         evaluator: &Arc<Evaluator>,
         verdict: Verdict,
         caller: &Caller,
+        connection: String,
     ) -> Option<Verdict> {
         let tool = verdict.tool().unwrap_or_default().to_owned();
-        let connection = self
-            .route(&tool)
-            .map(|r| r.connection.connection().name.clone())
-            .unwrap_or_default();
         let mut arguments = message
             .params()
             .and_then(|p| p.get("arguments"))
@@ -42,15 +69,25 @@ impl Gateway {
             arguments,
             arguments_hash,
         };
-        let tracked = self.in_flight.track_ask(&caller.session, message.id());
+        let tracked = self.held.track(&caller.session, message.id());
         let token = aip_mcp::protocol::progress_token(&message.value);
         tokio::select! {
-            a = self.approvals.ask(held, self.options.approval_timeout) => Some(verdict.resolve(a)),
+            a = self.approvals.ask(held, self.patience) => Some(verdict.resolve(a)),
             // Dropping the ask withdraws it: a later decision releases nothing.
             blocked = self.blocked_by_new_policy(message, evaluator) => Some(blocked),
             () = tracked.cancelled.cancelled() => None,
             () = self.waiting_progress(token, caller) => None, // never ends
         }
+    }
+
+    /// Withdraws the ask held for request `id` of `session`, if any.
+    pub(super) fn cancel(&self, session: &str, id: &Value) {
+        self.held.cancel(session, id);
+    }
+
+    /// Withdraws every ask `session` has waiting.
+    pub(super) fn withdraw(&self, session: &str) {
+        self.held.end_session(session);
     }
 
     /// Resolves when a new configuration blocks this held call outright.
@@ -90,7 +127,7 @@ impl Gateway {
     async fn waiting_progress(&self, token: Option<&Value>, caller: &Caller) {
         match token.filter(|_| caller.events.is_some()) {
             Some(token) => {
-                progress_every(token, self.options.ask_progress_interval, |note| {
+                progress_every(token, self.progress_every, |note| {
                     caller.send(note);
                 })
                 .await
@@ -111,5 +148,29 @@ async fn progress_every(token: &Value, interval: Duration, send: impl Fn(Value))
             json!({"jsonrpc": "2.0", "method": "notifications/progress", "params": {
             "progressToken": token, "progress": progress, "message": "waiting for human approval"}}),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn withdrawing_asks_cancels_only_that_sessions() {
+        let (_tx, config) = watch::channel(Arc::new(Config::empty()));
+        let asks = Asks::new(
+            LocalApprovals::new(),
+            Duration::from_secs(60),
+            Duration::from_secs(1),
+            config,
+        );
+        let (a, b) = (
+            asks.held.track("a", Some(&json!(1))),
+            asks.held.track("b", Some(&json!(1))),
+        );
+        asks.withdraw("a");
+        assert!(a.cancelled.is_cancelled() && !b.cancelled.is_cancelled());
+        asks.cancel("b", &json!(1));
+        assert!(b.cancelled.is_cancelled());
     }
 }

@@ -48,6 +48,44 @@ impl Connections {
         read(&self.live).clone()
     }
 
+    /// Every connection's capabilities merged: a capability is offered when
+    /// some server offers it, a flag when some server sets it.
+    pub(super) fn capabilities(&self) -> Value {
+        let mut merged = serde_json::Map::new();
+        for connection in self.all() {
+            let Value::Object(caps) = connection.upstream.server_capabilities() else {
+                continue;
+            };
+            for (name, value) in caps {
+                let slot = merged
+                    .entry(name)
+                    .or_insert_with(|| Value::Object(Default::default()));
+                if let (Value::Object(slot), Value::Object(flags)) = (slot, value) {
+                    for (flag, on) in flags {
+                        if on == Value::Bool(true) || !slot.contains_key(&flag) {
+                            slot.insert(flag, on);
+                        }
+                    }
+                }
+            }
+        }
+        Value::Object(merged)
+    }
+
+    /// The only connection, when there is exactly one.
+    pub(super) fn sole(&self) -> Option<Arc<ConnectionState>> {
+        let mut all = self.all();
+        (all.len() == 1).then(|| all.remove(0))
+    }
+
+    /// Connections whose health lets their lists be read.
+    pub(super) fn usable(&self) -> Vec<Arc<ConnectionState>> {
+        self.all()
+            .into_iter()
+            .filter(|c| c.health().state.listable())
+            .collect()
+    }
+
     /// Makes the live set match `config`; returns the states it let go of
     /// (for the caller to forget their routes, then [`Connections::retire`]).
     pub(super) fn rebuild(

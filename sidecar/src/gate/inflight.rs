@@ -14,12 +14,12 @@ use aip_service::sync::lock;
 /// process, so ids an agent chooses cannot aim at one bucket).
 type Requests = Mutex<HashMap<(String, String), CancellationToken, foldhash::fast::RandomState>>;
 
-/// Requests being served, and asks being held (apart: an agent that stops
-/// sending withdraws its asks, while its calls may still be answered).
+/// Requests in flight of one kind (calls being served, or asks being
+/// held: apart, since an agent that stops sending withdraws its asks while
+/// its calls may still be answered).
 #[derive(Default)]
 pub(super) struct InFlight {
-    calls: Requests,
-    asks: Requests,
+    requests: Requests,
 }
 
 /// One request in flight; it is forgotten when this is dropped, however its
@@ -34,33 +34,20 @@ impl InFlight {
     /// Tracks the request `id` of `session` (a notification, without an id,
     /// can still be cancelled by its session's end through the token).
     pub(super) fn track(&self, session: &str, id: Option<&Value>) -> Tracked<'_> {
-        track(&self.calls, session, id)
+        track(&self.requests, session, id)
     }
 
-    /// Tracks an ask held for the request `id` of `session`.
-    pub(super) fn track_ask(&self, session: &str, id: Option<&Value>) -> Tracked<'_> {
-        track(&self.asks, session, id)
-    }
-
-    /// Cancels the request `id` of `session`, held or being served.
+    /// Cancels the request `id` of `session`.
     pub(super) fn cancel(&self, session: &str, id: &Value) {
         let key = (session.to_owned(), id.to_string());
-        for requests in [&self.calls, &self.asks] {
-            if let Some(token) = lock(requests).get(&key) {
-                token.cancel();
-            }
+        if let Some(token) = lock(&self.requests).get(&key) {
+            token.cancel();
         }
     }
 
     /// Cancels everything `session` has in flight.
     pub(super) fn end_session(&self, session: &str) {
-        cancel_session(&self.calls, session);
-        cancel_session(&self.asks, session);
-    }
-
-    /// Withdraws the asks `session` has waiting.
-    pub(super) fn withdraw_asks(&self, session: &str) {
-        cancel_session(&self.asks, session);
+        cancel_session(&self.requests, session);
     }
 }
 
@@ -105,16 +92,7 @@ mod tests {
         in_flight.cancel("s", &json!(1));
         assert!(tracked.cancelled.is_cancelled());
         drop(tracked);
-        assert!(lock(&in_flight.calls).is_empty());
-    }
-
-    #[test]
-    fn withdrawing_asks_leaves_calls_running() {
-        let in_flight = InFlight::default();
-        let call = in_flight.track("s", Some(&json!(1)));
-        let ask = in_flight.track_ask("s", Some(&json!(2)));
-        in_flight.withdraw_asks("s");
-        assert!(ask.cancelled.is_cancelled() && !call.cancelled.is_cancelled());
+        assert!(lock(&in_flight.requests).is_empty());
     }
 
     #[test]

@@ -149,13 +149,6 @@ impl Gateway {
         Reply::Message(result(&id, page))
     }
 
-    fn usable_connections(&self) -> Vec<Arc<ConnectionState>> {
-        self.connections()
-            .into_iter()
-            .filter(|c| c.health().state.listable())
-            .collect()
-    }
-
     /// One page of `method` from one connection: its items and its next
     /// cursor. None (logged) when the server fails.
     async fn upstream_page(
@@ -221,7 +214,7 @@ impl Gateway {
     /// Lists `method` everywhere, every page, to learn routes.
     async fn learn_routes(&self, method: &str) {
         let evaluator = self.config().evaluator.clone();
-        for connection in self.usable_connections() {
+        for connection in self.connections.usable() {
             let mut cursor: Option<String> = None;
             for _ in 0..MAX_PAGES {
                 let Some((items, next)) = self
@@ -327,7 +320,7 @@ impl Gateway {
         };
         // A name or URI no listing knows: with one usable connection there
         // is only one place it can mean.
-        let usable = self.usable_connections();
+        let usable = self.connections.usable();
         let connection = connection.or_else(|| (usable.len() == 1).then(|| usable[0].clone()));
         let Some(connection) = connection else {
             let unknown = "the reference names no prompt or resource of any connection";
@@ -344,7 +337,8 @@ impl Gateway {
     pub(super) async fn set_level(&self, message: &Message, evaluator: &Evaluator) -> Reply {
         let id = message.id().cloned().unwrap_or(Value::Null);
         let targets: Vec<_> = self
-            .usable_connections()
+            .connections
+            .usable()
             .into_iter()
             .filter(|c| !c.upstream.modern())
             .filter(|c| c.upstream.server_capabilities().get("logging").is_some())
@@ -380,7 +374,7 @@ impl Gateway {
         let route = self
             .routed(&self.routes.resources, uri, |c| c, "resources/list")
             .await;
-        let usable = self.usable_connections();
+        let usable = self.connections.usable();
         route.or_else(|| (usable.len() == 1).then(|| usable[0].clone()))
     }
 

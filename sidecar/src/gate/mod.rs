@@ -14,6 +14,7 @@
 //! - `listings`: prompts and resources fanned out over connections.
 
 mod asks;
+mod call;
 mod catalog;
 mod connections;
 mod inflight;
@@ -35,7 +36,7 @@ use aip_mcp::Failure;
 use aip_mcp::jsonrpc::{self, Kind, Limits, Message};
 use aip_policy::{AuditRecord, Decision, Evaluator, Request, Verdict, codes, normalize_name};
 use serde_json::{Value, json};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::approvals::LocalApprovals;
@@ -48,6 +49,7 @@ use connections::Connections;
 use inflight::InFlight;
 use present::{Findings, error, method_not_found, result};
 
+pub use call::{Caller, Era, Reply};
 pub use present::AGENT_VERSIONS;
 pub use subscriptions::Subscription;
 
@@ -75,46 +77,6 @@ impl Default for GatewayOptions {
     }
 }
 
-/// Who is talking: the agent's session at the gateway, and the stream on
-/// which messages about the request being handled reach it (progress,
-/// logging, requests a server makes of it), if its transport has one.
-#[derive(Debug, Clone)]
-pub struct Caller {
-    pub session: String,
-    pub events: Option<mpsc::Sender<Value>>,
-    /// The request is of the 2026-07-28 era: stateless, its capabilities in
-    /// its `_meta`, no requests from servers on its stream.
-    pub modern: bool,
-}
-
-impl Caller {
-    /// A caller without a stream for messages about its request.
-    pub fn new(session: impl Into<String>) -> Caller {
-        Caller {
-            session: session.into(),
-            events: None,
-            modern: false,
-        }
-    }
-
-    /// Queues a message for the agent on this request's stream; false when
-    /// it cannot go (no stream, or the agent is not reading it).
-    fn send(&self, message: Value) -> bool {
-        self.events
-            .as_ref()
-            .is_some_and(|events| events.try_send(message).is_ok())
-    }
-}
-
-/// What to send back for one agent message.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Reply {
-    /// A JSON-RPC response.
-    Message(Value),
-    /// Nothing: a notification, an agent's reply, or a canceled call.
-    Nothing,
-}
-
 pub struct Gateway {
     /// Itself, for work that outlives a request (a task's wait).
     me: std::sync::Weak<Gateway>,
@@ -124,6 +86,7 @@ pub struct Gateway {
     connections: Connections,
     routes: Routes,
     in_flight: InFlight,
+    asks: asks::Asks,
     relayed: relay::Relayed,
     parked: parked::Parked,
     tasks: tasks::Tasks,
@@ -147,14 +110,22 @@ impl Gateway {
         options: GatewayOptions,
         shutdown: CancellationToken,
     ) -> Arc<Gateway> {
+        let approvals = LocalApprovals::new();
+        let asks = asks::Asks::new(
+            approvals.clone(),
+            options.approval_timeout,
+            options.ask_progress_interval,
+            config.clone(),
+        );
         let gateway = Arc::new_cyclic(|me| Gateway {
             me: me.clone(),
             metrics: Metrics::default(),
-            approvals: LocalApprovals::new(),
+            approvals,
             config,
             connections: Connections::new(),
             routes: Routes::default(),
             in_flight: InFlight::default(),
+            asks,
             relayed: relay::Relayed::default(),
             parked: parked::Parked::default(),
             tasks: tasks::Tasks::default(),
@@ -216,12 +187,13 @@ impl Gateway {
     /// Ends everything a session had in flight (its asks are withdrawn).
     pub fn end_session(&self, session: &str) {
         self.in_flight.end_session(session);
+        self.asks.withdraw(session);
         aip_service::sync::lock(&self.session_watches.0).remove(session);
     }
 
     /// Withdraws the asks a session left waiting; its calls go on.
     pub fn withdraw_asks(&self, session: &str) {
-        self.in_flight.withdraw_asks(session);
+        self.asks.withdraw(session);
     }
 
     async fn follow_config(self: Arc<Self>) {
@@ -327,7 +299,11 @@ impl Gateway {
             mcp.tool = tracing::field::Empty,
             aip.decision = tracing::field::Empty);
         join_callers_trace(&span, &message);
-        let Some(method) = caller.modern.then(|| message.method().map(str::to_owned)) else {
+        let Some(method) = caller
+            .era
+            .shapes_results()
+            .then(|| message.method().map(str::to_owned))
+        else {
             return self.decide(message, caller).instrument(span).await;
         };
         let mut reply = Box::pin(self.decide(message, caller).instrument(span)).await;
@@ -407,7 +383,11 @@ impl Gateway {
             // Boxed, as every rare branch is: a future's size is its
             // largest branch's, and it is moved whole when a message is
             // handed to its task.
-            match Box::pin(self.hold(&message, &evaluator, verdict, caller)).await {
+            let connection = self.connection_of(verdict.tool().unwrap_or_default());
+            let held = self
+                .asks
+                .hold(&message, &evaluator, verdict, caller, connection);
+            match Box::pin(held).await {
                 Some(decided) => verdict = decided,
                 None => return Reply::Nothing, // withdrawn: never forwarded
             }
@@ -444,6 +424,7 @@ impl Gateway {
                     && let Some(id) = message.params().and_then(|p| p.get("requestId"))
                 {
                     self.in_flight.cancel(&caller.session, id);
+                    self.asks.cancel(&caller.session, id);
                 }
                 return Reply::Nothing;
             }
@@ -451,13 +432,13 @@ impl Gateway {
         };
         match message.method().unwrap_or_default() {
             "initialize" => {
-                let upstream = self.upstream_capabilities();
+                let upstream = self.connections.capabilities();
                 let answer = present::initialize(message.params(), evaluator, &upstream);
                 Reply::Message(result(id, answer))
             }
             "server/discover" => {
                 Box::pin(self.connections.settled()).await;
-                let upstream = self.upstream_capabilities();
+                let upstream = self.connections.capabilities();
                 Reply::Message(result(id, present::discover(evaluator, &upstream)))
             }
             "ping" => Reply::Message(result(id, json!({}))),
@@ -476,11 +457,11 @@ impl Gateway {
             "completion/complete" => Box::pin(self.complete(message, evaluator, caller)).await,
             "logging/setLevel" => Box::pin(self.set_level(message, evaluator)).await,
             // The gateway's own tasks (approvals) and servers' (relayed).
-            "tasks/get" | "tasks/update" | "tasks/cancel" if caller.modern => {
+            "tasks/get" | "tasks/update" | "tasks/cancel" if caller.era.has_tasks() => {
                 Box::pin(self.task_request(message, evaluator, caller)).await
             }
             method if method.starts_with("tasks/") => Reply::Message(method_not_found(id, method)),
-            other => match self.sole_connection() {
+            other => match self.connections.sole() {
                 // With one server there is only one place a method can mean.
                 Some(connection) => {
                     let request = message.value.clone();
@@ -554,32 +535,12 @@ impl Gateway {
         self.routes.catalog(&self.connections).route(name)
     }
 
-    /// Every connection's capabilities merged: a capability is offered when
-    /// some server offers it, a flag when some server sets it.
-    fn upstream_capabilities(&self) -> Value {
-        let mut merged = serde_json::Map::new();
-        for connection in self.connections.all() {
-            let Value::Object(caps) = connection.upstream.server_capabilities() else {
-                continue;
-            };
-            for (name, value) in caps {
-                let slot = merged.entry(name).or_insert_with(|| json!({}));
-                if let (Value::Object(slot), Value::Object(flags)) = (slot, value) {
-                    for (flag, on) in flags {
-                        if on == Value::Bool(true) || !slot.contains_key(&flag) {
-                            slot.insert(flag, on);
-                        }
-                    }
-                }
-            }
-        }
-        Value::Object(merged)
-    }
-
-    /// The only connection, when there is exactly one.
-    fn sole_connection(&self) -> Option<Arc<ConnectionState>> {
-        let mut all = self.connections.all();
-        (all.len() == 1).then(|| all.remove(0))
+    /// The name of the connection that serves `tool` (empty when none
+    /// does), for the ask a person decides.
+    fn connection_of(&self, tool: &str) -> String {
+        self.route(tool)
+            .map(|r| r.connection.connection().name.clone())
+            .unwrap_or_default()
     }
 
     async fn tools_call(&self, message: Message, evaluator: &Evaluator, caller: &Caller) -> Reply {
@@ -611,8 +572,9 @@ impl Gateway {
             return Reply::Message(json!({"jsonrpc": "2.0", "id": id, "error": refusal}));
         }
         // Who may read the task, should the server answer with one.
-        let task_owner = (caller.modern && route.connection.upstream.offers_tasks(&message.value))
-            .then(|| tasks::owner_of(&message));
+        let task_owner = (caller.era.has_tasks()
+            && route.connection.upstream.offers_tasks(&message.value))
+        .then(|| tasks::owner_of(&message));
         // The agent's message as it was checked, under a gateway id and the
         // tool's upstream name (nothing of the envelope beyond JSON-RPC's).
         let mut upstream_call = message.value;
@@ -725,7 +687,7 @@ impl Gateway {
         evaluator: &Evaluator,
         cancel: &CancellationToken,
     ) -> Option<Result<aip_mcp::Exchange, Failure>> {
-        if caller.modern
+        if caller.era.answers_by_retry()
             && let Some(handle) = parked::handle_in(&request)
         {
             return Box::pin(self.resume(&handle, &request, caller, evaluator, cancel)).await;
@@ -733,7 +695,8 @@ impl Gateway {
         if let Some(refused) = parked::refuse_foreign_state(&request, connection) {
             return Some(Ok(refused));
         }
-        let retry = (!caller.modern && connection.upstream.modern()).then(|| request.clone());
+        let retry = (!caller.era.answers_by_retry() && connection.upstream.modern())
+            .then(|| request.clone());
         let outcome = self
             .call_upstream(connection, request, caller, evaluator, cancel)
             .await;

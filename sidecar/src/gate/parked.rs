@@ -21,16 +21,13 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use aip_mcp::modern::META_CAPABILITIES;
 use aip_mcp::{Exchange, Failure};
 use aip_policy::{Direction, Evaluator, codes};
 use aip_service::sync::lock;
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
-use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::relay::{CallRelay, Detached, cancel_upstream};
+use super::relay::{CallRelay, Question, Waiting, cancel_upstream};
 use super::{Caller, Gateway};
 use crate::upstream::health::ConnectionState;
 
@@ -40,75 +37,6 @@ const MAX_PARKED: usize = 256;
 const STATE_PREFIX: &str = "aip-parked-";
 /// The key of the one question in `inputRequests`.
 const QUESTION_KEY: &str = "aip";
-
-/// The input requests a modern agent declared it can answer, that its
-/// call's connection also offers; none for a legacy agent or a modern
-/// server (which asks in its own results).
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct Answerable {
-    elicitation: bool,
-    sampling: bool,
-    roots: bool,
-}
-
-impl Answerable {
-    pub(super) fn of(caller: &Caller, connection: &ConnectionState, request: &Value) -> Self {
-        if !caller.modern || connection.upstream.modern() {
-            return Answerable::default();
-        }
-        let declared = aip_mcp::modern::meta(request).and_then(|m| m.get(META_CAPABILITIES));
-        let has = |name: &str| declared.is_some_and(|c| c.get(name).is_some());
-        let offered = connection.connection().capabilities;
-        Answerable {
-            elicitation: offered.elicitation && has("elicitation"),
-            sampling: offered.sampling && has("sampling"),
-            roots: offered.roots && has("roots"),
-        }
-    }
-
-    pub(super) fn any(self) -> bool {
-        self.elicitation || self.sampling || self.roots
-    }
-
-    pub(super) fn covers(self, method: &str) -> bool {
-        match method {
-            "elicitation/create" => self.elicitation,
-            "sampling/createMessage" => self.sampling,
-            "roots/list" => self.roots,
-            _ => false,
-        }
-    }
-}
-
-/// A server's request of the agent, redacted, to be put as an input
-/// request.
-pub(super) struct Question {
-    pub(super) id: Value,
-    method: String,
-    params: Value,
-}
-
-impl Question {
-    pub(super) fn from_request(mut request: Value) -> Question {
-        Question {
-            id: request["id"].take(),
-            method: request["method"].as_str().unwrap_or_default().to_owned(),
-            params: request
-                .get_mut("params")
-                .map(Value::take)
-                .unwrap_or(json!({})),
-        }
-    }
-}
-
-/// An upstream exchange waiting for the agent's answer.
-pub(super) struct Waiting {
-    pub(super) upstream: Detached,
-    pub(super) heard: mpsc::UnboundedReceiver<Value>,
-    pub(super) upstream_token: Option<Value>,
-    /// The gateway's id of the upstream request.
-    pub(super) upstream_id: Value,
-}
 
 struct ParkedCall {
     owner: String,
@@ -122,17 +50,6 @@ struct ParkedCall {
 
 #[derive(Default)]
 pub(super) struct Parked(Mutex<HashMap<String, ParkedCall>>);
-
-/// Aborts a detached exchange's task when its call is dropped unanswered.
-pub(super) struct AbortOnDrop(pub(super) Option<AbortHandle>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        if let Some(task) = self.0.take() {
-            task.abort();
-        }
-    }
-}
 
 fn owner_of(request: &Value) -> String {
     aip_mcp::modern::client_name(request).to_owned()

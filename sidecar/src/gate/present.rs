@@ -8,6 +8,7 @@ use std::time::SystemTime;
 use aip_policy::{Decision, DlpRecord, Evaluator, Listing, Request, codes};
 use serde_json::{Map, Value, json};
 
+use super::call::Era;
 use super::catalog::Catalog;
 use crate::audit::Audit;
 use crate::upstream::health::ConnectionState;
@@ -63,7 +64,7 @@ pub(super) fn initialize(params: Option<&Value>, evaluator: &Evaluator, upstream
         .unwrap_or(&AGENT_VERSIONS[0]);
     json!({
         "protocolVersion": version,
-        "capabilities": capabilities(evaluator, upstream, false),
+        "capabilities": capabilities(evaluator, upstream, Era::Legacy),
         "serverInfo": server_info(),
     })
 }
@@ -75,7 +76,7 @@ pub(super) fn discover(evaluator: &Evaluator, upstream: &Value) -> Value {
     json!({
         "resultType": "complete",
         "supportedVersions": aip_mcp::modern::SUPPORTED,
-        "capabilities": capabilities(evaluator, upstream, true),
+        "capabilities": capabilities(evaluator, upstream, Era::Modern),
         "ttlMs": 0,
         "cacheScope": "private",
     })
@@ -89,7 +90,7 @@ pub(super) fn server_info() -> Value {
 /// rest where the policy allows their methods and some server offers them
 /// (`upstream` is every connection's capabilities merged). Logging and
 /// resource subscriptions are legacy-era methods.
-fn capabilities(evaluator: &Evaluator, upstream: &Value, modern: bool) -> Value {
+fn capabilities(evaluator: &Evaluator, upstream: &Value, era: Era) -> Value {
     let mut capabilities = json!({"tools": {"listChanged": true}});
     let offered = |name: &str| upstream.get(name).is_some();
     let flag = |name: &str, flag: &str| {
@@ -104,10 +105,10 @@ fn capabilities(evaluator: &Evaluator, upstream: &Value, modern: bool) -> Value 
     }
     if method_allowed(evaluator, "resources/list") {
         let mut resources = json!({"listChanged": flag("resources", "listChanged")});
-        let subscribe = if modern {
-            "subscriptions/listen"
-        } else {
+        let subscribe = if era.has_sessions() {
             "resources/subscribe"
+        } else {
+            "subscriptions/listen"
         };
         if flag("resources", "subscribe") && method_allowed(evaluator, subscribe) {
             resources["subscribe"] = json!(true);
@@ -117,11 +118,12 @@ fn capabilities(evaluator: &Evaluator, upstream: &Value, modern: bool) -> Value 
     if offered("completions") && method_allowed(evaluator, "completion/complete") {
         capabilities["completions"] = json!({});
     }
-    if offered("logging") && (modern || method_allowed(evaluator, "logging/setLevel")) {
+    if offered("logging") && (!era.logs_unasked() || method_allowed(evaluator, "logging/setLevel"))
+    {
         capabilities["logging"] = json!({});
     }
     // An ask answered as a task, for an agent that declares the extension.
-    if modern && method_allowed(evaluator, "tasks/get") {
+    if era.has_tasks() && method_allowed(evaluator, "tasks/get") {
         capabilities["extensions"] = json!({aip_mcp::modern::TASKS_EXTENSION: {}});
     }
     capabilities

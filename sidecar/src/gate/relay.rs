@@ -11,16 +11,98 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use aip_mcp::jsonrpc::Message;
+use aip_mcp::modern::META_CAPABILITIES;
 use aip_mcp::{Exchange, Failure};
 use aip_policy::{Direction, DlpRecord, Evaluator, codes};
 use aip_service::sync::lock;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::present::{Findings, error_object, redact_for_agent};
-use super::{Caller, Gateway, parked};
+use super::{Caller, Gateway};
 use crate::upstream::health::ConnectionState;
+
+/// The input requests a modern agent declared it can answer, that its
+/// call's connection also offers; none for a legacy agent or a modern
+/// server (which asks in its own results).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Answerable {
+    elicitation: bool,
+    sampling: bool,
+    roots: bool,
+}
+
+impl Answerable {
+    pub(super) fn of(caller: &Caller, connection: &ConnectionState, request: &Value) -> Self {
+        if !caller.era.answers_by_retry() || connection.upstream.modern() {
+            return Answerable::default();
+        }
+        let declared = aip_mcp::modern::meta(request).and_then(|m| m.get(META_CAPABILITIES));
+        let has = |name: &str| declared.is_some_and(|c| c.get(name).is_some());
+        let offered = connection.connection().capabilities;
+        Answerable {
+            elicitation: offered.elicitation && has("elicitation"),
+            sampling: offered.sampling && has("sampling"),
+            roots: offered.roots && has("roots"),
+        }
+    }
+
+    pub(super) fn any(self) -> bool {
+        self.elicitation || self.sampling || self.roots
+    }
+
+    pub(super) fn covers(self, method: &str) -> bool {
+        match method {
+            "elicitation/create" => self.elicitation,
+            "sampling/createMessage" => self.sampling,
+            "roots/list" => self.roots,
+            _ => false,
+        }
+    }
+}
+
+/// A server's request of the agent, redacted, to be put as an input
+/// request.
+pub(super) struct Question {
+    pub(super) id: Value,
+    pub(super) method: String,
+    pub(super) params: Value,
+}
+
+impl Question {
+    pub(super) fn from_request(mut request: Value) -> Question {
+        Question {
+            id: request["id"].take(),
+            method: request["method"].as_str().unwrap_or_default().to_owned(),
+            params: request
+                .get_mut("params")
+                .map(Value::take)
+                .unwrap_or(json!({})),
+        }
+    }
+}
+
+/// An upstream exchange waiting for the agent's answer.
+pub(super) struct Waiting {
+    pub(super) upstream: Detached,
+    pub(super) heard: mpsc::UnboundedReceiver<Value>,
+    pub(super) upstream_token: Option<Value>,
+    /// The gateway's id of the upstream request.
+    pub(super) upstream_id: Value,
+}
+
+/// Aborts a detached exchange's task when its call is dropped unanswered.
+pub(super) struct AbortOnDrop(pub(super) Option<AbortHandle>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+        }
+    }
+}
 
 /// Requests made of agents, relayed and awaiting the agent's reply: (agent
 /// session, agent-facing id as JSON text) -> where the reply goes.
@@ -59,7 +141,7 @@ pub(super) struct CallRelay<'a> {
     /// For a modern agent in front of a legacy server: the input requests
     /// the agent declared it can answer (`_meta` clientCapabilities), which
     /// the gateway turns into `input_required` (parked.rs).
-    answerable: parked::Answerable,
+    answerable: Answerable,
 }
 
 /// How one stretch of relaying a call ended.
@@ -67,7 +149,7 @@ pub(super) enum Pumped {
     Done(Result<Exchange, Failure>),
     Cancelled,
     /// The server asked the modern agent for input: the call waits parked.
-    Asked(parked::Question),
+    Asked(Question),
 }
 
 /// The upstream exchange of a call that may be parked: spawned, so that it
@@ -115,7 +197,7 @@ impl Gateway {
         cancel: &CancellationToken,
     ) -> Option<Result<Exchange, Failure>> {
         let agent_token = aip_mcp::protocol::progress_token(&request).cloned();
-        let logs = !caller.modern
+        let logs = caller.era.logs_unasked()
             || aip_mcp::modern::meta(&request)
                 .is_some_and(|m| m.contains_key(aip_mcp::modern::META_LOG_LEVEL));
         let upstream_token = agent_token.as_ref().map(|_| json!(self.fresh_id()));
@@ -124,7 +206,7 @@ impl Gateway {
         if let (Some(token), Some(meta)) = (&upstream_token, meta) {
             meta["progressToken"] = token.clone();
         }
-        let answerable = parked::Answerable::of(caller, connection, &request);
+        let answerable = Answerable::of(caller, connection, &request);
         let mut call = CallRelay {
             gateway: self,
             connection,
@@ -167,7 +249,7 @@ impl Gateway {
         match call.pump(&mut upstream, &mut heard, cancel).await {
             Pumped::Asked(question) => {
                 call.forget();
-                let waiting = parked::Waiting {
+                let waiting = Waiting {
                     upstream,
                     heard,
                     upstream_token: call.upstream_token.clone(),
@@ -278,7 +360,7 @@ fn detach(
             .await
     });
     let abort = exchange.abort_handle();
-    let guard = parked::AbortOnDrop(Some(abort));
+    let guard = AbortOnDrop(Some(abort));
     Box::pin(async move {
         let outcome = exchange.await;
         drop(guard);
@@ -308,7 +390,7 @@ impl<'a> CallRelay<'a> {
             agent_token,
             relayed: Vec::new(),
             logs,
-            answerable: parked::Answerable::of(caller, connection, retry),
+            answerable: Answerable::of(caller, connection, retry),
         }
     }
 }
@@ -349,7 +431,7 @@ impl CallRelay<'_> {
         Pumped::Done(outcome)
     }
 
-    async fn relay(&mut self, message: Value) -> Option<parked::Question> {
+    async fn relay(&mut self, message: Value) -> Option<Question> {
         match (
             message.get("id"),
             message.get("method").and_then(Value::as_str),
@@ -395,7 +477,7 @@ impl CallRelay<'_> {
     /// transport can carry it; for a modern agent that declared it can
     /// answer it, the question to put in an `input_required`; otherwise
     /// answered with an error at once, so the server need not wait.
-    async fn server_request(&mut self, mut request: Value) -> Option<parked::Question> {
+    async fn server_request(&mut self, mut request: Value) -> Option<Question> {
         let method = request["method"].as_str().unwrap_or_default().to_owned();
         let offered = self.connection.connection().capabilities;
         let refusal = match method.as_str() {
@@ -411,7 +493,9 @@ impl CallRelay<'_> {
             }
             _ => Some("the gateway relays only sampling, elicitation and roots requests"),
         };
-        let answerable = refusal.is_none() && self.caller.modern && self.answerable.covers(&method);
+        let answerable = refusal.is_none()
+            && self.caller.era.answers_by_retry()
+            && self.answerable.covers(&method);
         let refusal = match answerable && self.gateway.parking_full() {
             true => Some("too many calls already wait for their agents' input"),
             false => refusal,
@@ -420,10 +504,10 @@ impl CallRelay<'_> {
             if let Some(params) = request.get_mut("params") {
                 self.redact(params);
             }
-            return Some(parked::Question::from_request(request));
+            return Some(Question::from_request(request));
         }
         let refusal = refusal.or_else(|| {
-            self.caller.modern.then_some(
+            self.caller.era.answers_by_retry().then_some(
                 "the agent speaks MCP 2026-07-28 and did not declare this capability in its request",
             )
         });

@@ -25,7 +25,7 @@ use aip_service::sync::lock;
 use serde_json::{Map, Value, json};
 
 use super::present::{Findings, error, redact_for_agent};
-use super::tasks::{Task, task_not_found};
+use super::tasks::{ServerTask, Task, task_not_found};
 use super::{Caller, Gateway, Reply};
 use crate::upstream::health::ConnectionState;
 
@@ -33,16 +33,6 @@ use crate::upstream::health::ConnectionState;
 const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 /// How long a task the gateway saw end stays readable.
 const RETENTION: Duration = Duration::from_secs(600);
-
-/// Where a server's task lives.
-#[derive(Clone)]
-pub(super) struct Relayed {
-    pub(super) connection: Arc<ConnectionState>,
-    /// The server's id for it: never shown to the agent.
-    pub(super) upstream_id: String,
-    /// The tool, as the agent calls it.
-    pub(super) tool: String,
-}
 
 /// The fields of a task the agent is shown (the extension's, no others).
 const TASK_FIELDS: &[&str] = &[
@@ -90,7 +80,7 @@ impl Gateway {
             .get("ttlMs")
             .and_then(Value::as_u64)
             .map_or(MAX_TTL, |ms| Duration::from_millis(ms).min(MAX_TTL));
-        let relayed = Relayed {
+        let relayed = ServerTask {
             connection: connection.clone(),
             upstream_id: upstream_id.clone(),
             tool: tool.to_owned(),
@@ -147,7 +137,7 @@ impl Gateway {
     pub(super) async fn relayed_task_request(
         &self,
         message: &Message,
-        (gateway_id, relayed): (String, Relayed),
+        (gateway_id, relayed): (String, ServerTask),
         evaluator: &Evaluator,
         caller: &Caller,
     ) -> Reply {
@@ -216,7 +206,7 @@ impl Gateway {
     fn check_shown(
         &self,
         task: &Value,
-        relayed: &Relayed,
+        relayed: &ServerTask,
         message: &Message,
     ) -> Result<(), Failure> {
         check_task(task)?;

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Gateway;
 use super::present::server_info;
-use super::relayed_tasks::Relayed;
+use super::tasks::ServerTask;
 use super::watches::{MAX_SESSION_WATCHES, Watch};
 use crate::upstream::health::ConnectionState;
 
@@ -43,7 +43,7 @@ pub struct Subscription {
     own_tasks: Vec<String>,
     /// The servers' tasks it follows: the gateway's id, where the task
     /// lives, and the watch that keeps the server telling.
-    relayed_tasks: Vec<(String, Relayed, Watch)>,
+    relayed_tasks: Vec<(String, ServerTask, Watch)>,
     task_changes: broadcast::Receiver<String>,
     gateway: Weak<Gateway>,
     evaluator: Arc<Evaluator>,
@@ -70,7 +70,7 @@ impl Gateway {
             .cloned()
             .unwrap_or_else(|| json!({}));
         let wants = |key: &str| asked.get(key).and_then(Value::as_bool) == Some(true);
-        let upstream = self.upstream_capabilities();
+        let upstream = self.connections.capabilities();
         let announces = |kind: &str| {
             upstream
                 .get(kind)
@@ -154,7 +154,7 @@ impl Gateway {
         &self,
         asked: &Value,
         message: &Message,
-    ) -> (Vec<String>, Vec<(String, Relayed, Watch)>) {
+    ) -> (Vec<String>, Vec<(String, ServerTask, Watch)>) {
         let owner = super::tasks::owner_of(message);
         let ids = asked.get("taskIds").and_then(Value::as_array);
         let mut own = Vec::new();
@@ -355,7 +355,7 @@ impl Gateway {
     /// The notes for `session`'s standalone stream (see `SessionNotes`).
     pub fn session_notes(&self, session: &str) -> SessionNotes {
         let evaluator = self.config().evaluator.clone();
-        let upstream = self.upstream_capabilities();
+        let upstream = self.connections.capabilities();
         let announces =
             |kind: &str| upstream.pointer(&format!("/{kind}/listChanged")) == Some(&json!(true));
         SessionNotes {
@@ -392,7 +392,8 @@ impl Gateway {
             return verdict.response().map_or(Reply::Nothing, Reply::Message);
         }
         let connection = Box::pin(self.resource_route(&uri)).await;
-        let Some(connection) = connection.filter(|c| !caller.modern && subscribable(c)) else {
+        let Some(connection) = connection.filter(|c| caller.era.has_sessions() && subscribable(c))
+        else {
             return Box::pin(self.by_resource(message, evaluator, caller)).await;
         };
         let mut sessions = aip_service::sync::lock(&self.session_watches.0);

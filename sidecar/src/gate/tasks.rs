@@ -29,7 +29,8 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::present::error;
-use super::{Caller, Gateway, Reply};
+use super::{Caller, Era, Gateway, Reply};
+use crate::upstream::health::ConnectionState;
 
 /// Tasks kept at once, at most; past it an ask is held in its request.
 const MAX_TASKS: usize = 1024;
@@ -51,6 +52,16 @@ impl Default for Tasks {
     }
 }
 
+/// Where a server's task lives.
+#[derive(Clone)]
+pub(super) struct ServerTask {
+    pub(super) connection: Arc<ConnectionState>,
+    /// The server's id for it: never shown to the agent.
+    pub(super) upstream_id: String,
+    /// The tool, as the agent calls it.
+    pub(super) tool: String,
+}
+
 pub(super) struct Task {
     pub(super) owner: String,
     pub(super) status: &'static str,
@@ -63,7 +74,7 @@ pub(super) struct Task {
     outcome: Option<Value>,
     cancel: CancellationToken,
     /// A server's task: where it lives (None for the gateway's own).
-    pub(super) relayed: Option<super::relayed_tasks::Relayed>,
+    pub(super) relayed: Option<ServerTask>,
 }
 
 impl Tasks {
@@ -89,7 +100,7 @@ impl Task {
         owner: String,
         status: &'static str,
         expires: SystemTime,
-        relayed: super::relayed_tasks::Relayed,
+        relayed: ServerTask,
     ) -> Task {
         let now = SystemTime::now();
         Task {
@@ -156,7 +167,7 @@ impl Gateway {
         verdict: &Verdict,
         caller: &Caller,
     ) -> Option<Reply> {
-        if !caller.modern
+        if !caller.era.has_tasks()
             || message.method() != Some("tools/call")
             || !declares_tasks(&message.value)
         {
@@ -195,12 +206,12 @@ impl Gateway {
             let caller = Caller {
                 session,
                 events: None,
-                modern: true,
+                era: Era::Modern,
             };
             let work = gateway.run_task(&task_id, message, &evaluator, verdict, &caller);
             tokio::select! {
                 () = work => {}
-                () = cancel.cancelled() => gateway.in_flight.end_session(&caller.session),
+                () = cancel.cancelled() => gateway.end_session(&caller.session),
             }
         });
         tracing::info!("an ask answered as a task");
@@ -218,7 +229,11 @@ impl Gateway {
         verdict: Verdict,
         caller: &Caller,
     ) {
-        let Some(decided) = self.hold(&message, evaluator, verdict, caller).await else {
+        let connection = self.connection_of(verdict.tool().unwrap_or_default());
+        let held = self
+            .asks
+            .hold(&message, evaluator, verdict, caller, connection);
+        let Some(decided) = held.await else {
             return;
         };
         self.record_decision(evaluator, &message, &decided);
@@ -281,10 +296,7 @@ impl Gateway {
 
     /// Answers a request for one of the gateway's own tasks; a server's
     /// task is given back (Err) to be relayed.
-    fn own_task_request(
-        &self,
-        message: &Message,
-    ) -> Result<Reply, (String, super::relayed_tasks::Relayed)> {
+    fn own_task_request(&self, message: &Message) -> Result<Reply, (String, ServerTask)> {
         let id = message.id().cloned().unwrap_or(Value::Null);
         let method = message.method().unwrap_or_default();
         if !declares_tasks(&message.value) {
