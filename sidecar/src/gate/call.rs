@@ -1,8 +1,11 @@
 //! The values a request carries through the gate: who sent it (`Caller`),
 //! the protocol era it speaks (`Era`, decided once, at the agent edge), and
-//! what goes back (`Reply`). No behaviour beyond the era's rules: every
+//! what goes back (`Reply`), and the gateway's own request ids (`Ids`). No behaviour beyond the era's rules: every
 //! place where the two eras differ asks the era, so the next revision is
 //! one more variant whose rules the compiler asks for.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -112,4 +115,22 @@ pub enum Reply {
     Message(Value),
     /// Nothing: a notification, an agent's reply, or a canceled call.
     Nothing,
+}
+
+/// The gateway's own request ids (`aip-N`), one counter for every
+/// component that sends requests: clones share it.
+#[derive(Debug, Clone)]
+pub struct Ids(Arc<AtomicU64>);
+
+impl Default for Ids {
+    fn default() -> Ids {
+        Ids(Arc::new(AtomicU64::new(1)))
+    }
+}
+
+impl Ids {
+    /// An id no other request of this gateway has.
+    pub fn fresh(&self) -> String {
+        format!("aip-{}", self.0.fetch_add(1, Ordering::Relaxed))
+    }
 }

@@ -1,8 +1,8 @@
 //! Where each agent-facing name leads: the tools of every connection's last
 //! catalog under their agent-facing names (`{prefix}{name}`), with the
 //! normalized names more than one tool claims (hidden and refused: which one
-//! a caller meant is unknowable), and the prompts and resources the last
-//! listings found.
+//! a caller meant is unknowable). Prompts and resources are routed by
+//! their listings (listings.rs).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -133,10 +133,6 @@ impl Catalog {
 #[derive(Default)]
 pub(super) struct Routes {
     index: Mutex<Option<Arc<Catalog>>>,
-    /// Agent-facing prompt name -> (connection, upstream name), as last listed.
-    pub prompts: Mutex<HashMap<String, (Arc<ConnectionState>, String)>>,
-    /// Resource URI -> connection, as last listed.
-    pub resources: Mutex<HashMap<String, Arc<ConnectionState>>>,
 }
 
 impl Routes {
@@ -155,10 +151,8 @@ impl Routes {
         built
     }
 
-    /// Forgets every route to `state` (a reload removed it).
-    pub fn forget(&self, state: &Arc<ConnectionState>) {
+    /// Forgets the index (a reload removed a connection).
+    pub fn forget(&self) {
         *lock(&self.index) = None;
-        lock(&self.prompts).retain(|_, (c, _)| !Arc::ptr_eq(c, state));
-        lock(&self.resources).retain(|_, c| !Arc::ptr_eq(c, state));
     }
 }

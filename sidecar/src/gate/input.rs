@@ -69,7 +69,7 @@ impl Gateway {
                 }
             }
             let mut retry = request.clone();
-            retry["id"] = json!(self.fresh_id());
+            retry["id"] = json!(self.ids.fresh());
             retry["params"]["inputResponses"] = Value::Object(answers);
             match result.get("requestState") {
                 Some(state) => retry["params"]["requestState"] = state.clone(),
@@ -122,7 +122,7 @@ impl Gateway {
                 "the agent's transport cannot carry requests to it (ask with Accept: text/event-stream)",
             );
         }
-        let id = json!(format!("aip-s-{}", self.fresh_id()));
+        let id = json!(format!("aip-s-{}", self.ids.fresh()));
         let mut params = question.get("params").cloned().unwrap_or_else(|| json!({}));
         let findings = Findings::Audited(&self.audit);
         redact_for_agent(&mut params, connection, evaluator, findings);

@@ -17,8 +17,9 @@ use aip_mcp::jsonrpc::Message;
 use aip_policy::codes;
 use aip_service::sync::lock;
 
+use super::call::{Ids, Reply};
+use super::connections::Connections;
 use super::present::{Findings, error, redact_for_agent, result};
-use super::{Caller, Gateway, Reply};
 use crate::upstream::health::ConnectionState;
 
 /// A server that never stops paging cannot stall a listing.
@@ -64,19 +65,55 @@ fn items_key(method: &str) -> &'static str {
     }
 }
 
-impl Gateway {
+/// Prompt names and resource URIs as the last listings showed them, and
+/// where each leads; the pipeline forwards what these route.
+pub(super) struct Listings {
+    /// Agent-facing prompt name -> (connection, upstream name).
+    prompts: Mutex<HashMap<String, (Arc<ConnectionState>, String)>>,
+    /// Resource URI -> connection.
+    resources: Mutex<HashMap<String, Arc<ConnectionState>>>,
+    ids: Ids,
+}
+
+/// Where a routed request goes: a connection and the request for it, or
+/// nowhere, with the answer saying why.
+pub(super) enum Routed {
+    To(Arc<ConnectionState>, Value),
+    Answer(Reply),
+}
+
+impl Listings {
+    pub(super) fn new(ids: Ids) -> Listings {
+        Listings {
+            prompts: Mutex::default(),
+            resources: Mutex::default(),
+            ids,
+        }
+    }
+
+    /// Forgets every route to `state` (a reload removed it).
+    pub(super) fn forget(&self, state: &Arc<ConnectionState>) {
+        lock(&self.prompts).retain(|_, (c, _)| !Arc::ptr_eq(c, state));
+        lock(&self.resources).retain(|_, c| !Arc::ptr_eq(c, state));
+    }
+
     /// One agent-facing page of a prompts or resources listing, from where
     /// the agent's cursor says (the first connection without one).
     /// Connections that are not usable or fail (logged) are skipped, and so
     /// are empty pages: a listing does not fail because one server is down.
     /// A cursor naming no connection of the gateway is refused.
-    pub(super) async fn list_page(&self, message: &Message, evaluator: &Evaluator) -> Reply {
+    pub(super) async fn page(
+        &self,
+        connections: &Connections,
+        message: &Message,
+        evaluator: &Evaluator,
+    ) -> Reply {
         // A server still starting is not a server with nothing to list.
-        self.connections.settled().await;
+        connections.settled().await;
         let id = message.id().cloned().unwrap_or(Value::Null);
         let method = message.method().unwrap_or_default();
         let key = items_key(method);
-        let all = self.connections();
+        let all = connections.all();
         let start = match message.params().and_then(|p| p.get("cursor")) {
             None => all.first().map(|c| Position {
                 connection: c.connection().name.clone(),
@@ -157,7 +194,7 @@ impl Gateway {
         method: &str,
         cursor: Option<&str>,
     ) -> Option<(Vec<Value>, Option<String>)> {
-        let mut request = json!({"jsonrpc": "2.0", "id": self.fresh_id(), "method": method});
+        let mut request = json!({"jsonrpc": "2.0", "id": self.ids.fresh(), "method": method});
         if let Some(cursor) = cursor {
             request["params"] = json!({ "cursor": cursor });
         }
@@ -198,12 +235,12 @@ impl Gateway {
                 if let Some(name) = item.get("name").and_then(Value::as_str).map(str::to_owned) {
                     let agent_name = format!("{}{name}", connection.connection().tool_prefix);
                     item["name"] = json!(agent_name);
-                    lock(&self.routes.prompts).insert(agent_name, (connection.clone(), name));
+                    lock(&self.prompts).insert(agent_name, (connection.clone(), name));
                 }
             }
             "resources/list" => {
                 if let Some(uri) = item.get("uri").and_then(Value::as_str) {
-                    lock(&self.routes.resources).insert(uri.to_owned(), connection.clone());
+                    lock(&self.resources).insert(uri.to_owned(), connection.clone());
                 }
             }
             _ => {}
@@ -212,9 +249,8 @@ impl Gateway {
     }
 
     /// Lists `method` everywhere, every page, to learn routes.
-    async fn learn_routes(&self, method: &str) {
-        let evaluator = self.config().evaluator.clone();
-        for connection in self.connections.usable() {
+    async fn learn_routes(&self, connections: &Connections, method: &str, evaluator: &Evaluator) {
+        for connection in connections.usable() {
             let mut cursor: Option<String> = None;
             for _ in 0..MAX_PAGES {
                 let Some((items, next)) = self
@@ -224,7 +260,7 @@ impl Gateway {
                     break;
                 };
                 for item in items {
-                    self.adopt(method, &connection, item, &evaluator);
+                    self.adopt(method, &connection, item, evaluator);
                 }
                 match next {
                     Some(next) => cursor = Some(next),
@@ -234,58 +270,75 @@ impl Gateway {
         }
     }
 
-    pub(super) async fn prompts_get(
+    /// `prompts/get`: to the connection that listed the name, under the
+    /// server's name for it.
+    pub(super) async fn prompt(
         &self,
+        connections: &Connections,
         message: &Message,
         evaluator: &Evaluator,
-        caller: &Caller,
-    ) -> Reply {
+    ) -> Routed {
         let id = message.id().cloned().unwrap_or(Value::Null);
         let name = string_param(message, "name");
         let route = self
-            .routed(&self.routes.prompts, &name, |r| &r.0, "prompts/list")
+            .routed(
+                connections,
+                evaluator,
+                &self.prompts,
+                &name,
+                |r| &r.0,
+                "prompts/list",
+            )
             .await;
         let Some((connection, upstream_name)) = route else {
             let unknown = format!("Unknown prompt: {name}");
-            return Reply::Message(error(Some(&id), codes::INVALID_PARAMS, &unknown, None));
+            return Routed::Answer(Reply::Message(error(
+                Some(&id),
+                codes::INVALID_PARAMS,
+                &unknown,
+                None,
+            )));
         };
         let mut params = message.params().cloned().unwrap_or_else(|| json!({}));
         params["name"] = json!(upstream_name);
         let request = json!({"jsonrpc": "2.0", "method": "prompts/get", "params": params});
-        self.forward(&connection, request, message, evaluator, caller)
-            .await
+        Routed::To(connection, request)
     }
 
     /// `resources/read`, and (legacy) `resources/subscribe` and
     /// `resources/unsubscribe`: to the connection whose resource the URI is.
-    pub(super) async fn by_resource(
+    pub(super) async fn resource(
         &self,
+        connections: &Connections,
         message: &Message,
         evaluator: &Evaluator,
-        caller: &Caller,
-    ) -> Reply {
+    ) -> Routed {
         let id = message.id().cloned().unwrap_or(Value::Null);
         let uri = string_param(message, "uri");
-        let Some(connection) = self.resource_route(&uri).await else {
+        let Some(connection) = self.resource_route(connections, &uri, evaluator).await else {
             let unknown = format!("Unknown resource: {uri}");
-            return Reply::Message(error(Some(&id), codes::INVALID_PARAMS, &unknown, None));
+            return Routed::Answer(Reply::Message(error(
+                Some(&id),
+                codes::INVALID_PARAMS,
+                &unknown,
+                None,
+            )));
         };
         let params = message.params().cloned().unwrap_or_else(|| json!({}));
         let method = message.method().unwrap_or_default();
         let request = json!({"jsonrpc": "2.0", "method": method, "params": params});
-        self.forward(&connection, request, message, evaluator, caller)
-            .await
+        Routed::To(connection, request)
     }
 
     /// `completion/complete` goes where its reference leads: a prompt's
     /// connection (under the server's name for it), a resource's, or with
     /// one usable connection (a template's URI no listing names) that one.
-    pub(super) async fn complete(
+    pub(super) async fn completion(
         &self,
+        connections: &Connections,
         message: &Message,
         evaluator: &Evaluator,
-        caller: &Caller,
-    ) -> Reply {
+    ) -> Routed {
         let id = message.id().cloned().unwrap_or(Value::Null);
         let reference = message.params().and_then(|p| p.get("ref"));
         let kind = reference
@@ -299,7 +352,14 @@ impl Gateway {
                     .and_then(Value::as_str)
                     .unwrap_or_default();
                 let route = self
-                    .routed(&self.routes.prompts, name, |r| &r.0, "prompts/list")
+                    .routed(
+                        connections,
+                        evaluator,
+                        &self.prompts,
+                        name,
+                        |r| &r.0,
+                        "prompts/list",
+                    )
                     .await;
                 route.map(|(connection, upstream_name)| {
                     params["ref"]["name"] = json!(upstream_name);
@@ -311,33 +371,46 @@ impl Gateway {
                     .and_then(|r| r.get("uri"))
                     .and_then(Value::as_str)
                     .unwrap_or_default();
-                self.resource_route(uri).await
+                self.resource_route(connections, uri, evaluator).await
             }
             _ => {
                 let why = "params.ref.type must be \"ref/prompt\" or \"ref/resource\"";
-                return Reply::Message(error(Some(&id), codes::INVALID_PARAMS, why, None));
+                return Routed::Answer(Reply::Message(error(
+                    Some(&id),
+                    codes::INVALID_PARAMS,
+                    why,
+                    None,
+                )));
             }
         };
         // A name or URI no listing knows: with one usable connection there
         // is only one place it can mean.
-        let usable = self.connections.usable();
+        let usable = connections.usable();
         let connection = connection.or_else(|| (usable.len() == 1).then(|| usable[0].clone()));
         let Some(connection) = connection else {
             let unknown = "the reference names no prompt or resource of any connection";
-            return Reply::Message(error(Some(&id), codes::INVALID_PARAMS, unknown, None));
+            return Routed::Answer(Reply::Message(error(
+                Some(&id),
+                codes::INVALID_PARAMS,
+                unknown,
+                None,
+            )));
         };
         let request = json!({"jsonrpc": "2.0", "method": "completion/complete", "params": params});
-        self.forward(&connection, request, message, evaluator, caller)
-            .await
+        Routed::To(connection, request)
     }
 
     /// `logging/setLevel` (legacy) reaches every usable legacy connection
     /// whose server offers logging. Upstream sessions serve every agent of
     /// the pod, so the level is the pod's, as the last agent set it.
-    pub(super) async fn set_level(&self, message: &Message, evaluator: &Evaluator) -> Reply {
+    pub(super) async fn set_level(
+        &self,
+        connections: &Connections,
+        message: &Message,
+        evaluator: &Evaluator,
+    ) -> Reply {
         let id = message.id().cloned().unwrap_or(Value::Null);
-        let targets: Vec<_> = self
-            .connections
+        let targets: Vec<_> = connections
             .usable()
             .into_iter()
             .filter(|c| !c.upstream.modern())
@@ -350,7 +423,7 @@ impl Gateway {
         let mut last = None;
         for connection in targets {
             let mut request = message.value.clone();
-            request["id"] = json!(self.fresh_id());
+            request["id"] = json!(self.ids.fresh());
             let failed = match connection.upstream.request(&request).await {
                 Ok(x) => x.response.get("error").cloned(),
                 Err(failure) => Some(failure.to_error(&connection.connection().name, None)),
@@ -370,11 +443,23 @@ impl Gateway {
 
     /// Where a resource URI leads: as listed, or with one usable connection
     /// (a template's instance no listing names) that one.
-    pub(super) async fn resource_route(&self, uri: &str) -> Option<Arc<ConnectionState>> {
+    pub(super) async fn resource_route(
+        &self,
+        connections: &Connections,
+        uri: &str,
+        evaluator: &Evaluator,
+    ) -> Option<Arc<ConnectionState>> {
         let route = self
-            .routed(&self.routes.resources, uri, |c| c, "resources/list")
+            .routed(
+                connections,
+                evaluator,
+                &self.resources,
+                uri,
+                |c| c,
+                "resources/list",
+            )
             .await;
-        let usable = self.connections.usable();
+        let usable = connections.usable();
         route.or_else(|| (usable.len() == 1).then(|| usable[0].clone()))
     }
 
@@ -382,35 +467,37 @@ impl Gateway {
     /// everywhere again when it is unknown.
     async fn routed<T: Clone>(
         &self,
+        connections: &Connections,
+        evaluator: &Evaluator,
         routes: &Mutex<HashMap<String, T>>,
         key: &str,
         connection_of: impl Fn(&T) -> &Arc<ConnectionState>,
         method: &str,
     ) -> Option<T> {
-        if let Some(route) = self.current(routes, key, &connection_of) {
+        if let Some(route) = current(connections, routes, key, &connection_of) {
             return Some(route);
         }
         // A connection still starting may hold it.
-        self.connections.settled().await;
-        self.learn_routes(method).await;
-        self.current(routes, key, &connection_of)
+        connections.settled().await;
+        self.learn_routes(connections, method, evaluator).await;
+        current(connections, routes, key, &connection_of)
     }
+}
 
-    /// The route a listing recorded for `key`, if its connection is still
-    /// one of the gateway's (a reload may have removed it).
-    fn current<T: Clone>(
-        &self,
-        routes: &Mutex<HashMap<String, T>>,
-        key: &str,
-        connection_of: impl Fn(&T) -> &Arc<ConnectionState>,
-    ) -> Option<T> {
-        let route = lock(routes).get(key).cloned()?;
-        let live = self
-            .connections()
-            .iter()
-            .any(|c| Arc::ptr_eq(c, connection_of(&route)));
-        live.then_some(route)
-    }
+/// The route a listing recorded for `key`, if its connection is still one
+/// of the gateway's (a reload may have removed it).
+fn current<T: Clone>(
+    connections: &Connections,
+    routes: &Mutex<HashMap<String, T>>,
+    key: &str,
+    connection_of: impl Fn(&T) -> &Arc<ConnectionState>,
+) -> Option<T> {
+    let route = lock(routes).get(key).cloned()?;
+    let live = connections
+        .all()
+        .iter()
+        .any(|c| Arc::ptr_eq(c, connection_of(&route)));
+    live.then_some(route)
 }
 
 /// A string parameter of `message`, empty when absent.

@@ -29,7 +29,6 @@ mod tasks;
 mod watches;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use aip_mcp::Failure;
@@ -47,9 +46,10 @@ use crate::upstream::health::{ConnectionState, HealthState};
 use catalog::{Route, Routes};
 use connections::Connections;
 use inflight::InFlight;
+use listings::Routed;
 use present::{Findings, error, method_not_found, result};
 
-pub use call::{Caller, Era, Reply};
+pub use call::{Caller, Era, Ids, Reply};
 pub use present::AGENT_VERSIONS;
 pub use subscriptions::Subscription;
 
@@ -87,6 +87,7 @@ pub struct Gateway {
     routes: Routes,
     in_flight: InFlight,
     asks: asks::Asks,
+    listings: listings::Listings,
     relayed: relay::Relayed,
     parked: parked::Parked,
     tasks: tasks::Tasks,
@@ -94,7 +95,7 @@ pub struct Gateway {
     session_watches: watches::SessionWatches,
     audit: Audit,
     options: GatewayOptions,
-    next_id: AtomicU64,
+    ids: Ids,
     shutdown: CancellationToken,
     /// Bumped when the tool list agents see has really changed, for their
     /// `notifications/tools/list_changed`.
@@ -111,6 +112,7 @@ impl Gateway {
         shutdown: CancellationToken,
     ) -> Arc<Gateway> {
         let approvals = LocalApprovals::new();
+        let ids = Ids::default();
         let asks = asks::Asks::new(
             approvals.clone(),
             options.approval_timeout,
@@ -126,6 +128,7 @@ impl Gateway {
             routes: Routes::default(),
             in_flight: InFlight::default(),
             asks,
+            listings: listings::Listings::new(ids.clone()),
             relayed: relay::Relayed::default(),
             parked: parked::Parked::default(),
             tasks: tasks::Tasks::default(),
@@ -133,7 +136,7 @@ impl Gateway {
             session_watches: watches::SessionWatches::default(),
             audit,
             options,
-            next_id: AtomicU64::new(1),
+            ids,
             shutdown,
             tools_changed: watch::Sender::new(0),
         });
@@ -214,7 +217,8 @@ impl Gateway {
         let evaluator = Arc::clone(&self.config().evaluator);
         tokio::task::spawn_blocking(move || evaluator.build_regexes());
         for removed in self.connections.rebuild(&self.config(), &self.shutdown) {
-            self.routes.forget(&removed);
+            self.routes.forget();
+            self.listings.forget(&removed);
             self.connections.retire(removed);
         }
     }
@@ -447,15 +451,33 @@ impl Gateway {
                 Reply::Message(result(id, self.tools_list(evaluator)))
             }
             "prompts/list" | "resources/list" | "resources/templates/list" => {
-                Box::pin(self.list_page(message, evaluator)).await
+                Box::pin(self.listings.page(&self.connections, message, evaluator)).await
             }
-            "prompts/get" => Box::pin(self.prompts_get(message, evaluator, caller)).await,
+            "prompts/get" => {
+                let routed =
+                    Box::pin(self.listings.prompt(&self.connections, message, evaluator)).await;
+                Box::pin(self.forward_routed(routed, message, evaluator, caller)).await
+            }
             "resources/subscribe" | "resources/unsubscribe" => {
                 Box::pin(self.session_subscription(message, evaluator, caller)).await
             }
             "resources/read" => Box::pin(self.by_resource(message, evaluator, caller)).await,
-            "completion/complete" => Box::pin(self.complete(message, evaluator, caller)).await,
-            "logging/setLevel" => Box::pin(self.set_level(message, evaluator)).await,
+            "completion/complete" => {
+                let routed = Box::pin(self.listings.completion(
+                    &self.connections,
+                    message,
+                    evaluator,
+                ))
+                .await;
+                Box::pin(self.forward_routed(routed, message, evaluator, caller)).await
+            }
+            "logging/setLevel" => {
+                Box::pin(
+                    self.listings
+                        .set_level(&self.connections, message, evaluator),
+                )
+                .await
+            }
             // The gateway's own tasks (approvals) and servers' (relayed).
             "tasks/get" | "tasks/update" | "tasks/cancel" if caller.era.has_tasks() => {
                 Box::pin(self.task_request(message, evaluator, caller)).await
@@ -580,7 +602,7 @@ impl Gateway {
         let mut upstream_call = message.value;
         if let Value::Object(envelope) = &mut upstream_call {
             envelope.retain(|k, _| matches!(k.as_str(), "jsonrpc" | "method" | "params"));
-            envelope.insert("id".into(), Value::String(self.fresh_id()));
+            envelope.insert("id".into(), Value::String(self.ids.fresh()));
         }
         if let Some(Value::Object(params)) = upstream_call.get_mut("params") {
             params.insert("name".into(), Value::String(route.upstream_name.clone()));
@@ -640,6 +662,39 @@ impl Gateway {
     /// Forwards `request` (the agent's `message`, rewritten for the
     /// upstream) to one connection under a gateway id; the answer gets the
     /// agent's id back and is redacted throughout.
+    /// `resources/read` (and a legacy `resources/subscribe` the gateway
+    /// does not keep itself): to the connection whose resource it is.
+    async fn by_resource(
+        &self,
+        message: &Message,
+        evaluator: &Evaluator,
+        caller: &Caller,
+    ) -> Reply {
+        let routed = self
+            .listings
+            .resource(&self.connections, message, evaluator)
+            .await;
+        self.forward_routed(routed, message, evaluator, caller)
+            .await
+    }
+
+    /// Forwards what a listing routed, or answers why it went nowhere.
+    async fn forward_routed(
+        &self,
+        routed: Routed,
+        message: &Message,
+        evaluator: &Evaluator,
+        caller: &Caller,
+    ) -> Reply {
+        match routed {
+            Routed::To(connection, request) => {
+                self.forward(&connection, request, message, evaluator, caller)
+                    .await
+            }
+            Routed::Answer(reply) => reply,
+        }
+    }
+
     async fn forward(
         &self,
         connection: &Arc<ConnectionState>,
@@ -650,7 +705,7 @@ impl Gateway {
     ) -> Reply {
         let id = message.id().cloned().unwrap_or(Value::Null);
         let name = connection.connection().name.clone();
-        request["id"] = json!(self.fresh_id());
+        request["id"] = json!(self.ids.fresh());
         let tracked = self.in_flight.track(&caller.session, message.id());
         let exchange = self.exchange(connection, request, caller, evaluator, &tracked.cancelled);
         let outcome = Box::pin(exchange).await;
@@ -707,11 +762,6 @@ impl Gateway {
             }
             (outcome, _) => outcome,
         }
-    }
-
-    /// A request id for an upstream, unique for the gateway's life.
-    fn fresh_id(&self) -> String {
-        format!("aip-{}", self.next_id.fetch_add(1, Ordering::Relaxed))
     }
 
     fn audit_failure(&self, connection: &str, tool: &str, failure: &Failure, started: Instant) {

@@ -200,7 +200,7 @@ impl Gateway {
         let logs = caller.era.logs_unasked()
             || aip_mcp::modern::meta(&request)
                 .is_some_and(|m| m.contains_key(aip_mcp::modern::META_LOG_LEVEL));
-        let upstream_token = agent_token.as_ref().map(|_| json!(self.fresh_id()));
+        let upstream_token = agent_token.as_ref().map(|_| json!(self.ids.fresh()));
         pass_trace_on(&mut request);
         let meta = request.get_mut("params").and_then(|p| p.get_mut("_meta"));
         if let (Some(token), Some(meta)) = (&upstream_token, meta) {
@@ -525,7 +525,7 @@ impl CallRelay<'_> {
             return None;
         }
         let upstream_id = request["id"].clone();
-        let agent_id = json!(format!("aip-s-{}", self.gateway.fresh_id()));
+        let agent_id = json!(format!("aip-s-{}", self.gateway.ids.fresh()));
         if let Some(params) = request.get_mut("params") {
             self.redact(params);
         }

@@ -93,7 +93,7 @@ impl Gateway {
         let Some(gateway_id) = self.tasks.insert(kept) else {
             // No room: the server's task is cancelled, as nobody could
             // read it.
-            let cancel = json!({"jsonrpc": "2.0", "id": self.fresh_id(), "method": "tasks/cancel",
+            let cancel = json!({"jsonrpc": "2.0", "id": self.ids.fresh(), "method": "tasks/cancel",
                 "params": {"taskId": upstream_id}});
             let connection = connection.clone();
             tokio::spawn(async move { connection.upstream.request(&cancel).await });
@@ -153,7 +153,7 @@ impl Gateway {
         let mut request = message.value.clone();
         if let Value::Object(envelope) = &mut request {
             envelope.retain(|k, _| matches!(k.as_str(), "jsonrpc" | "method" | "params"));
-            envelope.insert("id".into(), json!(self.fresh_id()));
+            envelope.insert("id".into(), json!(self.ids.fresh()));
         }
         request["params"]["taskId"] = json!(relayed.upstream_id);
         let connection = &relayed.connection;

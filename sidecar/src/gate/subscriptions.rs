@@ -206,7 +206,10 @@ impl Gateway {
             if evaluator.evaluate(&read).decision != Decision::Allow {
                 continue;
             }
-            let Some(connection) = Box::pin(self.resource_route(uri)).await else {
+            let route = self
+                .listings
+                .resource_route(&self.connections, uri, evaluator);
+            let Some(connection) = Box::pin(route).await else {
                 continue;
             };
             if subscribable(&connection) {
@@ -391,7 +394,10 @@ impl Gateway {
         if verdict.decision != Decision::Allow {
             return verdict.response().map_or(Reply::Nothing, Reply::Message);
         }
-        let connection = Box::pin(self.resource_route(&uri)).await;
+        let route = self
+            .listings
+            .resource_route(&self.connections, &uri, evaluator);
+        let connection = Box::pin(route).await;
         let Some(connection) = connection.filter(|c| caller.era.has_sessions() && subscribable(c))
         else {
             return Box::pin(self.by_resource(message, evaluator, caller)).await;

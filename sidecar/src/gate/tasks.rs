@@ -201,7 +201,7 @@ impl Gateway {
         let task_id = id.clone();
         // The id is the task's only credential: it stays out of session
         // names and logs.
-        let session = format!("task-{}", self.fresh_id());
+        let session = format!("task-{}", self.ids.fresh());
         tokio::spawn(async move {
             let caller = Caller {
                 session,
