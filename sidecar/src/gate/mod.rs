@@ -78,8 +78,6 @@ impl Default for GatewayOptions {
 }
 
 pub struct Gateway {
-    /// Itself, for work that outlives a request (a task's wait).
-    me: std::sync::Weak<Gateway>,
     pub metrics: Metrics,
     pub approvals: Arc<LocalApprovals>,
     config: watch::Receiver<Arc<Config>>,
@@ -89,11 +87,11 @@ pub struct Gateway {
     asks: asks::Asks,
     listings: listings::Listings,
     relayed: relay::Relayed,
-    parked: parked::Parked,
-    tasks: tasks::Tasks,
+    parked: Arc<parked::Parked>,
+    tasks: Arc<tasks::Tasks>,
     watches: watches::Watches,
-    session_watches: watches::SessionWatches,
-    audit: Audit,
+    session_watches: Arc<watches::SessionWatches>,
+    audit: Arc<Audit>,
     options: GatewayOptions,
     ids: Ids,
     shutdown: CancellationToken,
@@ -119,8 +117,7 @@ impl Gateway {
             options.ask_progress_interval,
             config.clone(),
         );
-        let gateway = Arc::new_cyclic(|me| Gateway {
-            me: me.clone(),
+        let gateway = Arc::new(Gateway {
             metrics: Metrics::default(),
             approvals,
             config,
@@ -130,11 +127,11 @@ impl Gateway {
             asks,
             listings: listings::Listings::new(ids.clone()),
             relayed: relay::Relayed::default(),
-            parked: parked::Parked::default(),
-            tasks: tasks::Tasks::default(),
+            parked: Arc::default(),
+            tasks: Arc::new(tasks::Tasks::new(options.approval_timeout)),
             watches: watches::Watches::default(),
-            session_watches: watches::SessionWatches::default(),
-            audit,
+            session_watches: Arc::default(),
+            audit: Arc::new(audit),
             options,
             ids,
             shutdown,
@@ -246,7 +243,7 @@ impl Gateway {
     }
 
     /// Handles one message from the agent, as bytes.
-    pub async fn handle(&self, bytes: &[u8], caller: &Caller) -> Reply {
+    pub async fn handle(self: &Arc<Self>, bytes: &[u8], caller: &Caller) -> Reply {
         match self.parse(bytes) {
             Ok(message) => self.handle_message(message, caller).await,
             Err(refused) => self.refuse(&refused),
@@ -295,7 +292,7 @@ impl Gateway {
 
     /// Handles one strictly parsed message from the agent, in a trace span
     /// (exported only when OTLP is configured).
-    pub async fn handle_message(&self, message: Message, caller: &Caller) -> Reply {
+    pub async fn handle_message(self: &Arc<Self>, message: Message, caller: &Caller) -> Reply {
         use tracing::Instrument;
         let span = tracing::info_span!(target: aip_service::TRACE_TARGET, "mcp.message",
             otel.kind = "server",
@@ -351,7 +348,7 @@ impl Gateway {
     }
 
     /// The pipeline proper.
-    async fn decide(&self, mut message: Message, caller: &Caller) -> Reply {
+    async fn decide(self: &Arc<Self>, mut message: Message, caller: &Caller) -> Reply {
         let evaluator = self.config().evaluator.clone();
         if let Kind::Response { .. } = message.kind {
             // The agent answering a request a server made of it: matched to

@@ -150,11 +150,11 @@ impl Gateway {
 
     /// Forgets a parked call nobody came back for, and tells its server.
     fn expire_later(&self, handle: String) {
-        let Some(me) = self.me.upgrade() else { return };
+        let parked = self.parked.clone();
         let patience = self.options.approval_timeout;
         tokio::spawn(async move {
             tokio::time::sleep(patience).await;
-            let expired = lock(&me.parked.0).remove(&handle);
+            let expired = lock(&parked.0).remove(&handle);
             if let Some(call) = expired {
                 let why = "the agent did not answer the server's question in time";
                 cancel_upstream(&call.connection, &call.waiting.upstream_id, why).await;

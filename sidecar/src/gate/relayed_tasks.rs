@@ -25,8 +25,9 @@ use aip_service::sync::lock;
 use serde_json::{Map, Value, json};
 
 use super::present::{Findings, error, redact_for_agent};
-use super::tasks::{ServerTask, Task, task_not_found};
+use super::tasks::{ServerTask, Task, task_not_found, terminal};
 use super::{Caller, Gateway, Reply};
+use crate::audit::Audit;
 use crate::upstream::health::ConnectionState;
 
 /// The longest the gateway keeps a server's task.
@@ -54,10 +55,6 @@ pub(super) fn status_of(task: &Value) -> &'static str {
         .find(|s| Some(**s) == status)
         .copied()
         .unwrap_or("working")
-}
-
-fn terminal(status: &str) -> bool {
-    matches!(status, "completed" | "failed" | "cancelled")
 }
 
 impl Gateway {
@@ -102,33 +99,9 @@ impl Gateway {
             return Reply::Message(error(Some(&id), codes::INTERNAL_ERROR, why, None));
         };
         tracing::info!(connection = %connection.connection().name, tool, "a server's task relayed");
-        let mut view = self.task_view(task, &gateway_id, connection, tool, evaluator);
+        let mut view = task_view(&self.audit, task, &gateway_id, connection, tool, evaluator);
         view["resultType"] = json!("task");
         Reply::Message(json!({"jsonrpc": "2.0", "id": id, "result": view}))
-    }
-
-    /// A server's task (from `connection`) as the agent sees it: the
-    /// extension's fields, redacted as a direct result of `tool` would be,
-    /// under the gateway's id. Every path that shows one comes here: the
-    /// call's answer, `tasks/get`, and a listen stream's notification.
-    pub(super) fn task_view(
-        &self,
-        task: &Value,
-        gateway_id: &str,
-        connection: &ConnectionState,
-        tool: &str,
-        evaluator: &Evaluator,
-    ) -> Value {
-        let mut view = Value::Object(Map::new());
-        for field in TASK_FIELDS {
-            if let Some(value) = task.get(*field) {
-                view[*field] = value.clone();
-            }
-        }
-        let findings = Findings::OfTool(&self.audit, tool);
-        redact_for_agent(&mut view, connection, evaluator, findings);
-        view["taskId"] = json!(gateway_id);
-        view
     }
 
     /// `tasks/get`, `tasks/update` or `tasks/cancel` for a server's task:
@@ -178,7 +151,7 @@ impl Gateway {
         if let Some(mut e) = response.get_mut("error").map(Value::take) {
             if e.get("code") == Some(&json!(codes::INVALID_PARAMS)) {
                 // The server no longer knows it: neither does the gateway.
-                lock(&self.tasks.0).remove(&gateway_id);
+                lock(&self.tasks.table).remove(&gateway_id);
                 return Reply::Message(task_not_found(&id, &gateway_id));
             }
             redact_for_agent(&mut e, connection, evaluator, Findings::Unaudited);
@@ -190,9 +163,10 @@ impl Gateway {
                 if let Err(failure) = self.check_shown(&task, &relayed, message) {
                     return failed(failure);
                 }
-                self.saw_status(&gateway_id, status_of(&task));
+                self.tasks.saw_status(&gateway_id, status_of(&task));
                 let tool = &relayed.tool;
-                let mut view = self.task_view(&task, &gateway_id, connection, tool, evaluator);
+                let mut view =
+                    task_view(&self.audit, &task, &gateway_id, connection, tool, evaluator);
                 view["resultType"] = json!("complete");
                 view
             }
@@ -230,15 +204,28 @@ impl Gateway {
         }
         Ok(())
     }
+}
 
-    /// Records the status a server showed; an end shortens the binding to
-    /// the retention.
-    pub(super) fn saw_status(&self, gateway_id: &str, status: &'static str) {
-        if let Some(task) = lock(&self.tasks.0).get_mut(gateway_id) {
-            task.status = status;
-            if terminal(status) {
-                task.expires = task.expires.min(SystemTime::now() + RETENTION);
-            }
+/// A server's task (from `connection`) as the agent sees it: the
+/// extension's fields, redacted as a direct result of `tool` would be,
+/// under the gateway's id. Every path that shows one comes here: the
+/// call's answer, `tasks/get`, and a listen stream's notification.
+pub(super) fn task_view(
+    audit: &Audit,
+    task: &Value,
+    gateway_id: &str,
+    connection: &ConnectionState,
+    tool: &str,
+    evaluator: &Evaluator,
+) -> Value {
+    let mut view = Value::Object(Map::new());
+    for field in TASK_FIELDS {
+        if let Some(value) = task.get(*field) {
+            view[*field] = value.clone();
         }
     }
+    let findings = Findings::OfTool(audit, tool);
+    redact_for_agent(&mut view, connection, evaluator, findings);
+    view["taskId"] = json!(gateway_id);
+    view
 }

@@ -12,7 +12,7 @@
 //! shown under the gateway's id).
 
 use aip_mcp::jsonrpc::Message;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use aip_mcp::modern::{META_SUBSCRIPTION, MISSING_CAPABILITY, TASKS_EXTENSION, declares_tasks};
 use aip_policy::{Decision, Evaluator, Request, codes};
@@ -22,8 +22,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::Gateway;
 use super::present::server_info;
-use super::tasks::ServerTask;
+use super::relayed_tasks::task_view;
+use super::tasks::{ServerTask, Tasks};
+use super::watches::SessionWatches;
 use super::watches::{MAX_SESSION_WATCHES, Watch};
+use crate::audit::Audit;
 use crate::upstream::health::ConnectionState;
 
 /// One agent's subscription, open until the gateway stops or the agent
@@ -45,7 +48,8 @@ pub struct Subscription {
     /// lives, and the watch that keeps the server telling.
     relayed_tasks: Vec<(String, ServerTask, Watch)>,
     task_changes: broadcast::Receiver<String>,
-    gateway: Weak<Gateway>,
+    tasks: Arc<Tasks>,
+    audit: Arc<Audit>,
     evaluator: Arc<Evaluator>,
     notes: broadcast::Receiver<(String, Value)>,
     shutdown: CancellationToken,
@@ -118,8 +122,9 @@ impl Gateway {
             watching,
             own_tasks,
             relayed_tasks,
-            task_changes: self.tasks.1.subscribe(),
-            gateway: self.me.clone(),
+            task_changes: self.tasks.changes.subscribe(),
+            tasks: self.tasks.clone(),
+            audit: self.audit.clone(),
             evaluator: evaluator.clone(),
             notes: self.connections.notes.subscribe(),
             shutdown: self.shutdown.clone(),
@@ -166,7 +171,7 @@ impl Gateway {
             .take(MAX_WATCHED)
         {
             let found = {
-                let tasks = aip_service::sync::lock(&self.tasks.0);
+                let tasks = aip_service::sync::lock(&self.tasks.table);
                 tasks
                     .get(id)
                     .filter(|t| t.owner == owner)
@@ -240,9 +245,7 @@ impl Subscription {
     }
 
     fn own_task_note(&self, id: &str) -> Option<Value> {
-        let gateway = self.gateway.upgrade()?;
-        let owner = self.owner.as_str();
-        let view = gateway.own_task_view(id, owner)?;
+        let view = self.tasks.own_view(id, &self.owner)?;
         Some(self.task_note(view))
     }
 
@@ -259,10 +262,10 @@ impl Subscription {
             tracing::warn!(connection, error = ?failure, "a server's task notification is malformed; dropped");
             return None;
         }
-        let gateway = self.gateway.upgrade()?;
-        gateway.saw_status(id, super::relayed_tasks::status_of(task));
+        self.tasks
+            .saw_status(id, super::relayed_tasks::status_of(task));
         let (connection, tool) = (&relayed.connection, &relayed.tool);
-        let view = gateway.task_view(task, id, connection, tool, &self.evaluator);
+        let view = task_view(&self.audit, task, id, connection, tool, &self.evaluator);
         Some(self.task_note(view))
     }
 
@@ -347,7 +350,7 @@ impl Subscription {
 /// to (`resources/subscribe`, kept by the gateway for the session).
 pub struct SessionNotes {
     tools_changed: watch::Receiver<u64>,
-    gateway: std::sync::Weak<Gateway>,
+    watches: Arc<SessionWatches>,
     session: String,
     prompts: bool,
     resources: bool,
@@ -363,7 +366,7 @@ impl Gateway {
             |kind: &str| upstream.pointer(&format!("/{kind}/listChanged")) == Some(&json!(true));
         SessionNotes {
             tools_changed: self.tools_changed(),
-            gateway: self.me.clone(),
+            watches: self.session_watches.clone(),
             session: session.to_owned(),
             prompts: announces("prompts") && allowed(&evaluator, "prompts/list"),
             resources: announces("resources") && allowed(&evaluator, "resources/list"),
@@ -457,9 +460,7 @@ impl SessionNotes {
                 "notifications/resources/list_changed" => self.resources,
                 UPDATED => {
                     let uri = note.pointer("/params/uri").and_then(Value::as_str);
-                    let gateway = self.gateway.upgrade()?;
-                    let watches = &gateway.session_watches;
-                    uri.is_some_and(|uri| watches.watches(&self.session, &connection, uri))
+                    uri.is_some_and(|uri| self.watches.watches(&self.session, &connection, uri))
                 }
                 _ => false,
             };

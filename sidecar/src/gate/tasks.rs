@@ -39,17 +39,16 @@ const RETENTION: Duration = Duration::from_secs(600);
 /// How often an agent is asked to poll.
 const POLL_INTERVAL_MS: u64 = 1000;
 
-pub(super) struct Tasks(
-    pub(super) Mutex<HashMap<String, Task>>,
+/// The tasks the gateway keeps: its own (approvals) and servers' it
+/// relays, each under an id of its own.
+pub(super) struct Tasks {
+    pub(super) table: Mutex<HashMap<String, Task>>,
     /// The id of each of the gateway's own tasks as its status changes
     /// (for `notifications/tasks`).
-    pub(super) tokio::sync::broadcast::Sender<String>,
-);
-
-impl Default for Tasks {
-    fn default() -> Self {
-        Tasks(Mutex::default(), tokio::sync::broadcast::Sender::new(64))
-    }
+    pub(super) changes: tokio::sync::broadcast::Sender<String>,
+    /// How long an approval task lives: the ask's patience, a minute more,
+    /// and the retention after its end.
+    ttl: Duration,
 }
 
 /// Where a server's task lives.
@@ -80,9 +79,43 @@ pub(super) struct Task {
 impl Tasks {
     /// Forgets expired tasks and keeps `task` under a fresh id, when there
     /// is room.
+    /// Tasks for asks that wait at most `patience`.
+    pub(super) fn new(patience: Duration) -> Tasks {
+        Tasks {
+            table: Mutex::default(),
+            changes: tokio::sync::broadcast::Sender::new(64),
+            ttl: patience + Duration::from_secs(60) + RETENTION,
+        }
+    }
+
+    pub(super) fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The gateway's task `id` as `tasks/get` shows it to `owner`; None
+    /// for another's, or a server's.
+    pub(super) fn own_view(&self, id: &str, owner: &str) -> Option<Value> {
+        let tasks = lock(&self.table);
+        let task = tasks
+            .get(id)
+            .filter(|t| t.owner == owner && t.relayed.is_none())?;
+        Some(task.view(id, self.ttl))
+    }
+
+    /// Records the status a server's task `gateway_id` was seen in; an
+    /// ended one is kept `RETENTION` more at most.
+    pub(super) fn saw_status(&self, gateway_id: &str, status: &'static str) {
+        if let Some(task) = lock(&self.table).get_mut(gateway_id) {
+            task.status = status;
+            if terminal(status) {
+                task.expires = task.expires.min(SystemTime::now() + RETENTION);
+            }
+        }
+    }
+
     pub(super) fn insert(&self, task: Task) -> Option<String> {
         let id = format!("{:032x}", rand::random::<u128>());
-        let mut tasks = lock(&self.0);
+        let mut tasks = lock(&self.table);
         let now = SystemTime::now();
         tasks.retain(|_, t| t.expires > now);
         if tasks.len() >= MAX_TASKS {
@@ -154,14 +187,10 @@ pub(super) fn owner_of(message: &Message) -> String {
 impl Gateway {
     /// How long a task lives from its creation: the ask's wait, the call,
     /// and the retention after.
-    fn task_ttl(&self) -> Duration {
-        self.options.approval_timeout + Duration::from_secs(60) + RETENTION
-    }
-
     /// Answers an `ask` with a task, when the agent declared the extension
     /// and there is room; None to hold the call in its request instead.
     pub(super) fn ask_as_task(
-        &self,
+        self: &Arc<Self>,
         message: &Message,
         evaluator: &Arc<Evaluator>,
         verdict: &Verdict,
@@ -173,10 +202,10 @@ impl Gateway {
         {
             return None;
         }
-        let gateway = self.me.upgrade()?;
+        let gateway = self.clone();
         let now = SystemTime::now();
         let cancel = CancellationToken::new();
-        let ttl = self.task_ttl();
+        let ttl = self.tasks.ttl();
         let task = Task {
             owner: owner_of(message),
             status: "working",
@@ -260,22 +289,13 @@ impl Gateway {
     }
 
     fn update_task(&self, id: &str, status: &'static str, message: &str, outcome: Option<Value>) {
-        if let Some(task) = lock(&self.tasks.0).get_mut(id).filter(|t| !t.ended()) {
+        if let Some(task) = lock(&self.tasks.table).get_mut(id).filter(|t| !t.ended()) {
             task.status = status;
             message.clone_into(&mut task.message);
             task.updated = SystemTime::now();
             task.outcome = outcome;
-            let _ = self.tasks.1.send(id.to_owned());
+            let _ = self.tasks.changes.send(id.to_owned());
         }
-    }
-
-    /// One of the gateway's own tasks as `tasks/get` shows it to `owner`.
-    pub(super) fn own_task_view(&self, id: &str, owner: &str) -> Option<Value> {
-        let tasks = lock(&self.tasks.0);
-        let task = tasks
-            .get(id)
-            .filter(|t| t.owner == owner && t.relayed.is_none())?;
-        Some(task.view(id, self.task_ttl()))
     }
 
     /// `tasks/get`, `tasks/update` and `tasks/cancel` of a modern agent
@@ -317,8 +337,8 @@ impl Gateway {
             .and_then(Value::as_str)
             .unwrap_or_default();
         let owner = owner_of(message);
-        let ttl = self.task_ttl();
-        let mut tasks = lock(&self.tasks.0);
+        let ttl = self.tasks.ttl();
+        let mut tasks = lock(&self.tasks.table);
         let now = SystemTime::now();
         tasks.retain(|_, t| t.expires > now);
         let Some(task) = tasks.get_mut(task_id).filter(|t| t.owner == owner) else {
@@ -339,7 +359,7 @@ impl Gateway {
                     task.status = "cancelled";
                     "cancelled by the agent".clone_into(&mut task.message);
                     task.updated = now;
-                    let _ = self.tasks.1.send(task_id.to_owned());
+                    let _ = self.tasks.changes.send(task_id.to_owned());
                 }
                 json!({"resultType": "complete"})
             }
@@ -370,4 +390,9 @@ fn without_tasks(message: &mut Value) {
     if let Some(extensions) = extensions {
         extensions.remove(TASKS_EXTENSION);
     }
+}
+
+/// Whether a task in `status` has ended.
+pub(super) fn terminal(status: &str) -> bool {
+    matches!(status, "completed" | "failed" | "cancelled")
 }
