@@ -12,12 +12,10 @@ use std::sync::Arc;
 
 use aip_mcp::{Exchange, Failure};
 use aip_policy::Evaluator;
-use aip_service::sync::lock;
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::present::{Findings, redact_for_agent};
-use super::relay::Awaiting;
 use super::{Caller, Gateway};
 use crate::upstream::health::ConnectionState;
 
@@ -127,9 +125,8 @@ impl Gateway {
         let findings = Findings::Audited(&self.audit);
         redact_for_agent(&mut params, connection, evaluator, findings);
         let (waiter, answer) = tokio::sync::oneshot::channel();
-        let key = (caller.session.clone(), id.to_string());
-        lock(&self.relayed.0).insert(key.clone(), Awaiting::Gateway(waiter));
-        let forget = || lock(&self.relayed.0).remove(&key);
+        self.relay.expect_reply(&caller.session, &id, waiter);
+        let forget = || self.relay.forget_reply(&caller.session, &id);
         if !caller.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})) {
             forget();
             return refuse("the agent is not reading its stream");

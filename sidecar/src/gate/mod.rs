@@ -86,7 +86,7 @@ pub struct Gateway {
     in_flight: InFlight,
     asks: asks::Asks,
     listings: listings::Listings,
-    relayed: relay::Relayed,
+    relay: relay::Relay,
     parked: Arc<parked::Parked>,
     tasks: Arc<tasks::Tasks>,
     watches: watches::Watches,
@@ -110,6 +110,7 @@ impl Gateway {
         shutdown: CancellationToken,
     ) -> Arc<Gateway> {
         let approvals = LocalApprovals::new();
+        let audit = Arc::new(audit);
         let ids = Ids::default();
         let asks = asks::Asks::new(
             approvals.clone(),
@@ -126,12 +127,12 @@ impl Gateway {
             in_flight: InFlight::default(),
             asks,
             listings: listings::Listings::new(ids.clone()),
-            relayed: relay::Relayed::default(),
+            relay: relay::Relay::new(ids.clone(), audit.clone()),
             parked: Arc::default(),
             tasks: Arc::new(tasks::Tasks::new(options.approval_timeout)),
             watches: watches::Watches::default(),
             session_watches: Arc::default(),
-            audit: Arc::new(audit),
+            audit,
             options,
             ids,
             shutdown,
@@ -353,7 +354,7 @@ impl Gateway {
         if let Kind::Response { .. } = message.kind {
             // The agent answering a request a server made of it: matched to
             // the relayed request and passed on, never blocked.
-            Box::pin(self.agent_reply(message, &evaluator, caller)).await;
+            Box::pin(self.relay.agent_reply(message, &evaluator, caller)).await;
             return Reply::Nothing;
         }
         if let Some(spelled) = misspelled_method(message.method().unwrap_or_default()) {
@@ -758,6 +759,41 @@ impl Gateway {
                 Box::pin(input).await
             }
             (outcome, _) => outcome,
+        }
+    }
+
+    /// Sends `request` (which has its gateway id) to `connection` through
+    /// the relay; a call whose server asked the agent for input is parked
+    /// and the agent gets `input_required`. None when `cancel` fires first.
+    pub(super) async fn call_upstream(
+        &self,
+        connection: &Arc<ConnectionState>,
+        request: Value,
+        caller: &Caller,
+        evaluator: &Evaluator,
+        cancel: &CancellationToken,
+    ) -> Option<Result<aip_mcp::Exchange, Failure>> {
+        let full = || self.parking_full();
+        let outcome = self
+            .relay
+            .call(connection, request, caller, evaluator, cancel, &full)
+            .await;
+        self.settle(connection, outcome)
+    }
+
+    /// A relayed call's outcome for the agent: parked when its server asked.
+    fn settle(
+        &self,
+        connection: &Arc<ConnectionState>,
+        outcome: relay::Outcome,
+    ) -> Option<Result<aip_mcp::Exchange, Failure>> {
+        match outcome {
+            relay::Outcome::Done(done) => done,
+            relay::Outcome::Asked {
+                request,
+                question,
+                waiting,
+            } => Some(Ok(self.park(connection, &request, question, waiting))),
         }
     }
 

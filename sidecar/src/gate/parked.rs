@@ -198,7 +198,8 @@ impl Gateway {
             ));
         };
         let mut answer = answer;
-        self.redact_audited(&mut answer, evaluator, Direction::Upstream);
+        self.relay
+            .redact_for_server(&mut answer, evaluator, Direction::Upstream);
         let reply = json!({"jsonrpc": "2.0", "id": parked.question, "result": answer});
         let connection = parked.connection;
         if let Err(failure) = connection.upstream.notify(&reply).await {
@@ -210,12 +211,26 @@ impl Gateway {
             upstream_token,
             upstream_id,
         } = parked.waiting;
-        let call = CallRelay::resumed(self, &connection, caller, evaluator, retry, upstream_token);
+        let full = || self.parking_full();
+        let call = CallRelay::resumed(
+            &self.relay,
+            &full,
+            &connection,
+            caller,
+            evaluator,
+            retry,
+            upstream_token,
+        );
         // The call as the relay knows it: the retry under the upstream
         // request's id (what a later question parks, a cancellation names).
         let mut request = retry.clone();
         request["id"] = upstream_id;
-        Box::pin(self.pump_detached(call, upstream, heard, &request, cancel)).await
+        let outcome = Box::pin(
+            self.relay
+                .pump_detached(call, upstream, heard, request, cancel),
+        )
+        .await;
+        self.settle(&connection, outcome)
     }
 }
 

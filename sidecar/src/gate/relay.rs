@@ -16,12 +16,13 @@ use aip_mcp::{Exchange, Failure};
 use aip_policy::{Direction, DlpRecord, Evaluator, codes};
 use aip_service::sync::lock;
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::call::{Caller, Ids};
 use super::present::{Findings, error_object, redact_for_agent};
-use super::{Caller, Gateway};
+use crate::audit::Audit;
 use crate::upstream::health::ConnectionState;
 
 /// The input requests a modern agent declared it can answer, that its
@@ -104,10 +105,32 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Requests made of agents, relayed and awaiting the agent's reply: (agent
-/// session, agent-facing id as JSON text) -> where the reply goes.
-#[derive(Default)]
-pub(super) struct Relayed(pub(super) Mutex<HashMap<(String, String), Awaiting>>);
+/// The relay: calls to servers with what the servers say meanwhile, and
+/// the requests made of agents awaiting their reply.
+pub(super) struct Relay {
+    /// (agent session, agent-facing id as JSON text) -> where the reply
+    /// goes.
+    relayed: Mutex<HashMap<(String, String), Awaiting>>,
+    ids: Ids,
+    audit: Arc<Audit>,
+}
+
+/// What became of a relayed call.
+pub(super) enum Outcome {
+    /// The server's answer or failure; None when the agent cancelled.
+    Done(Option<Result<Exchange, Failure>>),
+    /// The server asked a modern agent for input: the call, as sent
+    /// upstream, is to wait parked (its exchange still open).
+    Asked {
+        request: Value,
+        question: Question,
+        waiting: Waiting,
+    },
+}
+
+/// Whether no more calls may wait parked (asked before a server's question
+/// is put to a modern agent).
+pub(super) type ParkingFull<'a> = &'a (dyn Fn() -> bool + Sync);
 
 /// Where an agent's reply goes.
 pub(super) enum Awaiting {
@@ -115,7 +138,7 @@ pub(super) enum Awaiting {
     Server(RelayedRequest),
     /// A request the gateway made of the agent on a server's behalf (a
     /// modern server's input request, for a legacy agent): to the gateway.
-    Gateway(tokio::sync::oneshot::Sender<Value>),
+    Gateway(oneshot::Sender<Value>),
 }
 
 /// A request a server made of an agent, relayed and awaiting the reply.
@@ -128,7 +151,8 @@ pub(super) struct RelayedRequest {
 /// gateway's stand-in for it, and the server requests relayed meanwhile
 /// (their agent-facing keys, forgotten when the request ends).
 pub(super) struct CallRelay<'a> {
-    gateway: &'a Gateway,
+    relay: &'a Relay,
+    parking_full: ParkingFull<'a>,
     connection: &'a Arc<ConnectionState>,
     caller: &'a Caller,
     evaluator: &'a Evaluator,
@@ -157,18 +181,39 @@ pub(super) enum Pumped {
 pub(super) type Detached =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<Exchange, Failure>> + Send>>;
 
-impl Gateway {
+impl Relay {
+    pub(super) fn new(ids: Ids, audit: Arc<Audit>) -> Relay {
+        Relay {
+            relayed: Mutex::default(),
+            ids,
+            audit,
+        }
+    }
+
+    /// Awaits the agent's reply to request `id` of `session`, which the
+    /// gateway makes of it on a server's behalf: the reply goes to `waiter`.
+    pub(super) fn expect_reply(&self, session: &str, id: &Value, waiter: oneshot::Sender<Value>) {
+        let key = (session.to_owned(), id.to_string());
+        lock(&self.relayed).insert(key, Awaiting::Gateway(waiter));
+    }
+
+    /// Stops awaiting the reply to request `id` of `session`.
+    pub(super) fn forget_reply(&self, session: &str, id: &Value) {
+        lock(&self.relayed).remove(&(session.to_owned(), id.to_string()));
+    }
+
     /// Sends `request` (which has its gateway id) to `connection` and relays
     /// what the server says about it meanwhile. None when `cancel` fires
     /// first: the upstream is then told, and nothing more is relayed.
-    pub(super) async fn call_upstream(
+    pub(super) async fn call(
         &self,
         connection: &Arc<ConnectionState>,
         request: Value,
         caller: &Caller,
         evaluator: &Evaluator,
         cancel: &CancellationToken,
-    ) -> Option<Result<Exchange, Failure>> {
+        parking_full: ParkingFull<'_>,
+    ) -> Outcome {
         use tracing::Instrument;
         let span = tracing::info_span!(target: aip_service::TRACE_TARGET, "mcp.upstream",
             otel.kind = "client",
@@ -176,13 +221,13 @@ impl Gateway {
             aip.connection = connection.connection().name.as_str(),
             aip.outcome = tracing::field::Empty);
         let outcome = self
-            .relay_call(connection, request, caller, evaluator, cancel)
+            .relay_call(connection, request, caller, evaluator, cancel, parking_full)
             .instrument(span.clone())
             .await;
         let described = match &outcome {
-            None => "cancelled",
-            Some(Ok(_)) => "ok",
-            Some(Err(failure)) => failure.class(),
+            Outcome::Done(None) => "cancelled",
+            Outcome::Done(Some(Ok(_))) | Outcome::Asked { .. } => "ok",
+            Outcome::Done(Some(Err(failure))) => failure.class(),
         };
         span.record("aip.outcome", described);
         outcome
@@ -195,7 +240,8 @@ impl Gateway {
         caller: &Caller,
         evaluator: &Evaluator,
         cancel: &CancellationToken,
-    ) -> Option<Result<Exchange, Failure>> {
+        parking_full: ParkingFull<'_>,
+    ) -> Outcome {
         let agent_token = aip_mcp::protocol::progress_token(&request).cloned();
         let logs = caller.era.logs_unasked()
             || aip_mcp::modern::meta(&request)
@@ -208,7 +254,8 @@ impl Gateway {
         }
         let answerable = Answerable::of(caller, connection, &request);
         let mut call = CallRelay {
-            gateway: self,
+            relay: self,
+            parking_full,
             connection,
             caller,
             evaluator,
@@ -223,7 +270,7 @@ impl Gateway {
         if answerable.any() {
             let detached = detach(connection, &request, related);
             return self
-                .pump_detached(call, detached, heard, &request, cancel)
+                .pump_detached(call, detached, heard, request, cancel)
                 .await;
         }
         let pumped = {
@@ -233,7 +280,7 @@ impl Gateway {
             tokio::pin!(upstream);
             call.pump(&mut upstream, &mut heard, cancel).await
         };
-        self.end_call(call, pumped, &request).await
+        Outcome::Done(self.end_call(call, pumped, &request).await)
     }
 
     /// Relays a detached call until it ends, or parks it when the server
@@ -243,9 +290,9 @@ impl Gateway {
         mut call: CallRelay<'_>,
         mut upstream: Detached,
         mut heard: mpsc::UnboundedReceiver<Value>,
-        request: &Value,
+        request: Value,
         cancel: &CancellationToken,
-    ) -> Option<Result<Exchange, Failure>> {
+    ) -> Outcome {
         match call.pump(&mut upstream, &mut heard, cancel).await {
             Pumped::Asked(question) => {
                 call.forget();
@@ -255,9 +302,13 @@ impl Gateway {
                     upstream_token: call.upstream_token.clone(),
                     upstream_id: request["id"].clone(),
                 };
-                Some(Ok(self.park(call.connection, request, question, waiting)))
+                Outcome::Asked {
+                    request,
+                    question,
+                    waiting,
+                }
             }
-            pumped => self.end_call(call, pumped, request).await,
+            pumped => Outcome::Done(self.end_call(call, pumped, &request).await),
         }
     }
 
@@ -290,12 +341,12 @@ impl Gateway {
         caller: &Caller,
     ) {
         let id = message.id().map(Value::to_string).unwrap_or_default();
-        let awaiting = lock(&self.relayed.0).remove(&(caller.session.clone(), id));
+        let awaiting = lock(&self.relayed).remove(&(caller.session.clone(), id));
         let relayed = match awaiting {
             Some(Awaiting::Server(relayed)) => relayed,
             Some(Awaiting::Gateway(waiter)) => {
                 let mut reply = message.value;
-                self.redact_audited(&mut reply, evaluator, Direction::Upstream);
+                self.redact_for_server(&mut reply, evaluator, Direction::Upstream);
                 let _ = waiter.send(reply);
                 return;
             }
@@ -308,7 +359,7 @@ impl Gateway {
         reply["id"] = relayed.upstream_id;
         for key in ["result", "error"] {
             if let Some(part) = reply.get_mut(key) {
-                self.redact_audited(part, evaluator, Direction::Upstream);
+                self.redact_for_server(part, evaluator, Direction::Upstream);
             }
         }
         if let Err(failure) = relayed.connection.upstream.notify(&reply).await {
@@ -320,7 +371,7 @@ impl Gateway {
     /// DLP over every string of `value` going `direction`, each finding
     /// audited: what the agent sends a server (what a server sends the
     /// agent goes through `present::redact_for_agent`).
-    pub(super) fn redact_audited(
+    pub(super) fn redact_for_server(
         &self,
         value: &mut Value,
         evaluator: &Evaluator,
@@ -371,7 +422,8 @@ fn detach(
 impl<'a> CallRelay<'a> {
     /// A relay for a call resumed after the agent's answer (parked.rs).
     pub(super) fn resumed(
-        gateway: &'a Gateway,
+        relay: &'a Relay,
+        parking_full: ParkingFull<'a>,
         connection: &'a Arc<ConnectionState>,
         caller: &'a Caller,
         evaluator: &'a Evaluator,
@@ -382,7 +434,8 @@ impl<'a> CallRelay<'a> {
         let logs = aip_mcp::modern::meta(retry)
             .is_some_and(|m| m.contains_key(aip_mcp::modern::META_LOG_LEVEL));
         CallRelay {
-            gateway,
+            relay,
+            parking_full,
             connection,
             caller,
             evaluator,
@@ -496,7 +549,7 @@ impl CallRelay<'_> {
         let answerable = refusal.is_none()
             && self.caller.era.answers_by_retry()
             && self.answerable.covers(&method);
-        let refusal = match answerable && self.gateway.parking_full() {
+        let refusal = match answerable && (self.parking_full)() {
             true => Some("too many calls already wait for their agents' input"),
             false => refusal,
         };
@@ -525,7 +578,7 @@ impl CallRelay<'_> {
             return None;
         }
         let upstream_id = request["id"].clone();
-        let agent_id = json!(format!("aip-s-{}", self.gateway.ids.fresh()));
+        let agent_id = json!(format!("aip-s-{}", self.relay.ids.fresh()));
         if let Some(params) = request.get_mut("params") {
             self.redact(params);
         }
@@ -535,10 +588,10 @@ impl CallRelay<'_> {
             connection: self.connection.clone(),
             upstream_id: upstream_id.clone(),
         };
-        lock(&self.gateway.relayed.0).insert(key.clone(), Awaiting::Server(relayed));
+        lock(&self.relay.relayed).insert(key.clone(), Awaiting::Server(relayed));
         self.relayed.push(key.clone());
         if !self.caller.send(request) {
-            lock(&self.gateway.relayed.0).remove(&key);
+            lock(&self.relay.relayed).remove(&key);
             let error = error_object(
                 codes::INTERNAL_ERROR,
                 "Internal error",
@@ -551,7 +604,7 @@ impl CallRelay<'_> {
 
     /// What the server says for the agent, as the agent is shown it.
     fn redact(&self, params: &mut Value) {
-        let findings = Findings::Audited(&self.gateway.audit);
+        let findings = Findings::Audited(&self.relay.audit);
         redact_for_agent(params, self.connection, self.evaluator, findings);
     }
 
@@ -568,7 +621,7 @@ impl CallRelay<'_> {
     /// `upstream_id`, which is no longer pending.
     fn take_relayed(&mut self, upstream_id: Option<&Value>) -> Option<Value> {
         let upstream_id = upstream_id?;
-        let mut pending = lock(&self.gateway.relayed.0);
+        let mut pending = lock(&self.relay.relayed);
         let key = self
             .relayed
             .iter()
@@ -582,7 +635,7 @@ impl CallRelay<'_> {
 
     /// Relayed requests end with their call: a later reply finds nothing.
     fn forget(&self) {
-        let mut pending = lock(&self.gateway.relayed.0);
+        let mut pending = lock(&self.relay.relayed);
         for key in &self.relayed {
             pending.remove(key);
         }
