@@ -128,7 +128,7 @@ impl Gateway {
             asks,
             listings: listings::Listings::new(ids.clone()),
             relay: relay::Relay::new(ids.clone(), audit.clone()),
-            parked: Arc::default(),
+            parked: Arc::new(parked::Parked::new(options.approval_timeout)),
             tasks: Arc::new(tasks::Tasks::new(options.approval_timeout)),
             watches: watches::Watches::default(),
             session_watches: Arc::default(),
@@ -743,7 +743,10 @@ impl Gateway {
         if caller.era.answers_by_retry()
             && let Some(handle) = parked::handle_in(&request)
         {
-            return Box::pin(self.resume(&handle, &request, caller, evaluator, cancel)).await;
+            let resumed =
+                self.parked
+                    .resume(&self.relay, &handle, &request, caller, evaluator, cancel);
+            return Box::pin(resumed).await;
         }
         if let Some(refused) = parked::refuse_foreign_state(&request, connection) {
             return Some(Ok(refused));
@@ -773,28 +776,12 @@ impl Gateway {
         evaluator: &Evaluator,
         cancel: &CancellationToken,
     ) -> Option<Result<aip_mcp::Exchange, Failure>> {
-        let full = || self.parking_full();
+        let full = || self.parked.full();
         let outcome = self
             .relay
             .call(connection, request, caller, evaluator, cancel, &full)
             .await;
-        self.settle(connection, outcome)
-    }
-
-    /// A relayed call's outcome for the agent: parked when its server asked.
-    fn settle(
-        &self,
-        connection: &Arc<ConnectionState>,
-        outcome: relay::Outcome,
-    ) -> Option<Result<aip_mcp::Exchange, Failure>> {
-        match outcome {
-            relay::Outcome::Done(done) => done,
-            relay::Outcome::Asked {
-                request,
-                question,
-                waiting,
-            } => Some(Ok(self.park(connection, &request, question, waiting))),
-        }
+        self.parked.settle(connection, outcome)
     }
 
     fn audit_failure(&self, connection: &str, tool: &str, failure: &Failure, started: Instant) {

@@ -20,6 +20,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use aip_mcp::{Exchange, Failure};
 use aip_policy::{Direction, Evaluator, codes};
@@ -27,8 +28,8 @@ use aip_service::sync::lock;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::relay::{CallRelay, Question, Waiting, cancel_upstream};
-use super::{Caller, Gateway};
+use super::call::Caller;
+use super::relay::{CallRelay, Outcome, Question, Relay, Waiting, cancel_upstream};
 use crate::upstream::health::ConnectionState;
 
 /// Calls parked at once, at most; past it a server's question is refused.
@@ -48,8 +49,11 @@ struct ParkedCall {
     waiting: Waiting,
 }
 
-#[derive(Default)]
-pub(super) struct Parked(Mutex<HashMap<String, ParkedCall>>);
+/// The calls parked, each until its retry or `patience`.
+pub(super) struct Parked {
+    calls: Mutex<HashMap<String, ParkedCall>>,
+    patience: Duration,
+}
 
 fn owner_of(request: &Value) -> String {
     aip_mcp::modern::client_name(request).to_owned()
@@ -100,18 +104,42 @@ pub(super) fn refuse_foreign_state(
     ))
 }
 
-impl Gateway {
+impl Parked {
+    /// Calls wait at most `patience` for their retry.
+    pub(super) fn new(patience: Duration) -> Parked {
+        Parked {
+            calls: Mutex::default(),
+            patience,
+        }
+    }
+
     /// Whether another call may not be parked: its server's question is then
     /// refused, and the call goes on.
-    pub(super) fn parking_full(&self) -> bool {
-        lock(&self.parked.0).len() >= MAX_PARKED
+    pub(super) fn full(&self) -> bool {
+        lock(&self.calls).len() >= MAX_PARKED
+    }
+
+    /// A relayed call's outcome for the agent: parked when its server asked.
+    pub(super) fn settle(
+        self: &Arc<Self>,
+        connection: &Arc<ConnectionState>,
+        outcome: Outcome,
+    ) -> Option<Result<Exchange, Failure>> {
+        match outcome {
+            Outcome::Done(done) => done,
+            Outcome::Asked {
+                request,
+                question,
+                waiting,
+            } => Some(Ok(self.park(connection, &request, question, waiting))),
+        }
     }
 
     /// Parks a call whose server asked `question`; the `input_required`
     /// exchange the agent gets, or the refusal the server gets (too many
     /// parked).
-    pub(super) fn park(
-        &self,
+    fn park(
+        self: &Arc<Self>,
         connection: &Arc<ConnectionState>,
         request: &Value,
         question: Question,
@@ -127,9 +155,9 @@ impl Gateway {
             waiting,
         };
         {
-            // parking_full() was asked first; concurrent parks may pass it
+            // full() was asked first; concurrent parks may pass it
             // at once, which this bound catches (the call then fails).
-            let mut calls = lock(&self.parked.0);
+            let mut calls = lock(&self.calls);
             if calls.len() >= MAX_PARKED {
                 drop(calls);
                 let why = format!("{MAX_PARKED} calls already wait for their agents' input");
@@ -149,12 +177,11 @@ impl Gateway {
     }
 
     /// Forgets a parked call nobody came back for, and tells its server.
-    fn expire_later(&self, handle: String) {
-        let parked = self.parked.clone();
-        let patience = self.options.approval_timeout;
+    fn expire_later(self: &Arc<Self>, handle: String) {
+        let parked = self.clone();
         tokio::spawn(async move {
-            tokio::time::sleep(patience).await;
-            let expired = lock(&parked.0).remove(&handle);
+            tokio::time::sleep(parked.patience).await;
+            let expired = lock(&parked.calls).remove(&handle);
             if let Some(call) = expired {
                 let why = "the agent did not answer the server's question in time";
                 cancel_upstream(&call.connection, &call.waiting.upstream_id, why).await;
@@ -165,14 +192,15 @@ impl Gateway {
     /// The retry of a parked call (`handle` from its `requestState`): the
     /// agent's answer goes to the server, and the call is relayed on.
     pub(super) async fn resume(
-        &self,
+        self: &Arc<Self>,
+        relay: &Relay,
         handle: &str,
         retry: &Value,
         caller: &Caller,
         evaluator: &Evaluator,
         cancel: &CancellationToken,
     ) -> Option<Result<Exchange, Failure>> {
-        let taken = lock(&self.parked.0).remove(handle);
+        let taken = lock(&self.calls).remove(handle);
         let refuse = |why: &str| {
             Some(Ok(exchange(
                 json!({"code": codes::INVALID_PARAMS, "message": format!("requestState: {why}")}),
@@ -198,8 +226,7 @@ impl Gateway {
             ));
         };
         let mut answer = answer;
-        self.relay
-            .redact_for_server(&mut answer, evaluator, Direction::Upstream);
+        relay.redact_for_server(&mut answer, evaluator, Direction::Upstream);
         let reply = json!({"jsonrpc": "2.0", "id": parked.question, "result": answer});
         let connection = parked.connection;
         if let Err(failure) = connection.upstream.notify(&reply).await {
@@ -211,9 +238,9 @@ impl Gateway {
             upstream_token,
             upstream_id,
         } = parked.waiting;
-        let full = || self.parking_full();
+        let full = || self.full();
         let call = CallRelay::resumed(
-            &self.relay,
+            relay,
             &full,
             &connection,
             caller,
@@ -225,11 +252,7 @@ impl Gateway {
         // request's id (what a later question parks, a cancellation names).
         let mut request = retry.clone();
         request["id"] = upstream_id;
-        let outcome = Box::pin(
-            self.relay
-                .pump_detached(call, upstream, heard, request, cancel),
-        )
-        .await;
+        let outcome = Box::pin(relay.pump_detached(call, upstream, heard, request, cancel)).await;
         self.settle(&connection, outcome)
     }
 }
