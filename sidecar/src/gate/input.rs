@@ -9,14 +9,18 @@
 //! allowed, so they are not decided again; each is forwarded once.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use aip_mcp::{Exchange, Failure};
 use aip_policy::Evaluator;
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
+use super::call::{Caller, Ids};
+use super::parked::Parked;
 use super::present::{Findings, redact_for_agent};
-use super::{Caller, Gateway};
+use super::relay::Relay;
+use crate::audit::Audit;
 use crate::upstream::health::ConnectionState;
 
 /// Rounds of questions one call may take.
@@ -27,7 +31,18 @@ pub(super) fn requires_input(exchange: &Exchange) -> bool {
     exchange.response.pointer("/result/resultType") == Some(&json!("input_required"))
 }
 
-impl Gateway {
+/// What answering a server's questions for a legacy agent needs, handed
+/// in by the pipeline for one call.
+pub(super) struct Answering<'a> {
+    pub(super) relay: &'a Relay,
+    pub(super) parked: &'a Arc<Parked>,
+    pub(super) ids: &'a Ids,
+    pub(super) audit: &'a Audit,
+    /// How long a question waits for the agent (as long as an ask may).
+    pub(super) patience: Duration,
+}
+
+impl Answering<'_> {
     /// Answers a modern server's `input_required` for a legacy agent (see
     /// the module's note) and returns the server's final exchange, a
     /// failure, an exchange carrying the agent's error, or None when the
@@ -78,7 +93,8 @@ impl Gateway {
                 }
             }
             exchange = match self
-                .call_upstream(connection, retry, caller, evaluator, cancel)
+                .parked
+                .relay(self.relay, connection, retry, caller, evaluator, cancel)
                 .await?
             {
                 Ok(x) => x,
@@ -122,7 +138,7 @@ impl Gateway {
         }
         let id = json!(format!("aip-s-{}", self.ids.fresh()));
         let mut params = question.get("params").cloned().unwrap_or_else(|| json!({}));
-        let findings = Findings::Audited(&self.audit);
+        let findings = Findings::Audited(self.audit);
         redact_for_agent(&mut params, connection, evaluator, findings);
         let (waiter, answer) = tokio::sync::oneshot::channel();
         self.relay.expect_reply(&caller.session, &id, waiter);
@@ -134,7 +150,7 @@ impl Gateway {
         let reply = tokio::select! {
             reply = answer => reply.ok(),
             () = cancel.cancelled() => { forget(); return None }
-            () = tokio::time::sleep(self.options.approval_timeout) => None,
+            () = tokio::time::sleep(self.patience) => None,
         };
         forget();
         match reply {

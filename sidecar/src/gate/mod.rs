@@ -758,7 +758,15 @@ impl Gateway {
             .await;
         match (outcome, retry) {
             (Some(Ok(x)), Some(request)) if input::requires_input(&x) => {
-                let input = self.provide_input(connection, &request, x, caller, evaluator, cancel);
+                let answering = input::Answering {
+                    relay: &self.relay,
+                    parked: &self.parked,
+                    ids: &self.ids,
+                    audit: &self.audit,
+                    patience: self.options.approval_timeout,
+                };
+                let input =
+                    answering.provide_input(connection, &request, x, caller, evaluator, cancel);
                 Box::pin(input).await
             }
             (outcome, _) => outcome,
@@ -776,12 +784,9 @@ impl Gateway {
         evaluator: &Evaluator,
         cancel: &CancellationToken,
     ) -> Option<Result<aip_mcp::Exchange, Failure>> {
-        let full = || self.parked.full();
-        let outcome = self
-            .relay
-            .call(connection, request, caller, evaluator, cancel, &full)
-            .await;
-        self.parked.settle(connection, outcome)
+        self.parked
+            .relay(&self.relay, connection, request, caller, evaluator, cancel)
+            .await
     }
 
     fn audit_failure(&self, connection: &str, tool: &str, failure: &Failure, started: Instant) {

@@ -119,6 +119,25 @@ impl Parked {
         lock(&self.calls).len() >= MAX_PARKED
     }
 
+    /// Sends `request` (which has its gateway id) to `connection` through
+    /// `relay`; a call whose server asked the agent for input is parked and
+    /// the agent gets `input_required`. None when `cancel` fires first.
+    pub(super) async fn relay(
+        self: &Arc<Self>,
+        relay: &Relay,
+        connection: &Arc<ConnectionState>,
+        request: Value,
+        caller: &Caller,
+        evaluator: &Evaluator,
+        cancel: &CancellationToken,
+    ) -> Option<Result<Exchange, Failure>> {
+        let full = || self.full();
+        let outcome = relay
+            .call(connection, request, caller, evaluator, cancel, &full)
+            .await;
+        self.settle(connection, outcome)
+    }
+
     /// A relayed call's outcome for the agent: parked when its server asked.
     pub(super) fn settle(
         self: &Arc<Self>,
