@@ -632,7 +632,8 @@ impl Gateway {
                 {
                     // Shown as a task view, redacted as it is built.
                     let connection = &route.connection;
-                    return self.task_created(&response, id, connection, &name, owner, evaluator);
+                    let tasks = self.server_tasks();
+                    return tasks.created(&response, id, connection, &name, owner, evaluator);
                 }
                 let findings = Findings::OfTool(&self.audit, &name);
                 present::redact_response(&mut response, &route.connection, evaluator, findings);
@@ -674,6 +675,38 @@ impl Gateway {
             .await;
         self.forward_routed(routed, message, evaluator, caller)
             .await
+    }
+
+    /// The servers' tasks, over the gateway's table, ids and audit.
+    fn server_tasks(&self) -> relayed_tasks::ServerTasks<'_> {
+        relayed_tasks::ServerTasks {
+            tasks: &self.tasks,
+            ids: &self.ids,
+            audit: &self.audit,
+        }
+    }
+
+    /// `tasks/get`, `tasks/update` or `tasks/cancel` for a server's task:
+    /// authorized again, relayed to the server that holds it, and its
+    /// answer checked and shown under the gateway's id.
+    async fn server_task_request(
+        &self,
+        message: &Message,
+        task: (String, tasks::ServerTask),
+        evaluator: &Evaluator,
+        caller: &Caller,
+    ) -> Reply {
+        let server = self.server_tasks();
+        let request = match server.request(message, &task.1, evaluator) {
+            Ok(request) => request,
+            Err(refused) => return refused,
+        };
+        let connection = task.1.connection.clone();
+        let tracked = self.in_flight.track(&caller.session, message.id());
+        let sent = self.call_upstream(&connection, request, caller, evaluator, &tracked.cancelled);
+        let outcome = Box::pin(sent).await;
+        drop(tracked);
+        server.answer(message, task, evaluator, outcome)
     }
 
     /// Forwards what a listing routed, or answers why it went nowhere.

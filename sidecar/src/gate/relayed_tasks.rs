@@ -17,16 +17,16 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use aip_mcp::Failure;
 use aip_mcp::jsonrpc::Message;
 use aip_mcp::protocol::{TASK_STATUSES, check_task};
+use aip_mcp::{Exchange, Failure};
 use aip_policy::{Evaluator, Listing, codes};
 use aip_service::sync::lock;
 use serde_json::{Map, Value, json};
 
+use super::call::{Ids, Reply};
 use super::present::{Findings, error, redact_for_agent};
-use super::tasks::{ServerTask, Task, task_not_found, terminal};
-use super::{Caller, Gateway, Reply};
+use super::tasks::{ServerTask, Task, Tasks, task_not_found, terminal};
 use crate::audit::Audit;
 use crate::upstream::health::ConnectionState;
 
@@ -57,11 +57,19 @@ pub(super) fn status_of(task: &Value) -> &'static str {
         .unwrap_or("working")
 }
 
-impl Gateway {
+/// The servers' tasks, over the values the pipeline hands in: the table
+/// they are kept in, the gateway's ids and its audit.
+pub(super) struct ServerTasks<'a> {
+    pub(super) tasks: &'a Tasks,
+    pub(super) ids: &'a Ids,
+    pub(super) audit: &'a Audit,
+}
+
+impl ServerTasks<'_> {
     /// A server answered a call of `owner`'s with a task (`response`,
     /// checked, not yet redacted): kept under a gateway id and shown to the
     /// agent as its task.
-    pub(super) fn task_created(
+    pub(super) fn created(
         &self,
         response: &Value,
         id: Value,
@@ -99,29 +107,32 @@ impl Gateway {
             return Reply::Message(error(Some(&id), codes::INTERNAL_ERROR, why, None));
         };
         tracing::info!(connection = %connection.connection().name, tool, "a server's task relayed");
-        let mut view = task_view(&self.audit, task, &gateway_id, connection, tool, evaluator);
+        let mut view = task_view(self.audit, task, &gateway_id, connection, tool, evaluator);
         view["resultType"] = json!("task");
         Reply::Message(json!({"jsonrpc": "2.0", "id": id, "result": view}))
     }
 
-    /// `tasks/get`, `tasks/update` or `tasks/cancel` for a server's task:
-    /// authorized again, relayed to the server that holds it, and its
-    /// answer checked and shown under the gateway's id.
-    pub(super) async fn relayed_task_request(
+    /// `tasks/get`, `tasks/update` or `tasks/cancel` for a server's task,
+    /// authorized again: the request for the server that holds it (under a
+    /// gateway id and the server's task id), or the refusal.
+    pub(super) fn request(
         &self,
         message: &Message,
-        (gateway_id, relayed): (String, ServerTask),
+        relayed: &ServerTask,
         evaluator: &Evaluator,
-        caller: &Caller,
-    ) -> Reply {
+    ) -> Result<Value, Reply> {
         let id = message.id().cloned().unwrap_or(Value::Null);
-        let method = message.method().unwrap_or_default();
         if evaluator.listing(&relayed.tool) == Listing::Hidden {
             let why = format!(
                 "Permission denied: the task's tool {} is not allowed by the current policy",
                 relayed.tool
             );
-            return Reply::Message(error(Some(&id), codes::FORBIDDEN, &why, None));
+            return Err(Reply::Message(error(
+                Some(&id),
+                codes::FORBIDDEN,
+                &why,
+                None,
+            )));
         }
         let mut request = message.value.clone();
         if let Value::Object(envelope) = &mut request {
@@ -129,12 +140,22 @@ impl Gateway {
             envelope.insert("id".into(), json!(self.ids.fresh()));
         }
         request["params"]["taskId"] = json!(relayed.upstream_id);
+        Ok(request)
+    }
+
+    /// The server's answer to a request for its task, checked and shown
+    /// under the gateway's id; nothing when the agent cancelled.
+    pub(super) fn answer(
+        &self,
+        message: &Message,
+        (gateway_id, relayed): (String, ServerTask),
+        evaluator: &Evaluator,
+        outcome: Option<Result<Exchange, Failure>>,
+    ) -> Reply {
+        let id = message.id().cloned().unwrap_or(Value::Null);
+        let method = message.method().unwrap_or_default();
         let connection = &relayed.connection;
         let name = connection.connection().name.clone();
-        let tracked = self.in_flight.track(&caller.session, message.id());
-        let sent = self.call_upstream(connection, request, caller, evaluator, &tracked.cancelled);
-        let outcome = Box::pin(sent).await;
-        drop(tracked);
         let failed = |failure: Failure| {
             connection.record_failure("", &failure);
             // A failure's reason may quote the server.
@@ -160,13 +181,13 @@ impl Gateway {
         let result = match method {
             "tasks/get" => {
                 let task = response.get("result").cloned().unwrap_or(Value::Null);
-                if let Err(failure) = self.check_shown(&task, &relayed, message) {
+                if let Err(failure) = check_shown(&task, &relayed, message) {
                     return failed(failure);
                 }
                 self.tasks.saw_status(&gateway_id, status_of(&task));
                 let tool = &relayed.tool;
                 let mut view =
-                    task_view(&self.audit, &task, &gateway_id, connection, tool, evaluator);
+                    task_view(self.audit, &task, &gateway_id, connection, tool, evaluator);
                 view["resultType"] = json!("complete");
                 view
             }
@@ -174,36 +195,31 @@ impl Gateway {
         };
         Reply::Message(json!({"jsonrpc": "2.0", "id": id, "result": result}))
     }
+}
 
-    /// A `tasks/get` answer is the task asked about, as the extension has
-    /// it, asking only for input the agent declared it can give.
-    fn check_shown(
-        &self,
-        task: &Value,
-        relayed: &ServerTask,
-        message: &Message,
-    ) -> Result<(), Failure> {
-        check_task(task)?;
-        if task["taskId"] != json!(relayed.upstream_id) {
-            return Err(Failure::Malformed("task.taskId names another task".into()));
-        }
-        let declared = aip_mcp::modern::declared_capabilities(&message.value);
-        let asks = task.get("inputRequests").and_then(Value::as_object);
-        for (key, asked) in asks.into_iter().flatten() {
-            let method = asked["method"].as_str().unwrap_or_default();
-            let needs = match method {
-                "elicitation/create" => "elicitation",
-                "sampling/createMessage" => "sampling",
-                _ => "roots",
-            };
-            if declared.get(needs).is_none() {
-                return Err(Failure::Malformed(format!(
-                    "task.inputRequests.{key} asks for {method}, which the agent did not declare"
-                )));
-            }
-        }
-        Ok(())
+/// A `tasks/get` answer is the task asked about, as the extension has it,
+/// asking only for input the agent declared it can give.
+fn check_shown(task: &Value, relayed: &ServerTask, message: &Message) -> Result<(), Failure> {
+    check_task(task)?;
+    if task["taskId"] != json!(relayed.upstream_id) {
+        return Err(Failure::Malformed("task.taskId names another task".into()));
     }
+    let declared = aip_mcp::modern::declared_capabilities(&message.value);
+    let asks = task.get("inputRequests").and_then(Value::as_object);
+    for (key, asked) in asks.into_iter().flatten() {
+        let method = asked["method"].as_str().unwrap_or_default();
+        let needs = match method {
+            "elicitation/create" => "elicitation",
+            "sampling/createMessage" => "sampling",
+            _ => "roots",
+        };
+        if declared.get(needs).is_none() {
+            return Err(Failure::Malformed(format!(
+                "task.inputRequests.{key} asks for {method}, which the agent did not declare"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A server's task (from `connection`) as the agent sees it: the

@@ -311,7 +311,7 @@ impl Gateway {
             Ok(reply) => return reply,
             Err(relayed) => relayed,
         };
-        Box::pin(self.relayed_task_request(message, relayed, evaluator, caller)).await
+        Box::pin(self.server_task_request(message, relayed, evaluator, caller)).await
     }
 
     /// Answers a request for one of the gateway's own tasks; a server's
