@@ -478,7 +478,12 @@ impl Gateway {
             }
             // The gateway's own tasks (approvals) and servers' (relayed).
             "tasks/get" | "tasks/update" | "tasks/cancel" if caller.era.has_tasks() => {
-                Box::pin(self.task_request(message, evaluator, caller)).await
+                match self.tasks.own_request(message) {
+                    Ok(reply) => reply,
+                    Err(task) => {
+                        Box::pin(self.server_task_request(message, task, evaluator, caller)).await
+                    }
+                }
             }
             method if method.starts_with("tasks/") => Reply::Message(method_not_found(id, method)),
             other => match self.connections.sole() {
@@ -675,6 +680,91 @@ impl Gateway {
             .await;
         self.forward_routed(routed, message, evaluator, caller)
             .await
+    }
+
+    /// Answers an `ask` with a task, when the agent declared the extension
+    /// and there is room; None to hold the call in its request instead.
+    pub(super) fn ask_as_task(
+        self: &Arc<Self>,
+        message: &Message,
+        evaluator: &Arc<Evaluator>,
+        verdict: &Verdict,
+        caller: &Caller,
+    ) -> Option<Reply> {
+        if !caller.era.has_tasks()
+            || message.method() != Some("tools/call")
+            || !aip_mcp::modern::declares_tasks(&message.value)
+        {
+            return None;
+        }
+        let gateway = self.clone();
+        let (id, created, cancel) = self.tasks.open_approval(message)?;
+        let reply_id = message.id().cloned().unwrap_or(Value::Null);
+        // The call runs as a plain call: the server is not offered the
+        // extension for it, so its result is the task's.
+        let mut message = message.clone();
+        tasks::without_tasks(&mut message.value);
+        let (evaluator, verdict) = (evaluator.clone(), verdict.clone());
+        let task_id = id.clone();
+        // The id is the task's only credential: it stays out of session
+        // names and logs.
+        let session = format!("task-{}", self.ids.fresh());
+        tokio::spawn(async move {
+            let caller = Caller {
+                session,
+                events: None,
+                era: Era::Modern,
+            };
+            let work = gateway.run_task(&task_id, message, &evaluator, verdict, &caller);
+            tokio::select! {
+                () = work => {}
+                () = cancel.cancelled() => gateway.end_session(&caller.session),
+            }
+        });
+        tracing::info!("an ask answered as a task");
+        Some(Reply::Message(
+            json!({"jsonrpc": "2.0", "id": reply_id, "result": created}),
+        ))
+    }
+
+    /// The task's life: the person's decision, then (approved) the call.
+    async fn run_task(
+        &self,
+        id: &str,
+        message: Message,
+        evaluator: &Arc<Evaluator>,
+        verdict: Verdict,
+        caller: &Caller,
+    ) {
+        let connection = self.connection_of(verdict.tool().unwrap_or_default());
+        let held = self
+            .asks
+            .hold(&message, evaluator, verdict, caller, connection);
+        let Some(decided) = held.await else {
+            return;
+        };
+        self.record_decision(evaluator, &message, &decided);
+        let reply = if decided.decision == Decision::Allow {
+            self.tasks
+                .update(id, "working", "approved; the call is running", None);
+            self.serve(message, evaluator, caller).await
+        } else {
+            decided.response().map_or(Reply::Nothing, Reply::Message)
+        };
+        let outcome = match reply {
+            Reply::Message(response) => response,
+            Reply::Nothing => {
+                json!({"error": {"code": codes::INTERNAL_ERROR, "message": "the call ended without a response"}})
+            }
+        };
+        let (status, said) = match outcome.get("error") {
+            Some(e) => (
+                "failed",
+                e["message"].as_str().unwrap_or("failed").to_owned(),
+            ),
+            None => ("completed", "completed".to_owned()),
+        };
+        self.tasks.update(id, status, &said, Some(outcome));
     }
 
     /// The servers' tasks, over the gateway's table, ids and audit.

@@ -23,13 +23,13 @@ use std::time::{Duration, SystemTime};
 
 use aip_mcp::jsonrpc::Message;
 use aip_mcp::modern::{MISSING_CAPABILITY, TASKS_EXTENSION, declares_tasks};
-use aip_policy::{Decision, Evaluator, Verdict, codes};
+use aip_policy::codes;
 use aip_service::sync::lock;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use super::call::Reply;
 use super::present::error;
-use super::{Caller, Era, Gateway, Reply};
 use crate::upstream::health::ConnectionState;
 
 /// Tasks kept at once, at most; past it an ask is held in its request.
@@ -86,10 +86,6 @@ impl Tasks {
             changes: tokio::sync::broadcast::Sender::new(64),
             ttl: patience + Duration::from_secs(60) + RETENTION,
         }
-    }
-
-    pub(super) fn ttl(&self) -> Duration {
-        self.ttl
     }
 
     /// The gateway's task `id` as `tasks/get` shows it to `owner`; None
@@ -184,139 +180,55 @@ pub(super) fn owner_of(message: &Message) -> String {
     aip_mcp::modern::client_name(&message.value).to_owned()
 }
 
-impl Gateway {
-    /// How long a task lives from its creation: the ask's wait, the call,
-    /// and the retention after.
-    /// Answers an `ask` with a task, when the agent declared the extension
-    /// and there is room; None to hold the call in its request instead.
-    pub(super) fn ask_as_task(
-        self: &Arc<Self>,
+impl Tasks {
+    /// Opens a task for an ask of `message`'s: its id, how the agent is
+    /// first shown it, and what cancels its work; None when there is no
+    /// room (the call is then held in its request).
+    pub(super) fn open_approval(
+        &self,
         message: &Message,
-        evaluator: &Arc<Evaluator>,
-        verdict: &Verdict,
-        caller: &Caller,
-    ) -> Option<Reply> {
-        if !caller.era.has_tasks()
-            || message.method() != Some("tools/call")
-            || !declares_tasks(&message.value)
-        {
-            return None;
-        }
-        let gateway = self.clone();
+    ) -> Option<(String, Value, CancellationToken)> {
         let now = SystemTime::now();
         let cancel = CancellationToken::new();
-        let ttl = self.tasks.ttl();
         let task = Task {
             owner: owner_of(message),
             status: "working",
             message: "waiting for human approval".to_owned(),
             created: now,
             updated: now,
-            expires: now + ttl,
+            expires: now + self.ttl,
             outcome: None,
             cancel: cancel.clone(),
             relayed: None,
         };
-        let mut created = task.view("", ttl);
-        let id = self.tasks.insert(task)?;
+        let mut created = task.view("", self.ttl);
+        let id = self.insert(task)?;
         created["taskId"] = json!(id);
         created["resultType"] = json!("task");
-        let reply_id = message.id().cloned().unwrap_or(Value::Null);
-        // The call runs as a plain call: the server is not offered the
-        // extension for it, so its result is the task's.
-        let mut message = message.clone();
-        without_tasks(&mut message.value);
-        let (evaluator, verdict) = (evaluator.clone(), verdict.clone());
-        let task_id = id.clone();
-        // The id is the task's only credential: it stays out of session
-        // names and logs.
-        let session = format!("task-{}", self.ids.fresh());
-        tokio::spawn(async move {
-            let caller = Caller {
-                session,
-                events: None,
-                era: Era::Modern,
-            };
-            let work = gateway.run_task(&task_id, message, &evaluator, verdict, &caller);
-            tokio::select! {
-                () = work => {}
-                () = cancel.cancelled() => gateway.end_session(&caller.session),
-            }
-        });
-        tracing::info!("an ask answered as a task");
-        Some(Reply::Message(
-            json!({"jsonrpc": "2.0", "id": reply_id, "result": created}),
-        ))
+        Some((id, created, cancel))
     }
 
-    /// The task's life: the person's decision, then (approved) the call.
-    async fn run_task(
+    /// Sets task `id`'s status (unless it ended already) and says so to
+    /// its followers.
+    pub(super) fn update(
         &self,
         id: &str,
-        message: Message,
-        evaluator: &Arc<Evaluator>,
-        verdict: Verdict,
-        caller: &Caller,
+        status: &'static str,
+        message: &str,
+        outcome: Option<Value>,
     ) {
-        let connection = self.connection_of(verdict.tool().unwrap_or_default());
-        let held = self
-            .asks
-            .hold(&message, evaluator, verdict, caller, connection);
-        let Some(decided) = held.await else {
-            return;
-        };
-        self.record_decision(evaluator, &message, &decided);
-        let reply = if decided.decision == Decision::Allow {
-            self.update_task(id, "working", "approved; the call is running", None);
-            self.serve(message, evaluator, caller).await
-        } else {
-            decided.response().map_or(Reply::Nothing, Reply::Message)
-        };
-        let outcome = match reply {
-            Reply::Message(response) => response,
-            Reply::Nothing => {
-                json!({"error": {"code": codes::INTERNAL_ERROR, "message": "the call ended without a response"}})
-            }
-        };
-        let (status, said) = match outcome.get("error") {
-            Some(e) => (
-                "failed",
-                e["message"].as_str().unwrap_or("failed").to_owned(),
-            ),
-            None => ("completed", "completed".to_owned()),
-        };
-        self.update_task(id, status, &said, Some(outcome));
-    }
-
-    fn update_task(&self, id: &str, status: &'static str, message: &str, outcome: Option<Value>) {
-        if let Some(task) = lock(&self.tasks.table).get_mut(id).filter(|t| !t.ended()) {
+        if let Some(task) = lock(&self.table).get_mut(id).filter(|t| !t.ended()) {
             task.status = status;
             message.clone_into(&mut task.message);
             task.updated = SystemTime::now();
             task.outcome = outcome;
-            let _ = self.tasks.changes.send(id.to_owned());
+            let _ = self.changes.send(id.to_owned());
         }
-    }
-
-    /// `tasks/get`, `tasks/update` and `tasks/cancel` of a modern agent
-    /// that declared the extension, for a task of its own: the gateway's
-    /// answered here, a server's relayed to it.
-    pub(super) async fn task_request(
-        &self,
-        message: &Message,
-        evaluator: &Evaluator,
-        caller: &Caller,
-    ) -> Reply {
-        let relayed = match self.own_task_request(message) {
-            Ok(reply) => return reply,
-            Err(relayed) => relayed,
-        };
-        Box::pin(self.server_task_request(message, relayed, evaluator, caller)).await
     }
 
     /// Answers a request for one of the gateway's own tasks; a server's
     /// task is given back (Err) to be relayed.
-    fn own_task_request(&self, message: &Message) -> Result<Reply, (String, ServerTask)> {
+    pub(super) fn own_request(&self, message: &Message) -> Result<Reply, (String, ServerTask)> {
         let id = message.id().cloned().unwrap_or(Value::Null);
         let method = message.method().unwrap_or_default();
         if !declares_tasks(&message.value) {
@@ -337,8 +249,8 @@ impl Gateway {
             .and_then(Value::as_str)
             .unwrap_or_default();
         let owner = owner_of(message);
-        let ttl = self.tasks.ttl();
-        let mut tasks = lock(&self.tasks.table);
+        let ttl = self.ttl;
+        let mut tasks = lock(&self.table);
         let now = SystemTime::now();
         tasks.retain(|_, t| t.expires > now);
         let Some(task) = tasks.get_mut(task_id).filter(|t| t.owner == owner) else {
@@ -359,7 +271,7 @@ impl Gateway {
                     task.status = "cancelled";
                     "cancelled by the agent".clone_into(&mut task.message);
                     task.updated = now;
-                    let _ = self.tasks.changes.send(task_id.to_owned());
+                    let _ = self.changes.send(task_id.to_owned());
                 }
                 json!({"resultType": "complete"})
             }
@@ -381,7 +293,7 @@ pub(super) fn task_not_found(id: &Value, task_id: &str) -> Value {
 
 /// Takes the tasks extension out of a modern request's declared
 /// capabilities.
-fn without_tasks(message: &mut Value) {
+pub(super) fn without_tasks(message: &mut Value) {
     let extensions = message
         .pointer_mut("/params/_meta")
         .and_then(|m| m.get_mut(aip_mcp::modern::META_CAPABILITIES))
