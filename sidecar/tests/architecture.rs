@@ -14,10 +14,10 @@ use std::path::Path;
 
 /// Today's figures. Lower them as the gate improves; never raise them.
 const CEILINGS: &[(&str, usize)] = &[
-    ("gate files with an `impl Gateway` block", 2),
+    ("gate files with an `impl Gateway` block", 1),
     ("holders of `Weak<Gateway>`", 0),
     ("eras written as `modern: bool`", 0),
-    ("gate components importing `Gateway`", 1),
+    ("gate components importing `Gateway`", 0),
     ("pairs of gate components importing each other", 0),
     ("gateway methods the transports call", 10),
 ];

@@ -51,7 +51,7 @@ use present::{Findings, error, method_not_found, result};
 
 pub use call::{Caller, Era, Ids, Reply};
 pub use present::AGENT_VERSIONS;
-pub use subscriptions::Subscription;
+pub use subscriptions::{SessionNotes, Subscription};
 
 /// How long an ask waits for a person by default.
 pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(300);
@@ -89,8 +89,7 @@ pub struct Gateway {
     relay: relay::Relay,
     parked: Arc<parked::Parked>,
     tasks: Arc<tasks::Tasks>,
-    watches: watches::Watches,
-    session_watches: Arc<watches::SessionWatches>,
+    subscriptions: subscriptions::Subscriptions,
     audit: Arc<Audit>,
     options: GatewayOptions,
     ids: Ids,
@@ -110,6 +109,9 @@ impl Gateway {
         shutdown: CancellationToken,
     ) -> Arc<Gateway> {
         let approvals = LocalApprovals::new();
+        let tasks = Arc::new(tasks::Tasks::new(options.approval_timeout));
+        let tools_changed = watch::Sender::new(0);
+        let connections = Connections::new();
         let audit = Arc::new(audit);
         let ids = Ids::default();
         let asks = asks::Asks::new(
@@ -118,25 +120,31 @@ impl Gateway {
             options.ask_progress_interval,
             config.clone(),
         );
+        let subscriptions = subscriptions::Subscriptions::new(
+            tasks.clone(),
+            audit.clone(),
+            tools_changed.subscribe(),
+            connections.notes.clone(),
+            shutdown.clone(),
+        );
         let gateway = Arc::new(Gateway {
             metrics: Metrics::default(),
             approvals,
             config,
-            connections: Connections::new(),
+            connections,
             routes: Routes::default(),
             in_flight: InFlight::default(),
             asks,
             listings: listings::Listings::new(ids.clone()),
             relay: relay::Relay::new(ids.clone(), audit.clone()),
             parked: Arc::new(parked::Parked::new(options.approval_timeout)),
-            tasks: Arc::new(tasks::Tasks::new(options.approval_timeout)),
-            watches: watches::Watches::default(),
-            session_watches: Arc::default(),
+            tasks,
+            subscriptions,
             audit,
             options,
             ids,
             shutdown,
-            tools_changed: watch::Sender::new(0),
+            tools_changed,
         });
         gateway.apply_config();
         tokio::spawn(gateway.clone().follow_config());
@@ -159,6 +167,14 @@ impl Gateway {
 
     /// Changes each time the tool list agents see changes (a connection's
     /// health or catalog, a gated tool, a new policy).
+    /// The notes for a legacy `session`'s standalone stream.
+    pub fn session_notes(&self, session: &str) -> SessionNotes {
+        let evaluator = self.config().evaluator.clone();
+        let upstream = self.connections.capabilities();
+        self.subscriptions
+            .session_notes(session, &evaluator, &upstream)
+    }
+
     pub fn tools_changed(&self) -> watch::Receiver<u64> {
         self.tools_changed.subscribe()
     }
@@ -189,7 +205,7 @@ impl Gateway {
     pub fn end_session(&self, session: &str) {
         self.in_flight.end_session(session);
         self.asks.withdraw(session);
-        aip_service::sync::lock(&self.session_watches.0).remove(session);
+        self.subscriptions.end_session(session);
     }
 
     /// Withdraws the asks a session left waiting; its calls go on.
@@ -345,7 +361,11 @@ impl Gateway {
         if let Some(refused) = subscriptions::refuse_undeclared_tasks(message) {
             return Err(Reply::Message(refused));
         }
-        Ok(self.subscription(message, &evaluator).await)
+        let sources = subscriptions::Sources {
+            listings: &self.listings,
+            connections: &self.connections,
+        };
+        Ok(self.subscriptions.open(message, &evaluator, sources).await)
     }
 
     /// The pipeline proper.
@@ -457,7 +477,17 @@ impl Gateway {
                 Box::pin(self.forward_routed(routed, message, evaluator, caller)).await
             }
             "resources/subscribe" | "resources/unsubscribe" => {
-                Box::pin(self.session_subscription(message, evaluator, caller)).await
+                let sources = subscriptions::Sources {
+                    listings: &self.listings,
+                    connections: &self.connections,
+                };
+                let kept = self
+                    .subscriptions
+                    .session_subscription(message, evaluator, caller, sources);
+                match Box::pin(kept).await {
+                    Some(reply) => reply,
+                    None => Box::pin(self.by_resource(message, evaluator, caller)).await,
+                }
             }
             "resources/read" => Box::pin(self.by_resource(message, evaluator, caller)).await,
             "completion/complete" => {

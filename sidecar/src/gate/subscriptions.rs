@@ -20,12 +20,14 @@ use serde_json::{Value, json};
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::Gateway;
+use super::call::{Caller, Reply};
+use super::connections::Connections;
+use super::listings::Listings;
 use super::present::server_info;
 use super::relayed_tasks::task_view;
 use super::tasks::{ServerTask, Tasks};
 use super::watches::SessionWatches;
-use super::watches::{MAX_SESSION_WATCHES, Watch};
+use super::watches::{MAX_SESSION_WATCHES, Watch, Watches};
 use crate::audit::Audit;
 use crate::upstream::health::ConnectionState;
 
@@ -59,14 +61,65 @@ pub struct Subscription {
 /// those it does.
 const MAX_WATCHED: usize = 64;
 
-impl Gateway {
+/// What agents' streams are made of: the servers kept subscribed to the
+/// resources agents watch, legacy sessions' own watches, and the feeds a
+/// stream follows (tool list changes, servers' notes, task changes).
+pub(super) struct Subscriptions {
+    watches: Watches,
+    sessions: Arc<SessionWatches>,
+    tasks: Arc<Tasks>,
+    audit: Arc<Audit>,
+    tools_changed: watch::Receiver<u64>,
+    notes: broadcast::Sender<(String, Value)>,
+    shutdown: CancellationToken,
+}
+
+/// The gateway parts a subscription reads as it opens: where resources
+/// are, and what the servers offer.
+pub(super) struct Sources<'a> {
+    pub(super) listings: &'a Listings,
+    pub(super) connections: &'a Connections,
+}
+
+impl Subscriptions {
+    pub(super) fn new(
+        tasks: Arc<Tasks>,
+        audit: Arc<Audit>,
+        tools_changed: watch::Receiver<u64>,
+        notes: broadcast::Sender<(String, Value)>,
+        shutdown: CancellationToken,
+    ) -> Subscriptions {
+        Subscriptions {
+            watches: Watches::default(),
+            sessions: Arc::default(),
+            tasks,
+            audit,
+            tools_changed,
+            notes,
+            shutdown,
+        }
+    }
+
+    /// Tool list changes from now on (what came before is not news).
+    fn tools_changed(&self) -> watch::Receiver<u64> {
+        let mut changes = self.tools_changed.clone();
+        changes.mark_unchanged();
+        changes
+    }
+
+    /// Forgets the resources a legacy session watched.
+    pub(super) fn end_session(&self, session: &str) {
+        aip_service::sync::lock(&self.sessions.0).remove(session);
+    }
+
     /// Opens a subscription for an allowed `subscriptions/listen`: the
     /// filter it asked for, less what the gateway cannot deliver or the
     /// policy hides.
-    pub(super) async fn subscription(
+    pub(super) async fn open(
         &self,
         message: &Message,
         evaluator: &Arc<Evaluator>,
+        sources: Sources<'_>,
     ) -> Subscription {
         let asked = message
             .params()
@@ -74,7 +127,7 @@ impl Gateway {
             .cloned()
             .unwrap_or_else(|| json!({}));
         let wants = |key: &str| asked.get(key).and_then(Value::as_bool) == Some(true);
-        let upstream = self.connections.capabilities();
+        let upstream = sources.connections.capabilities();
         let announces = |kind: &str| {
             upstream
                 .get(kind)
@@ -99,7 +152,7 @@ impl Gateway {
                 honored.insert(key.into(), json!(true));
             }
         }
-        let watching = self.watch(&asked, evaluator).await;
+        let watching = self.watch(&asked, evaluator, &sources).await;
         if !watching.is_empty() {
             let uris: Vec<&str> = watching.iter().map(|w| w.uri.as_str()).collect();
             honored.insert("resourceSubscriptions".into(), json!(uris));
@@ -126,7 +179,7 @@ impl Gateway {
             tasks: self.tasks.clone(),
             audit: self.audit.clone(),
             evaluator: evaluator.clone(),
-            notes: self.connections.notes.subscribe(),
+            notes: self.notes.subscribe(),
             shutdown: self.shutdown.clone(),
         }
     }
@@ -151,7 +204,7 @@ pub(super) fn refuse_undeclared_tasks(message: &Message) -> Option<Value> {
     ))
 }
 
-impl Gateway {
+impl Subscriptions {
     /// The tasks a listen asked to follow that are the agent's own: the
     /// gateway's, and the servers' (whose modern HTTP server is then asked
     /// to tell about them).
@@ -195,7 +248,12 @@ impl Gateway {
     /// Watches the resources a listen asked about that the policy lets
     /// the agent read and whose server offers subscriptions (an HTTP one:
     /// a stdio server's updates are not heard).
-    async fn watch(&self, asked: &Value, evaluator: &Evaluator) -> Vec<Watch> {
+    async fn watch(
+        &self,
+        asked: &Value,
+        evaluator: &Evaluator,
+        sources: &Sources<'_>,
+    ) -> Vec<Watch> {
         let uris = asked.get("resourceSubscriptions").and_then(Value::as_array);
         let mut watching = Vec::new();
         for uri in uris.into_iter().flatten().filter_map(Value::as_str) {
@@ -211,9 +269,9 @@ impl Gateway {
             if evaluator.evaluate(&read).decision != Decision::Allow {
                 continue;
             }
-            let route = self
+            let route = sources
                 .listings
-                .resource_route(&self.connections, uri, evaluator);
+                .resource_route(sources.connections, uri, evaluator);
             let Some(connection) = Box::pin(route).await else {
                 continue;
             };
@@ -357,34 +415,39 @@ pub struct SessionNotes {
     notes: broadcast::Receiver<(String, Value)>,
 }
 
-impl Gateway {
-    /// The notes for `session`'s standalone stream (see `SessionNotes`).
-    pub fn session_notes(&self, session: &str) -> SessionNotes {
-        let evaluator = self.config().evaluator.clone();
-        let upstream = self.connections.capabilities();
+impl Subscriptions {
+    /// The notes for `session`'s standalone stream (see `SessionNotes`),
+    /// under the policy of `evaluator`, from servers offering `upstream`.
+    pub(super) fn session_notes(
+        &self,
+        session: &str,
+        evaluator: &Evaluator,
+        upstream: &Value,
+    ) -> SessionNotes {
         let announces =
             |kind: &str| upstream.pointer(&format!("/{kind}/listChanged")) == Some(&json!(true));
         SessionNotes {
             tools_changed: self.tools_changed(),
-            watches: self.session_watches.clone(),
+            watches: self.sessions.clone(),
             session: session.to_owned(),
-            prompts: announces("prompts") && allowed(&evaluator, "prompts/list"),
-            resources: announces("resources") && allowed(&evaluator, "resources/list"),
-            notes: self.connections.notes.subscribe(),
+            prompts: announces("prompts") && allowed(evaluator, "prompts/list"),
+            resources: announces("resources") && allowed(evaluator, "resources/list"),
+            notes: self.notes.subscribe(),
         }
     }
 
     /// A legacy session's `resources/subscribe` or `resources/unsubscribe`:
     /// for a resource the policy lets it read whose HTTP server offers
     /// subscriptions, the gateway keeps the watch (and the server
-    /// subscribed) and answers; anything else goes to the server as before.
+    /// subscribed) and answers; None for anything else, which goes to the
+    /// server as before.
     pub(super) async fn session_subscription(
         &self,
         message: &Message,
         evaluator: &Evaluator,
-        caller: &super::Caller,
-    ) -> super::Reply {
-        use super::Reply;
+        caller: &Caller,
+        sources: Sources<'_>,
+    ) -> Option<Reply> {
         let id = message.id().cloned().unwrap_or(Value::Null);
         let uri = super::listings::string_param(message, "uri");
         let params = json!({"uri": uri});
@@ -395,17 +458,14 @@ impl Gateway {
         };
         let verdict = evaluator.evaluate(&read);
         if verdict.decision != Decision::Allow {
-            return verdict.response().map_or(Reply::Nothing, Reply::Message);
+            return Some(verdict.response().map_or(Reply::Nothing, Reply::Message));
         }
-        let route = self
+        let route = sources
             .listings
-            .resource_route(&self.connections, &uri, evaluator);
+            .resource_route(sources.connections, &uri, evaluator);
         let connection = Box::pin(route).await;
-        let Some(connection) = connection.filter(|c| caller.era.has_sessions() && subscribable(c))
-        else {
-            return Box::pin(self.by_resource(message, evaluator, caller)).await;
-        };
-        let mut sessions = aip_service::sync::lock(&self.session_watches.0);
+        let connection = connection.filter(|c| caller.era.has_sessions() && subscribable(c))?;
+        let mut sessions = aip_service::sync::lock(&self.sessions.0);
         let watching = sessions.entry(caller.session.clone()).or_default();
         let name = &connection.connection().name;
         let known = |w: &Watch| w.uri == uri && w.connection() == name.as_str();
@@ -414,16 +474,18 @@ impl Gateway {
         } else if !watching.iter().any(known) {
             if watching.len() >= MAX_SESSION_WATCHES {
                 let why = format!("a session watches at most {MAX_SESSION_WATCHES} resources");
-                return Reply::Message(super::present::error(
+                return Some(Reply::Message(super::present::error(
                     Some(&id),
                     codes::INVALID_PARAMS,
                     &why,
                     None,
-                ));
+                )));
             }
             watching.push(self.watches.watch(&connection, &uri));
         }
-        Reply::Message(json!({"jsonrpc": "2.0", "id": id, "result": {}}))
+        Some(Reply::Message(
+            json!({"jsonrpc": "2.0", "id": id, "result": {}}),
+        ))
     }
 }
 
