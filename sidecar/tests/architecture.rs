@@ -20,6 +20,7 @@ const CEILINGS: &[(&str, usize)] = &[
     ("gate components importing `Gateway`", 0),
     ("pairs of gate components importing each other", 0),
     ("gateway methods the transports call", 10),
+    ("gate components naming `Gateway`", 0),
 ];
 
 fn sources(dir: &str) -> BTreeMap<String, String> {
@@ -82,6 +83,15 @@ fn imports_gateway(text: &str) -> bool {
             None => after.split(';').next().unwrap_or(""),
         };
         item.split(',').any(|i| i.trim() == "Gateway")
+    })
+}
+
+/// Whether `word` appears in `text` as a whole identifier.
+fn names_word(text: &str, word: &str) -> bool {
+    text.match_indices(word).any(|(i, _)| {
+        let before = text[..i].chars().next_back();
+        let after = text[i + word.len()..].chars().next();
+        !before.is_some_and(is_ident) && !after.is_some_and(is_ident)
     })
 }
 
@@ -171,6 +181,13 @@ fn measure() -> BTreeMap<&'static str, (usize, String)> {
 
     let calls: BTreeSet<String> = agent.values().flat_map(|t| gateway_calls(t)).collect();
     figures.insert(CEILINGS[5].0, (calls.len(), format!("{calls:?}")));
+
+    let naming: Vec<&String> = components
+        .iter()
+        .filter(|(_, t)| names_word(t, "Gateway"))
+        .map(|(k, _)| *k)
+        .collect();
+    figures.insert(CEILINGS[6].0, (naming.len(), format!("{naming:?}")));
     figures
 }
 
@@ -208,6 +225,8 @@ fn the_measures_see_what_they_count() {
     );
     assert!(imports_gateway(text));
     assert!(!imports_gateway("use super::{Caller, GatewayOptions};"));
+    assert!(names_word("impl Gateway {", "Gateway"));
+    assert!(!names_word("GatewayOptions my_Gateway", "Gateway"));
     let calls = gateway_calls(
         "state.gateway.parse(x); self.gateway\n    .handle_message(a); gateway.clone(); my_gateway.no()",
     );

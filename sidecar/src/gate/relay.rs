@@ -138,7 +138,7 @@ pub(super) enum Awaiting {
     Server(RelayedRequest),
     /// A request the gateway made of the agent on a server's behalf (a
     /// modern server's input request, for a legacy agent): to the gateway.
-    Gateway(oneshot::Sender<Value>),
+    Own(oneshot::Sender<Value>),
 }
 
 /// A request a server made of an agent, relayed and awaiting the reply.
@@ -194,7 +194,7 @@ impl Relay {
     /// gateway makes of it on a server's behalf: the reply goes to `waiter`.
     pub(super) fn expect_reply(&self, session: &str, id: &Value, waiter: oneshot::Sender<Value>) {
         let key = (session.to_owned(), id.to_string());
-        lock(&self.relayed).insert(key, Awaiting::Gateway(waiter));
+        lock(&self.relayed).insert(key, Awaiting::Own(waiter));
     }
 
     /// Stops awaiting the reply to request `id` of `session`.
@@ -344,7 +344,7 @@ impl Relay {
         let awaiting = lock(&self.relayed).remove(&(caller.session.clone(), id));
         let relayed = match awaiting {
             Some(Awaiting::Server(relayed)) => relayed,
-            Some(Awaiting::Gateway(waiter)) => {
+            Some(Awaiting::Own(waiter)) => {
                 let mut reply = message.value;
                 self.redact_for_server(&mut reply, evaluator, Direction::Upstream);
                 let _ = waiter.send(reply);
