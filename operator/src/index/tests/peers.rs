@@ -13,6 +13,12 @@ fn report(entries: &[(&str, &str)]) -> HashMap<String, String> {
         .collect()
 }
 
+/// The hash of policy `p` as accepted.
+fn hash_of(index: &Index) -> String {
+    let view = index.policy_view("agents", "p").unwrap();
+    view.accepted.unwrap().hash.clone()
+}
+
 fn synced(index: &Index) -> (u32, u32) {
     let view = index.policy_view("agents", "p").unwrap();
     (view.synced_pods, view.governed_pods)
@@ -24,13 +30,7 @@ fn a_pod_acked_to_another_replica_is_synced() {
     index.apply_pod(pod("agents", "a-1", "u1", &[("app", "a")]));
     index.apply_pod(pod("agents", "a-2", "u2", &[("app", "a")]));
     index.apply_policy("agents", "p", Some(1), &policy("a", &["x"], &[]));
-    let hash = index
-        .policy_view("agents", "p")
-        .unwrap()
-        .accepted
-        .unwrap()
-        .hash
-        .clone();
+    let hash = hash_of(&index);
     let v = current(&index, "agents", "a-1", "u1").version;
     index.ack("agents", "a-1", "u1", v);
     assert_eq!(synced(&index), (1, 2));
@@ -49,13 +49,7 @@ fn a_pod_acked_to_another_replica_is_synced() {
     // A new hash: the report's old digest no longer counts.
     index.apply_policy("agents", "p", Some(2), &policy("a", &["x", "y"], &[]));
     assert_eq!(synced(&index), (0, 2));
-    let new_hash = index
-        .policy_view("agents", "p")
-        .unwrap()
-        .accepted
-        .unwrap()
-        .hash
-        .clone();
+    let new_hash = hash_of(&index);
     index.apply_peer_report("aip-sync-b-0", report(&[("u2", &new_hash)]));
     assert_eq!(synced(&index), (1, 2));
 
@@ -70,13 +64,7 @@ fn a_report_about_a_pod_that_is_gone_or_recreated_counts_for_nothing() {
     let mut index = Index::new();
     index.apply_pod(pod("agents", "a-1", "u1", &[("app", "a")]));
     index.apply_policy("agents", "p", Some(1), &policy("a", &["x"], &[]));
-    let hash = index
-        .policy_view("agents", "p")
-        .unwrap()
-        .accepted
-        .unwrap()
-        .hash
-        .clone();
+    let hash = hash_of(&index);
     index.apply_peer_report(
         "aip-sync-b-0",
         report(&[("u1", &hash), ("elsewhere", &hash)]),
@@ -124,13 +112,7 @@ fn local_acks_are_what_this_replica_reports() {
     assert!(index.local_acks().is_empty());
     let v = current(&index, "agents", "a-1", "u1").version;
     index.ack("agents", "a-1", "u1", v);
-    let hash = index
-        .policy_view("agents", "p")
-        .unwrap()
-        .accepted
-        .unwrap()
-        .hash
-        .clone();
+    let hash = hash_of(&index);
     let acks = index.local_acks();
     assert_eq!(acks.len(), 1);
     assert_eq!(acks["u1"], digest(&hash));
