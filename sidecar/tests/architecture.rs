@@ -122,6 +122,20 @@ fn gateway_calls(text: &str) -> BTreeSet<String> {
     found
 }
 
+/// The lines of `files` containing `needle`, each with its file.
+fn lines_with<'a>(
+    files: impl Iterator<Item = (&'a String, &'a String)>,
+    needle: &str,
+) -> Vec<String> {
+    files
+        .flat_map(|(k, t)| {
+            t.lines()
+                .filter(|l| l.contains(needle))
+                .map(move |l| format!("{k}: {}", l.trim()))
+        })
+        .collect()
+}
+
 fn measure() -> BTreeMap<&'static str, (usize, String)> {
     let gate = sources("gate");
     let agent = sources("agent");
@@ -136,25 +150,10 @@ fn measure() -> BTreeMap<&'static str, (usize, String)> {
         .collect();
     figures.insert(CEILINGS[0].0, (impl_files.len(), format!("{impl_files:?}")));
 
-    let weak: Vec<String> = gate
-        .iter()
-        .flat_map(|(k, t)| {
-            t.lines()
-                .filter(|l| l.contains("Weak<Gateway>"))
-                .map(move |l| format!("{k}: {}", l.trim()))
-        })
-        .collect();
+    let weak = lines_with(gate.iter(), "Weak<Gateway>");
     figures.insert(CEILINGS[1].0, (weak.len(), format!("{weak:?}")));
 
-    let bools: Vec<String> = gate
-        .iter()
-        .chain(agent.iter())
-        .flat_map(|(k, t)| {
-            t.lines()
-                .filter(|l| l.contains("modern: bool"))
-                .map(move |l| format!("{k}: {}", l.trim()))
-        })
-        .collect();
+    let bools = lines_with(gate.iter().chain(agent.iter()), "modern: bool");
     figures.insert(CEILINGS[2].0, (bools.len(), format!("{bools:?}")));
 
     let importers: Vec<&String> = components

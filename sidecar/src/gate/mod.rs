@@ -1,17 +1,25 @@
 //! The per-message pipeline every agent transport runs (Streamable HTTP in
 //! `agent::http`, stdio in `agent::stdio`): parse -> method spelling ->
 //! policy -> hold an ask -> audit -> route -> forward -> redact -> reply.
-//! One agent message goes through [`Gateway::handle`] top to bottom in this
-//! file; the parts the pipeline uses live beside it:
+//! The transports hand each message to [`Gateway::handle_message`] (bytes
+//! to [`Gateway::handle`]), and it goes through this file top to bottom;
+//! the components the pipeline composes live beside it, each owning its
+//! state and handed what it needs, none holding or naming the gateway:
 //!
+//! - `call`: the per-request values (`Caller`, `Era`, `Reply`, `Ids`);
 //! - `connections`: the live upstream connections across reloads;
-//! - `catalog`: where each agent-facing tool, prompt and resource leads;
-//! - `inflight`: the requests in flight, for cancellation;
+//! - `catalog`: where each agent-facing tool name leads;
+//! - `inflight`: requests in flight by session and id, for cancellation;
 //! - `asks`: calls held for a person;
+//! - `listings`: prompts and resources over every connection, and where
+//!   a request for one goes;
+//! - `relay`: a call to a server and what the server says meanwhile;
+//! - `parked` and `input`: the era bridge (a legacy server's question to a
+//!   modern agent; a modern server's to a legacy agent);
+//! - `tasks` and `relayed_tasks`: approvals as tasks, and servers' tasks;
+//! - `subscriptions` and `watches`: agents' notification streams;
 //! - `present`: what the agent is shown (tool lists, the gateway's own
-//!   answers, DLP);
-//! - `relay`: what servers say to the agent while a request runs;
-//! - `listings`: prompts and resources fanned out over connections.
+//!   answers, redaction).
 
 mod asks;
 mod call;
@@ -49,7 +57,8 @@ use inflight::InFlight;
 use listings::Routed;
 use present::{Findings, error, method_not_found, result};
 
-pub use call::{Caller, Era, Ids, Reply};
+use call::Ids;
+pub use call::{Caller, Era, Reply};
 pub use present::AGENT_VERSIONS;
 pub use subscriptions::{SessionNotes, Subscription};
 
@@ -173,10 +182,6 @@ impl Gateway {
         let upstream = self.connections.capabilities();
         self.subscriptions
             .session_notes(session, &evaluator, &upstream)
-    }
-
-    pub fn tools_changed(&self) -> watch::Receiver<u64> {
-        self.tools_changed.subscribe()
     }
 
     /// Changes each time a connection a reload removed (or replaced) has
@@ -929,7 +934,7 @@ impl Gateway {
     /// Sends `request` (which has its gateway id) to `connection` through
     /// the relay; a call whose server asked the agent for input is parked
     /// and the agent gets `input_required`. None when `cancel` fires first.
-    pub(super) async fn call_upstream(
+    async fn call_upstream(
         &self,
         connection: &Arc<ConnectionState>,
         request: Value,

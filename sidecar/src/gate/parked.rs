@@ -139,7 +139,7 @@ impl Parked {
     }
 
     /// A relayed call's outcome for the agent: parked when its server asked.
-    pub(super) fn settle(
+    fn settle(
         self: &Arc<Self>,
         connection: &Arc<ConnectionState>,
         outcome: Outcome,
