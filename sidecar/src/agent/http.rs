@@ -1,21 +1,19 @@
 //! The Streamable HTTP MCP server the agent talks to, on loopback, in both
-//! eras on one endpoint, chosen per request by its body: a request whose
-//! `_meta` names a protocol version is 2026-07-28 ("modern": stateless, its
-//! mirrored headers checked against its body before anything acts on
-//! either, refusals as that revision has them: 400 with -32602, -32020 or
-//! -32022, 404 with -32601); anything else is the legacy era: sessions
-//! issued at initialize, a GET stream per session for
-//! `notifications/tools/list_changed`, DELETE to end a session, 404 for an
-//! unknown session. A response is JSON, or SSE when the client accepts only
-//! SSE or once a message about the request must reach the agent before its
-//! response. 403 for an Origin or Host that is not loopback. Failures of
-//! upstreams are never HTTP errors here: they are JSON-RPC errors in a 200.
+//! eras on one endpoint. This is framing only: Origin and Host (403 for one
+//! that is not loopback), the in-flight memory budget (503 past it, 413 for
+//! a body over the limit), reading the body, then the gate's one entry,
+//! `Gateway::handle`, with the request's headers; the gate decides the era,
+//! the session and the status (gate/edge.rs), and this turns its answer
+//! into HTTP: JSON, or SSE when the client accepts only SSE or once a
+//! message about the request must reach the agent before its response;
+//! the stream of a 2026-07-28 subscription; a legacy session's GET stream
+//! and its DELETE. Failures of upstreams are never HTTP errors here: they
+//! are JSON-RPC errors in a 200.
 
-use aip_service::sync::lock;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use aip_policy::codes;
@@ -36,13 +34,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use aip_mcp::modern::{self, Invalid};
-
-use crate::gate::{AGENT_VERSIONS, Caller, Era, Gateway, Reply};
+use crate::gate::{Answer, Caller, Era, Gateway, Input, Listen, Reply, StreamRefused, Transport};
 
 pub const MCP_PATH: &str = "/mcp";
-/// Sessions kept at once; past this the least recently used one ends.
-pub const MAX_SESSIONS: usize = 256;
 const MAX_BODY: usize = 4 * 1024 * 1024;
 /// What all the requests in flight may hold together, and what a request
 /// reserves per byte of its body: the body, its parsed value (at most a few
@@ -67,9 +61,7 @@ pub fn default_limits() -> Limits {
         ..Limits::default()
     }
 }
-/// Subscriptions streamed at once, at most, and how often an idle one gets
-/// a comment.
-const MAX_LISTENERS: usize = 256;
+/// How often an idle subscription stream gets a comment.
 const KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(15);
 /// Messages about one request queued for the agent, at most (past this,
 /// notifications are dropped and relayed requests refused).
@@ -85,66 +77,7 @@ struct State {
     budget: Budget,
     /// ... and the small ones.
     small: Budget,
-    sessions: Mutex<Sessions>,
-    listeners: Arc<tokio::sync::Semaphore>,
     shutdown: CancellationToken,
-}
-
-/// Agent sessions, bounded.
-#[derive(Default)]
-struct Sessions {
-    map: HashMap<String, Session, foldhash::fast::RandomState>,
-    clock: u64,
-}
-
-struct Session {
-    /// Last use, on the `Sessions` clock.
-    used: u64,
-    /// Cancelled when the session ends: its GET stream closes.
-    ended: CancellationToken,
-    /// Whether its GET stream is open (one at a time).
-    streaming: bool,
-}
-
-impl Sessions {
-    /// Marks a session used; false if it does not exist.
-    fn touch(&mut self, id: &str) -> bool {
-        self.clock += 1;
-        match self.map.get_mut(id) {
-            Some(session) => {
-                session.used = self.clock;
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Adds a session; returns the one evicted to make room, if any.
-    fn insert(&mut self, id: String) -> Option<String> {
-        self.clock += 1;
-        let evicted = (self.map.len() >= MAX_SESSIONS)
-            .then(|| {
-                self.map
-                    .iter()
-                    .min_by_key(|(_, s)| s.used)
-                    .map(|(k, _)| k.clone())
-            })
-            .flatten();
-        if let Some(old) = &evicted {
-            self.remove(old);
-        }
-        let session = Session {
-            used: self.clock,
-            ended: CancellationToken::new(),
-            streaming: false,
-        };
-        self.map.insert(id, session);
-        evicted
-    }
-
-    fn remove(&mut self, id: &str) -> bool {
-        self.map.remove(id).inspect(|s| s.ended.cancel()).is_some()
-    }
 }
 
 /// Serves agents until `shutdown`, each connection on the least busy lane
@@ -163,8 +96,6 @@ pub async fn serve(
         gateway,
         budget: Budget::new(IN_FLIGHT_BUDGET - SMALL_LANE),
         small: Budget::new(SMALL_LANE),
-        sessions: Mutex::new(Sessions::default()),
-        listeners: Arc::new(tokio::sync::Semaphore::new(MAX_LISTENERS)),
         shutdown: shutdown.clone(),
         body_timeout: limits.body_timeout,
     });
@@ -215,16 +146,13 @@ async fn route(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Bod
 }
 
 async fn post(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
-    // The headers are kept, not cloned: a modern request's are checked
-    // against its body once it is read.
+    // The headers go to the gate with the body: a modern request's are
+    // checked against it, a legacy one's name its session.
     let (parts, body) = req.into_parts();
     let headers = parts.headers;
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let (session_header, version_header) =
-        (header("mcp-session-id"), header("mcp-protocol-version"));
     let accept = header("accept");
     let (sse, accepts) = (wants_sse(accept), accepts_sse(accept));
-    let modern_header = version_header.is_some_and(|v| !AGENT_VERSIONS.contains(&v));
     let declared = header("content-length").and_then(|v| v.parse::<usize>().ok());
     if declared.is_some_and(|n| n > MAX_BODY) {
         return too_large();
@@ -254,159 +182,77 @@ async fn post(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
             );
         }
     };
-    let message = match state.gateway.parse(&body) {
-        Ok(m) => m,
-        Err(refused) if modern_header => {
-            let Reply::Message(refusal) = state.gateway.refuse(&refused) else {
-                return empty(StatusCode::BAD_REQUEST);
-            };
-            return rpc(StatusCode::BAD_REQUEST, &refusal, false);
-        }
-        Err(refused) => return reply(state.gateway.refuse(&refused), sse),
-    };
-    if Era::of(&message.value) == Era::Modern {
-        return modern_post(state, message, &headers, accepts, reserved).await;
-    }
-    if modern_header {
-        // A version header the legacy era does not know, on a request that
-        // claims no era in its body: refused as a modern request missing
-        // its `_meta` (or, for initialize, as a header that contradicts it).
-        let invalid = match message.method() {
-            Some("initialize") => Invalid::Header(format!(
-                "Header mismatch: MCP-Protocol-Version {:?} is not a version initialize negotiates",
-                version_header.unwrap_or_default()
-            )),
-            _ => Invalid::Meta(format!(
-                "params._meta must carry {} and {}",
-                modern::META_VERSION,
-                modern::META_CAPABILITIES
-            )),
-        };
-        return refuse_modern(state, &invalid, message.id());
-    }
-    let is_initialize = message.method() == Some("initialize");
-    let session = if is_initialize {
-        format!("{:032x}", rand::random::<u128>())
-    } else {
-        match session_header {
-            None => return text(StatusCode::BAD_REQUEST, "missing Mcp-Session-Id\n"),
-            Some(s) if !lock(&state.sessions).touch(s) => {
-                return text(StatusCode::NOT_FOUND, "unknown session\n");
-            }
-            Some(s) => s.to_owned(),
-        }
-    };
-    // Only requests that reach an upstream (or wait for a person) can have
-    // anything to say before their response.
-    let may_stream = matches!(
-        message.method(),
-        Some("tools/call" | "prompts/get" | "resources/read")
-    );
-    if may_stream && accepts && message.id().is_some() {
-        return answer_live(state, message, Caller::new(session), sse, reserved).await;
-    }
-    let caller = Caller::new(session.clone());
-    let outcome = state.gateway.handle_message(message, &caller).await;
-    if is_initialize {
-        let accepted = matches!(&outcome, Reply::Message(v) if v.get("result").is_some());
-        if !accepted {
-            return reply(outcome, sse); // initialize refused: no session
-        }
-        let evicted = lock(&state.sessions).insert(session.clone());
-        if let Some(old) = evicted {
-            state.gateway.end_session(&old);
-        }
-        let mut response = reply(outcome, sse);
-        if let Ok(v) = HeaderValue::from_str(&session) {
-            response.headers_mut().insert("mcp-session-id", v);
-        }
-        return response;
-    }
-    reply(outcome, sse)
-}
-
-/// A 2026-07-28 request: checked as the revision says (then its annotated
-/// arguments' headers, for a tools/call), served without a session, its
-/// refusals with the revision's HTTP statuses. A notification is accepted
-/// and dropped: the revision defines none a client sends over HTTP.
-async fn modern_post(
-    state: &Arc<State>,
-    message: aip_mcp::jsonrpc::Message,
-    headers: &hyper::HeaderMap,
-    accepts: bool,
-    reserved: Reserved,
-) -> Response<Body> {
-    if let Err(invalid) = modern::check_request(&message.value, Some(headers)) {
-        return refuse_modern(state, &invalid, message.id());
-    }
-    if message.method() == Some("tools/call") {
-        let params = message.params();
-        let name = params
-            .and_then(|p| p.get("name"))
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let annotations = state.gateway.param_headers(name);
-        let arguments = params.and_then(|p| p.get("arguments"));
-        if let Err(invalid) = modern::check_param_headers(headers, &annotations, arguments) {
-            return refuse_modern(state, &invalid, message.id());
-        }
-    }
-    if message.id().is_none() {
-        return empty(StatusCode::ACCEPTED);
-    }
-    if message.method() == Some("subscriptions/listen") {
-        return subscribe(state, &message).await;
+    if accepts {
+        return answer_live(state, body, headers, sse, reserved).await;
     }
     let caller = Caller {
-        session: format!("m-{:032x}", rand::random::<u128>()),
+        transport: Transport::Http(headers),
         events: None,
-        era: Era::Modern,
     };
-    let may_stream = modern::MAY_REQUIRE_INPUT.contains(&message.method().unwrap_or_default());
-    if may_stream && accepts {
-        return answer_live(state, message, caller, false, reserved).await;
+    let answer = state.gateway.handle(Input::Bytes(&body), caller).await;
+    respond(answer, sse)
+}
+
+/// The gate's answer as HTTP: a JSON-RPC message with the status its era
+/// gives it (a legacy one as SSE for a client that accepts only that), a
+/// new session's id in its header, a subscription's stream.
+fn respond(answer: Answer, sse: bool) -> Response<Body> {
+    match answer {
+        Answer::Reply {
+            reply: Reply::Message(message),
+            status,
+            era,
+        } => {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+            rpc(
+                status,
+                &message,
+                sse && era == Era::Legacy && status == StatusCode::OK,
+            )
+        }
+        Answer::Reply {
+            reply: Reply::Nothing,
+            ..
+        } => empty(StatusCode::ACCEPTED),
+        Answer::Session { reply, session } => {
+            let mut response = rpc(StatusCode::OK, &reply, sse);
+            if let Ok(v) = HeaderValue::from_str(&session) {
+                response.headers_mut().insert("mcp-session-id", v);
+            }
+            response
+        }
+        Answer::Listen(listen) => subscribe(listen),
+        Answer::Plain { status, text: body } => text(
+            StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST),
+            body,
+        ),
     }
-    modern_reply(state.gateway.handle_message(message, &caller).await)
 }
 
 /// A `subscriptions/listen` stream: its acknowledgement first, then each
 /// notification as it comes (an SSE comment every `KEEPALIVE` so idle
 /// proxies keep it open), and its closing result when the gateway stops.
-/// At most `MAX_LISTENERS` at once.
-async fn subscribe(state: &Arc<State>, message: &aip_mcp::jsonrpc::Message) -> Response<Body> {
-    let mut subscription = match state.gateway.listen(message).await {
-        Ok(s) => s,
-        Err(refused) => return modern_reply(refused),
-    };
-    let Ok(permit) = state.listeners.clone().try_acquire_owned() else {
-        let busy = json!({"jsonrpc": "2.0", "id": message.id(),
-            "error": {"code": codes::INTERNAL_ERROR,
-                "message": format!("the gateway holds {MAX_LISTENERS} subscriptions already; retry later")}});
-        return rpc(StatusCode::SERVICE_UNAVAILABLE, &busy, false);
-    };
+fn subscribe(mut listen: Box<Listen>) -> Response<Body> {
     let (tx, rx) = mpsc::channel::<Bytes>(8);
     tokio::spawn(async move {
-        let _permit = permit;
-        if tx
-            .send(event(&subscription.acknowledgement()))
-            .await
-            .is_err()
-        {
+        let acknowledgement = listen.subscription.acknowledgement();
+        if tx.send(event(&acknowledgement)).await.is_err() {
             return;
         }
         loop {
             let next = tokio::select! {
-                next = subscription.next() => next,
+                next = listen.subscription.next() => next,
                 () = tokio::time::sleep(KEEPALIVE) => {
                     if tx.send(Bytes::from_static(b": keep-alive\n\n")).await.is_err() {
                         return;
                     }
                     continue;
                 }
+                () = listen.ended.cancelled() => return,
                 () = tx.closed() => return,
             };
             let Some(note) = next else {
-                let _ = tx.send(event(&subscription.closing())).await;
+                let _ = tx.send(event(&listen.subscription.closing())).await;
                 return;
             };
             if tx.send(event(&note)).await.is_err() {
@@ -422,33 +268,6 @@ async fn subscribe(state: &Arc<State>, message: &aip_mcp::jsonrpc::Message) -> R
     r.headers_mut()
         .insert("x-accel-buffering", HeaderValue::from_static("no"));
     r
-}
-
-/// Refuses a modern request before the pipeline, audited.
-fn refuse_modern(state: &State, invalid: &Invalid, id: Option<&Value>) -> Response<Body> {
-    let response = invalid.response(id);
-    let reason = response["error"]["message"].as_str().unwrap_or_default();
-    state.gateway.record_refusal(reason, id);
-    let status = StatusCode::from_u16(invalid.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
-    rpc(status, &response, false)
-}
-
-/// A modern request's answer: a JSON-RPC error the revision gives an HTTP
-/// status (-32601: 404; -32020, -32021, -32022: 400) carries it; any other
-/// answer, and every error of a tool or a policy, is a 200.
-fn modern_reply(outcome: Reply) -> Response<Body> {
-    let Reply::Message(response) = outcome else {
-        return empty(StatusCode::ACCEPTED);
-    };
-    let code = response.pointer("/error/code").and_then(Value::as_i64);
-    let status = match code {
-        Some(-32601) => StatusCode::NOT_FOUND,
-        Some(
-            modern::HEADER_MISMATCH | modern::MISSING_CAPABILITY | modern::UNSUPPORTED_VERSION,
-        ) => StatusCode::BAD_REQUEST,
-        _ => StatusCode::OK,
-    };
-    rpc(status, &response, false)
 }
 
 enum BodyError {
@@ -530,12 +349,9 @@ fn delete(state: &State, req: &Request<Incoming>) -> Response<Body> {
         .headers()
         .get("mcp-session-id")
         .and_then(|v| v.to_str().ok());
-    match session.and_then(|s| lock(&state.sessions).remove(s).then(|| s.to_owned())) {
-        Some(s) => {
-            state.gateway.end_session(&s);
-            empty(StatusCode::NO_CONTENT)
-        }
-        None => text(StatusCode::NOT_FOUND, "unknown session\n"),
+    match session {
+        Some(s) if state.gateway.end_session(s) => empty(StatusCode::NO_CONTENT),
+        _ => text(StatusCode::NOT_FOUND, "unknown session\n"),
     }
 }
 
@@ -547,24 +363,22 @@ fn delete(state: &State, req: &Request<Incoming>) -> Response<Body> {
 /// doing, if the agent hangs up).
 async fn answer_live(
     state: &Arc<State>,
-    message: aip_mcp::jsonrpc::Message,
-    mut caller: Caller,
+    body: Bytes,
+    headers: hyper::HeaderMap,
     sse: bool,
     reserved: Reserved,
 ) -> Response<Body> {
     let (events, heard) = mpsc::channel(MAX_QUEUED_EVENTS);
-    caller.events = Some(events);
-    let era = caller.era;
+    let caller = Caller {
+        transport: Transport::Http(headers),
+        events: Some(events),
+    };
     let gateway = state.gateway.clone();
     let mut handling: Handling = Box::pin(async move {
         // The request's memory is held as long as its handling.
         let _reserved = reserved;
-        gateway.handle_message(message, &caller).await
+        gateway.handle(Input::Bytes(&body), caller).await
     });
-    let answer = |outcome| match era {
-        Era::Modern => modern_reply(outcome),
-        Era::Legacy => reply(outcome, sse),
-    };
     let mut live = Live {
         queued: VecDeque::new(),
         heard,
@@ -572,27 +386,26 @@ async fn answer_live(
     };
     tokio::select! {
         biased;
-        outcome = &mut handling => {
+        answer = &mut handling => {
             // What was sent just before the response goes out before it:
             // then the answer is a stream after all.
             let Ok(first) = live.heard.try_recv() else {
-                return answer(outcome);
+                return respond(answer, sse);
             };
             live.queued.push_back(event(&first));
             while let Ok(message) = live.heard.try_recv() {
                 live.queued.push_back(event(&message));
             }
-            if let Reply::Message(response) = outcome {
-                live.queued.push_back(event(&response));
-            }
+            live.queued.extend(final_event(answer));
         }
         first = live.heard.recv() => match first {
             Some(first) => {
                 live.queued.push_back(event(&first));
                 live.handling = Some(handling);
             }
-            // Nothing more can come; the response is still to come.
-            None => return answer(handling.await),
+            // Nothing more can come (the gate keeps the stream only for
+            // requests that may stream); the response is still to come.
+            None => return respond(handling.await, sse),
         },
     }
     let mut r = Response::new(live.boxed_unsync());
@@ -603,8 +416,19 @@ async fn answer_live(
     r
 }
 
+/// The response that ends a live stream (none when the call was cancelled).
+fn final_event(answer: Answer) -> Option<Bytes> {
+    match answer {
+        Answer::Reply {
+            reply: Reply::Message(response),
+            ..
+        } => Some(event(&response)),
+        _ => None,
+    }
+}
+
 /// A request being handled, movable into a response body.
-type Handling = Pin<Box<dyn Future<Output = Reply> + Send>>;
+type Handling = Pin<Box<dyn Future<Output = Answer> + Send>>;
 
 /// The SSE body of a request answered live: each message about it as it
 /// comes, then its response (none if the agent cancelled it).
@@ -640,9 +464,7 @@ impl hyper::body::Body for Live {
             while let Ok(message) = this.heard.try_recv() {
                 this.queued.push_back(event(&message));
             }
-            if let Reply::Message(response) = outcome {
-                this.queued.push_back(event(&response));
-            }
+            this.queued.extend(final_event(outcome));
             this.handling = None;
         }
     }
@@ -664,23 +486,20 @@ fn listen(state: &Arc<State>, req: &Request<Incoming>) -> Response<Body> {
     let Some(id) = header("mcp-session-id") else {
         return text(StatusCode::BAD_REQUEST, "missing Mcp-Session-Id\n");
     };
-    let ended = {
-        let mut sessions = lock(&state.sessions);
-        let Some(session) = sessions.map.get_mut(id) else {
+    let (stream, mut notes) = match state.gateway.session_stream(id) {
+        Ok(opened) => opened,
+        Err(StreamRefused::UnknownSession) => {
             return text(StatusCode::NOT_FOUND, "unknown session\n");
-        };
-        if session.streaming {
+        }
+        Err(StreamRefused::AlreadyStreaming) => {
             return text(
                 StatusCode::CONFLICT,
                 "this session already has a stream open\n",
             );
         }
-        session.streaming = true;
-        session.ended.clone()
     };
     let (tx, rx) = mpsc::channel::<Bytes>(8);
-    let mut notes = state.gateway.session_notes(id);
-    let (state, id) = (state.clone(), id.to_owned());
+    let shutdown = state.shutdown.clone();
     tokio::spawn(async move {
         loop {
             let note = tokio::select! {
@@ -688,17 +507,15 @@ fn listen(state: &Arc<State>, req: &Request<Incoming>) -> Response<Body> {
                     Some(note) => note,
                     None => break,
                 },
-                () = ended.cancelled() => break,
-                () = state.shutdown.cancelled() => break,
+                () = stream.ended.cancelled() => break,
+                () = shutdown.cancelled() => break,
                 () = tx.closed() => break,
             };
             if tx.send(event(&note)).await.is_err() {
                 break;
             }
         }
-        if let Some(session) = lock(&state.sessions).map.get_mut(&id) {
-            session.streaming = false;
-        }
+        drop(stream); // the session may open its stream again
     });
     let mut r = Response::new(Channel(rx).boxed_unsync());
     r.headers_mut().insert(
@@ -728,13 +545,6 @@ impl hyper::body::Body for Channel {
 
 fn event(message: &Value) -> Bytes {
     Bytes::from(format!("event: message\ndata: {message}\n\n"))
-}
-
-fn reply(outcome: Reply, sse: bool) -> Response<Body> {
-    match outcome {
-        Reply::Message(v) => rpc(StatusCode::OK, &v, sse),
-        Reply::Nothing => empty(StatusCode::ACCEPTED),
-    }
 }
 
 /// An Origin of a page served from this machine: `http(s)://` with a
@@ -811,20 +621,7 @@ fn empty(status: StatusCode) -> Response<Body> {
 
 #[cfg(test)]
 mod tests {
-    use super::{MAX_SESSIONS, Sessions, is_loopback_host_header, is_loopback_origin};
-
-    #[test]
-    fn sessions_are_bounded_and_the_least_recently_used_goes() {
-        let mut s = Sessions::default();
-        for i in 0..MAX_SESSIONS {
-            assert_eq!(s.insert(format!("s{i}")), None);
-        }
-        assert!(s.touch("s0"), "s0 is now the most recently used");
-        assert_eq!(s.insert("new".into()), Some("s1".into()));
-        assert!(!s.touch("s1"));
-        assert!(s.touch("s0") && s.touch("new"));
-        assert!(s.remove("new") && !s.remove("new"));
-    }
+    use super::{is_loopback_host_header, is_loopback_origin};
 
     #[test]
     fn loopback_origins() {

@@ -12,29 +12,26 @@
 //! while the request runs; `notifications/tools/list_changed` follows the
 //! tools it may see, once it has initialized.
 //!
-//! Both eras share the channel, decided per message: one whose `_meta`
-//! names a protocol version is a 2026-07-28 message, checked as the
-//! revision says (no headers on stdio) and served without initialize; its
-//! `subscriptions/listen` streams its notifications onto stdout, tagged
-//! with its id, until `notifications/cancelled` names that id (at most
-//! [`MAX_LISTENS`] at once).
+//! Both eras share the channel, decided per message by the gate's edge
+//! (gate/edge.rs) like every rule of an era: a 2026-07-28 message is
+//! checked as the revision says (no headers on stdio) and served without
+//! initialize; its `subscriptions/listen` streams its notifications onto
+//! stdout, tagged with its id, until `notifications/cancelled` names that
+//! id (at most `gate::MAX_LISTENS_PER_SESSION` at once). This file frames
+//! lines and writes stdout; the gate's one entry does the rest.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use aip_mcp::jsonrpc::{Message, Refusal, Refused};
 use aip_mcp::lines::{self, Line};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
-use tokio_util::sync::CancellationToken;
 
-use crate::gate::{Caller, Era, Gateway, Reply};
+use crate::gate::{Answer, Caller, Gateway, Input, Listen, Reply, STDIO_SESSION, Transport};
 use aip_service::budget::Budget;
 
-/// The agent's session name at the gateway.
-pub const SESSION: &str = "stdio";
 /// Messages handled at once, at most.
 pub const MAX_IN_FLIGHT: usize = 256;
 /// Messages queued for stdout, at most (a reply waits for room; progress
@@ -44,12 +41,6 @@ const MAX_QUEUED: usize = 1024;
 /// reserves four times its size); past it, stdin is not read.
 const IN_FLIGHT_BUDGET: usize = 32 * 1024 * 1024;
 const EXPANSION: usize = 4;
-/// Modern subscriptions open at once, at most.
-pub const MAX_LISTENS: usize = 16;
-
-/// The agent's open modern subscriptions: the listen request's id (as JSON
-/// text) -> what ends it.
-type Listens = Arc<std::sync::Mutex<std::collections::HashMap<String, CancellationToken>>>;
 /// How long calls still in flight when stdin ends may take to be answered.
 const DRAIN: Duration = Duration::from_secs(5);
 
@@ -62,11 +53,6 @@ where
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let (to_agent, writer) = writer(output);
-    let caller = Caller {
-        session: SESSION.to_owned(),
-        events: Some(to_agent.clone()),
-        era: Era::Legacy,
-    };
     let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let budget = Budget::new(IN_FLIGHT_BUDGET);
     let mut handling = JoinSet::new();
@@ -77,7 +63,6 @@ where
         to_agent.clone(),
     ));
     let limit = gateway.limits().max_bytes;
-    let listens = Listens::default();
     let mut input = BufReader::new(input);
     loop {
         let Ok(permit) = slots.clone().acquire_owned().await else {
@@ -94,25 +79,26 @@ where
             Line::TooLong { .. } => 0, // not held: refused as it is
         };
         let reserved = budget.reserve(EXPANSION * size).await;
-        let (gateway, caller, to_agent) = (gateway.clone(), caller.clone(), to_agent.clone());
+        let (gateway, to_agent) = (gateway.clone(), to_agent.clone());
         let initialized = initialized.clone();
-        let listens = listens.clone();
         handling.spawn(async move {
-            let reply = match line.parse(&gateway) {
-                Ok(message) if Era::of(&message.value) == Era::Modern => {
-                    modern(&gateway, message, &to_agent, &listens).await
+            let input = match &line {
+                Line::Complete(bytes) => Input::Bytes(bytes),
+                Line::TooLong { bytes } => Input::TooLong { size: *bytes },
+            };
+            let caller = Caller {
+                transport: Transport::Stdio,
+                events: Some(to_agent.clone()),
+            };
+            let reply = match gateway.handle(input, caller).await {
+                Answer::Reply { reply, .. } => reply,
+                Answer::Session { reply, .. } => {
+                    let _ = to_agent.send(reply).await;
+                    initialized.send_replace(true);
+                    Reply::Nothing
                 }
-                Ok(message) => {
-                    let initializes = message.method() == Some("initialize");
-                    let reply = gateway.handle_message(message, &caller).await;
-                    if initializes
-                        && matches!(&reply, Reply::Message(r) if r.get("result").is_some())
-                    {
-                        initialized.send_replace(true);
-                    }
-                    reply
-                }
-                Err(refused) => gateway.refuse(&refused),
+                Answer::Listen(listen) => stream(listen, &to_agent).await,
+                Answer::Plain { .. } => Reply::Nothing, // HTTP's only
             };
             if let Reply::Message(reply) = reply {
                 let _ = to_agent.send(reply).await;
@@ -123,119 +109,34 @@ where
     // The agent is done sending: nobody is left to decide for the asks it
     // left waiting, but the calls it made may still be answered; its
     // subscriptions end.
-    gateway.withdraw_asks(SESSION);
-    for (_, listen) in aip_service::sync::lock(&listens).drain() {
-        listen.cancel();
-    }
+    gateway.withdraw(STDIO_SESSION);
     if tokio::time::timeout(DRAIN, drain(&mut handling))
         .await
         .is_err()
     {
-        gateway.end_session(SESSION);
+        gateway.end_session(STDIO_SESSION);
         drain(&mut handling).await;
     }
     announcing.abort();
-    drop((caller, to_agent));
+    drop(to_agent);
     let _ = writer.await;
 }
 
-/// A line as the gateway parses it; one over the size limit is refused as
-/// parse would, without having been held whole.
-trait Parse {
-    fn parse(self, gateway: &Gateway) -> Result<Message, Refused>;
-}
-
-impl Parse for Line {
-    fn parse(self, gateway: &Gateway) -> Result<Message, Refused> {
-        match self {
-            Line::Complete(bytes) => gateway.parse(&bytes),
-            Line::TooLong { bytes } => Err(Refused {
-                refusal: Refusal::TooLarge {
-                    size: bytes,
-                    limit: gateway.limits().max_bytes,
-                },
-                id: None,
-            }),
-        }
-    }
-}
-
-/// A 2026-07-28 message on the channel: checked as the revision says,
-/// then served (a listen opens its stream; a cancellation naming one ends
-/// it).
-async fn modern(
-    gateway: &Arc<Gateway>,
-    message: Message,
-    to_agent: &mpsc::Sender<Value>,
-    listens: &Listens,
-) -> Reply {
-    if let Err(invalid) = aip_mcp::modern::check_request(&message.value, None) {
-        let response = invalid.response(message.id());
-        let reason = response["error"]["message"].as_str().unwrap_or_default();
-        gateway.record_refusal(reason, message.id());
-        return match message.id() {
-            Some(_) => Reply::Message(response),
-            None => Reply::Nothing,
-        };
-    }
-    let cancelled = (message.method() == Some("notifications/cancelled"))
-        .then(|| message.params().and_then(|p| p.get("requestId")))
-        .flatten()
-        .and_then(|id| aip_service::sync::lock(listens).remove(&id.to_string()));
-    if let Some(listen) = cancelled {
-        listen.cancel();
-        return Reply::Nothing;
-    }
-    if message.method() == Some("subscriptions/listen") && message.id().is_some() {
-        return listen(gateway, &message, to_agent, listens).await;
-    }
-    let caller = Caller {
-        session: SESSION.to_owned(),
-        events: Some(to_agent.clone()),
-        era: Era::Modern,
-    };
-    gateway.handle_message(message, &caller).await
-}
-
-/// A modern `subscriptions/listen`: its acknowledgement, then its
+/// A 2026-07-28 subscription on stdout: its acknowledgement, then its
 /// notifications, until the agent cancels it or the gateway stops (then
 /// its closing result).
-async fn listen(
-    gateway: &Arc<Gateway>,
-    message: &Message,
-    to_agent: &mpsc::Sender<Value>,
-    listens: &Listens,
-) -> Reply {
-    let key = message.id().map(Value::to_string).unwrap_or_default();
-    let ended = CancellationToken::new();
-    {
-        let mut open = aip_service::sync::lock(listens);
-        if open.len() >= MAX_LISTENS || open.contains_key(&key) {
-            let why = format!("at most {MAX_LISTENS} subscriptions at once, each under its own id");
-            let busy = json!({"jsonrpc": "2.0", "id": message.id(),
-                "error": {"code": aip_policy::codes::INTERNAL_ERROR, "message": why}});
-            return Reply::Message(busy);
-        }
-        open.insert(key.clone(), ended.clone());
-    }
-    let mut subscription = match gateway.listen(message).await {
-        Ok(s) => s,
-        Err(refused) => {
-            aip_service::sync::lock(listens).remove(&key);
-            return refused;
-        }
-    };
-    if to_agent.send(subscription.acknowledgement()).await.is_err() {
+async fn stream(mut listen: Box<Listen>, to_agent: &mpsc::Sender<Value>) -> Reply {
+    let acknowledgement = listen.subscription.acknowledgement();
+    if to_agent.send(acknowledgement).await.is_err() {
         return Reply::Nothing;
     }
     loop {
         let next = tokio::select! {
-            next = subscription.next() => next,
-            () = ended.cancelled() => return Reply::Nothing,
+            next = listen.subscription.next() => next,
+            () = listen.ended.cancelled() => return Reply::Nothing,
         };
         let Some(note) = next else {
-            aip_service::sync::lock(listens).remove(&key);
-            return Reply::Message(subscription.closing());
+            return Reply::Message(listen.subscription.closing());
         };
         if to_agent.send(note).await.is_err() {
             return Reply::Nothing;
@@ -249,7 +150,7 @@ async fn drain(handling: &mut JoinSet<()>) {
 
 /// `notifications/tools/list_changed` each time the tools the agent may see
 /// change, once it has initialized, and the session's notes (see
-/// `Gateway::session_notes`).
+/// `Gateway::session_stream`).
 async fn announce_tool_changes(
     gateway: Arc<Gateway>,
     mut initialized: watch::Receiver<bool>,
@@ -258,8 +159,15 @@ async fn announce_tool_changes(
     if initialized.wait_for(|done| *done).await.is_err() {
         return;
     }
-    let mut notes = gateway.session_notes(SESSION);
-    while let Some(note) = notes.next().await {
+    let Ok((stream, mut notes)) = gateway.session_stream(STDIO_SESSION) else {
+        return;
+    };
+    loop {
+        let note = tokio::select! {
+            note = notes.next() => note,
+            () = stream.ended.cancelled() => None,
+        };
+        let Some(note) = note else { return };
         if to_agent.send(note).await.is_err() {
             return;
         }

@@ -12,8 +12,8 @@ use aip_policy::{Decision, Evaluator, Request, Verdict};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use super::call::Caller;
-use super::inflight::InFlight;
+use super::call::Call;
+use super::edge::InFlight;
 use crate::approvals::{Ask, LocalApprovals};
 use crate::config::Config;
 
@@ -46,15 +46,16 @@ impl Asks {
     }
 
     /// Holds an ask for a call to `connection` until a person decides, the
-    /// agent cancels, or time runs out. None when the ask was withdrawn.
+    /// agent cancels (the ask, or the call), or time runs out. None when the
+    /// ask was withdrawn.
     pub(super) async fn hold(
         &self,
         message: &Message,
-        evaluator: &Arc<Evaluator>,
         verdict: Verdict,
-        caller: &Caller,
+        caller: &Call,
         connection: String,
     ) -> Option<Verdict> {
+        let evaluator = &caller.evaluator;
         let tool = verdict.tool().unwrap_or_default().to_owned();
         let mut arguments = message
             .params()
@@ -76,6 +77,7 @@ impl Asks {
             // Dropping the ask withdraws it: a later decision releases nothing.
             blocked = self.blocked_by_new_policy(message, evaluator) => Some(blocked),
             () = tracked.cancelled.cancelled() => None,
+            () = caller.cancel.cancelled() => None,
             () = self.waiting_progress(token, caller) => None, // never ends
         }
     }
@@ -124,7 +126,7 @@ impl Asks {
 
     /// While an ask waits, tells an agent that asked for progress (and whose
     /// transport can carry it) that the call is alive. Never returns.
-    async fn waiting_progress(&self, token: Option<&Value>, caller: &Caller) {
+    async fn waiting_progress(&self, token: Option<&Value>, caller: &Call) {
         match token.filter(|_| caller.events.is_some()) {
             Some(token) => {
                 progress_every(token, self.progress_every, |note| {

@@ -1,14 +1,20 @@
-//! The values a request carries through the gate: who sent it (`Caller`),
-//! the protocol era it speaks (`Era`, decided once, at the agent edge), and
-//! what goes back (`Reply`), and the gateway's own request ids (`Ids`). No behaviour beyond the era's rules: every
-//! place where the two eras differ asks the era, so the next revision is
-//! one more variant whose rules the compiler asks for.
+//! The values a request carries through the gate: what the transport knows
+//! (`Caller`, `Input`), the request on its way (`Call`, built once by the
+//! agent edge, with its era as `Era`), what goes back inside the gate
+//! (`Reply`), and the gateway's own request ids
+//! (`Ids`). No behaviour beyond the era's rules: every place where the two
+//! eras differ asks the era, so the next revision is one more variant whose
+//! rules the compiler asks for.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use aip_policy::Evaluator;
 use serde_json::Value;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::upstream::health::ConnectionState;
 
 /// The MCP revision a request speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,33 +84,77 @@ impl Era {
     }
 }
 
-/// Who is talking: the agent's session at the gateway, the era of its
-/// request, and the stream on which messages about the request reach it
-/// (progress, logging, requests a server makes of it), if its transport
-/// has one.
-#[derive(Debug, Clone)]
+/// What a transport knows of a message before the gate reads it: how it
+/// came, and the agent's stream for messages about it (progress, logging,
+/// requests a server makes of it), if the transport has one. The gate
+/// decides everything else (era, session, whether this request may stream).
+#[derive(Debug)]
 pub struct Caller {
+    pub transport: Transport,
+    pub events: Option<mpsc::Sender<Value>>,
+}
+
+/// The transport a message came over.
+#[derive(Debug)]
+pub enum Transport {
+    /// Streamable HTTP, with the request's headers (the legacy era's
+    /// session, the 2026-07-28 era's mirrored headers).
+    Http(hyper::HeaderMap),
+    /// stdio: one agent, one session, its stream always open.
+    Stdio,
+}
+
+/// The bytes of one message, or the size of one too long to be held.
+#[derive(Debug, Clone, Copy)]
+pub enum Input<'a> {
+    Bytes(&'a [u8]),
+    TooLong { size: usize },
+}
+
+/// One request on its way through the gate, built once by the agent edge:
+/// who sent it (its session), its era, its stream (only where the request
+/// may stream), the policy it arrived under, what cancels it, and for a
+/// `tools/call` the tool's route, looked up once.
+#[derive(Debug, Clone)]
+pub struct Call {
     pub session: String,
     pub events: Option<mpsc::Sender<Value>>,
     pub era: Era,
+    pub evaluator: Arc<Evaluator>,
+    /// Fired by the agent's `notifications/cancelled` naming the request,
+    /// or the end of its session.
+    pub cancel: CancellationToken,
+    /// A `tools/call`'s tool: where it leads (None for an unknown tool, or
+    /// one only a connection still starting may hold).
+    pub route: Option<Route>,
+    /// Whether a `tools/call` names a tool of the catalog (its metric
+    /// label is then the name, else "other").
+    pub known: bool,
 }
 
-impl Caller {
-    /// A legacy caller without a stream for messages about its request.
-    pub fn new(session: impl Into<String>) -> Caller {
-        Caller {
-            session: session.into(),
-            events: None,
-            era: Era::Legacy,
-        }
-    }
-
+impl Call {
     /// Queues a message for the agent on this request's stream; false when
     /// it cannot go (no stream, or the agent is not reading it).
     pub(super) fn send(&self, message: Value) -> bool {
         self.events
             .as_ref()
             .is_some_and(|events| events.try_send(message).is_ok())
+    }
+}
+
+/// A tool as the agent sees it, and where it really lives.
+#[derive(Clone)]
+pub struct Route {
+    pub connection: Arc<ConnectionState>,
+    pub upstream_name: String,
+}
+
+impl std::fmt::Debug for Route {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Route")
+            .field("connection", &self.connection.connection().name)
+            .field("upstream_name", &self.upstream_name)
+            .finish()
     }
 }
 

@@ -11,6 +11,7 @@ use aip_policy::normalize_name;
 use aip_service::sync::lock;
 use serde_json::Value;
 
+use super::call::Route;
 use super::connections::Connections;
 use crate::upstream::health::ConnectionState;
 
@@ -33,10 +34,12 @@ pub(super) struct CatalogEntry {
     pub definition: Value,
 }
 
-/// A tool as the agent sees it, and where it really lives.
-pub(super) struct Route {
-    pub connection: Arc<ConnectionState>,
-    pub upstream_name: String,
+/// A `tools/call`'s tool, as one lookup found it.
+#[derive(Default)]
+pub(super) struct Lookup {
+    pub known: bool,
+    pub route: Option<Route>,
+    pub param_headers: Vec<aip_mcp::modern::ParamHeader>,
 }
 
 impl CatalogEntry {
@@ -61,9 +64,31 @@ impl Catalog {
         })
     }
 
-    /// Whether `name` is an agent-facing tool name of this catalog.
-    pub fn knows(&self, name: &str) -> bool {
-        self.by_name.contains_key(name)
+    /// What a `tools/call` of `name` needs of the catalog, in one lookup:
+    /// whether the name is catalogued, its route, and (for a 2026-07-28
+    /// agent) the `x-mcp-header` annotations of its arguments.
+    pub fn lookup(&self, name: &str, annotations: bool) -> Lookup {
+        let Some(&i) = self.by_name.get(name) else {
+            return Lookup::default();
+        };
+        let entry = &self.entries[i];
+        let route = (!self.is_ambiguous(name)).then(|| Route {
+            upstream_name: entry.upstream_name().to_owned(),
+            connection: entry.connection.clone(),
+        });
+        let param_headers = match (annotations, &route) {
+            (true, Some(_)) => entry
+                .definition
+                .get("inputSchema")
+                .and_then(|schema| aip_mcp::modern::param_headers(schema).ok())
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        };
+        Lookup {
+            known: true,
+            route,
+            param_headers,
+        }
     }
 
     pub fn is_ambiguous(&self, agent_name: &str) -> bool {

@@ -1,34 +1,35 @@
-//! The per-message pipeline every agent transport runs (Streamable HTTP in
-//! `agent::http`, stdio in `agent::stdio`): parse -> method spelling ->
-//! policy -> hold an ask -> audit -> route -> forward -> redact -> reply.
-//! The transports hand each message to [`Gateway::handle_message`] (bytes
-//! to [`Gateway::handle`]), and it goes through this file top to bottom;
-//! the components the pipeline composes live beside it, each owning its
-//! state and handed what it needs, none holding or naming the gateway:
+//! The gateway: one entry, [`Gateway::handle`], that both agent transports
+//! (Streamable HTTP in `agent::http`, stdio in `agent::stdio`) hand every
+//! message to, and behind it the pipeline, in this file, top to bottom:
 //!
-//! - `call`: the per-request values (`Caller`, `Era`, `Reply`, `Ids`);
-//! - `connections`: the live upstream connections across reloads;
-//! - `catalog`: where each agent-facing tool name leads;
-//! - `inflight`: requests in flight by session and id, for cancellation;
-//! - `asks`: calls held for a person;
-//! - `listings`: prompts and resources over every connection, and where
-//!   a request for one goes;
-//! - `relay`: a call to a server and what the server says meanwhile;
-//! - `parked` and `input`: the era bridge (a legacy server's question to a
-//!   modern agent; a modern server's to a legacy agent);
-//! - `tasks` and `relayed_tasks`: approvals as tasks, and servers' tasks;
-//! - `subscriptions` and `watches`: agents' notification streams;
-//! - `present`: what the agent is shown (tool lists, the gateway's own
-//!   answers, redaction).
+//! 1. the agent edge (`edge`): parse, era, the revision's checks or the
+//!    legacy session, the tool's route (one catalog lookup), cancellation;
+//! 2. method spelling;
+//! 3. policy;
+//! 4. hold an ask (`asks`; as a task for an agent that declared them,
+//!    `tasks`);
+//! 5. audit;
+//! 6. route: the gateway's own answer, or where the request goes;
+//! 7. forward: one entry into the connection's health, then the relay
+//!    (`relay`), or the era bridge when agent and server differ in era
+//!    (`bridge`);
+//! 8. present: what the agent is shown (`present`), back through the edge.
+//!
+//! The components the pipeline composes live beside it, each owning its
+//! state and handed what it needs, none holding or naming the gateway:
+//! `call` (the per-request values), `connections`, `catalog`, `edge`,
+//! `asks`, `listings` (prompts and resources over every connection),
+//! `relay`, `bridge`, `tasks` and `relayed_tasks` (approvals as tasks, and
+//! servers' tasks), `subscriptions` and `watches` (agents' notification
+//! streams), `present`.
 
 mod asks;
+mod bridge;
 mod call;
 mod catalog;
 mod connections;
-mod inflight;
-mod input;
+mod edge;
 mod listings;
-mod parked;
 mod present;
 mod relay;
 mod relayed_tasks;
@@ -39,8 +40,8 @@ mod watches;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use aip_mcp::Failure;
-use aip_mcp::jsonrpc::{self, Kind, Limits, Message};
+use aip_mcp::jsonrpc::{Kind, Limits, Message};
+use aip_mcp::{Exchange, Failure};
 use aip_policy::{AuditRecord, Decision, Evaluator, Request, Verdict, codes, normalize_name};
 use serde_json::{Value, json};
 use tokio::sync::watch;
@@ -50,15 +51,20 @@ use crate::approvals::LocalApprovals;
 use crate::audit::{Audit, UpstreamFailure, refusal_line};
 use crate::config::Config;
 use crate::metrics::{ConnectionLabels, DecisionLabels, FailureLabels, Metrics};
-use crate::upstream::health::{ConnectionState, HealthState};
-use catalog::{Route, Routes};
+use crate::upstream::health::ConnectionState;
+use bridge::Bridge;
+use call::{Call, Ids};
+use catalog::Routes;
 use connections::Connections;
-use inflight::InFlight;
+use edge::{Edge, Handled};
 use listings::Routed;
 use present::{Findings, error, method_not_found, result};
 
-use call::Ids;
-pub use call::{Caller, Era, Reply};
+pub use call::{Caller, Era, Input, Reply, Transport};
+pub use edge::{
+    Answer, Listen, MAX_LISTENS, MAX_LISTENS_PER_SESSION, MAX_SESSIONS, STDIO_SESSION,
+    SessionStream, StreamRefused,
+};
 pub use present::AGENT_VERSIONS;
 pub use subscriptions::{SessionNotes, Subscription};
 
@@ -92,15 +98,14 @@ pub struct Gateway {
     config: watch::Receiver<Arc<Config>>,
     connections: Connections,
     routes: Routes,
-    in_flight: InFlight,
+    edge: Edge,
     asks: asks::Asks,
     listings: listings::Listings,
     relay: relay::Relay,
-    parked: Arc<parked::Parked>,
+    bridge: Bridge,
     tasks: Arc<tasks::Tasks>,
     subscriptions: subscriptions::Subscriptions,
     audit: Arc<Audit>,
-    options: GatewayOptions,
     ids: Ids,
     shutdown: CancellationToken,
     /// Bumped when the tool list agents see has really changed, for their
@@ -123,6 +128,7 @@ impl Gateway {
         let connections = Connections::new();
         let audit = Arc::new(audit);
         let ids = Ids::default();
+        let metrics = Metrics::default();
         let asks = asks::Asks::new(
             approvals.clone(),
             options.approval_timeout,
@@ -136,21 +142,25 @@ impl Gateway {
             connections.notes.clone(),
             shutdown.clone(),
         );
+        let edge = Edge::new(
+            options.limits,
+            audit.clone(),
+            metrics.refused_messages.clone(),
+        );
         let gateway = Arc::new(Gateway {
-            metrics: Metrics::default(),
+            metrics,
             approvals,
             config,
             connections,
             routes: Routes::default(),
-            in_flight: InFlight::default(),
+            edge,
             asks,
             listings: listings::Listings::new(ids.clone()),
             relay: relay::Relay::new(ids.clone(), audit.clone()),
-            parked: Arc::new(parked::Parked::new(options.approval_timeout)),
+            bridge: Bridge::new(options.approval_timeout, ids.clone(), audit.clone()),
             tasks,
             subscriptions,
             audit,
-            options,
             ids,
             shutdown,
             tools_changed,
@@ -174,14 +184,26 @@ impl Gateway {
         self.config.borrow().policy.is_some()
     }
 
-    /// Changes each time the tool list agents see changes (a connection's
-    /// health or catalog, a gated tool, a new policy).
-    /// The notes for a legacy `session`'s standalone stream.
-    pub fn session_notes(&self, session: &str) -> SessionNotes {
+    /// The limits every agent message is parsed with.
+    pub fn limits(&self) -> Limits {
+        self.edge.limits()
+    }
+
+    /// Opens a legacy `session`'s standalone stream (one at a time): the
+    /// notes it carries (`notifications/tools/list_changed` whenever the
+    /// tools the agent may see change, its servers' list changes, updates
+    /// of resources it subscribed to) until the session ends.
+    pub fn session_stream(
+        &self,
+        session: &str,
+    ) -> Result<(SessionStream, SessionNotes), StreamRefused> {
+        let stream = self.edge.session_stream(session)?;
         let evaluator = self.config().evaluator.clone();
         let upstream = self.connections.capabilities();
-        self.subscriptions
-            .session_notes(session, &evaluator, &upstream)
+        let notes = self
+            .subscriptions
+            .session_notes(session, &evaluator, &upstream);
+        Ok((stream, notes))
     }
 
     /// Changes each time a connection a reload removed (or replaced) has
@@ -206,16 +228,28 @@ impl Gateway {
         self.connections.close_all().await;
     }
 
-    /// Ends everything a session had in flight (its asks are withdrawn).
-    pub fn end_session(&self, session: &str) {
-        self.in_flight.end_session(session);
+    /// Ends a session the edge opened (or stdio's), and everything it had
+    /// in flight: its asks are withdrawn, its subscriptions and stream end.
+    /// False, and nothing ended, for a session that is not open.
+    pub fn end_session(&self, session: &str) -> bool {
+        let open = self.edge.close_session(session) || session == STDIO_SESSION;
+        if open {
+            self.end(session);
+        }
+        open
+    }
+
+    fn end(&self, session: &str) {
+        self.edge.cancel_session(session);
         self.asks.withdraw(session);
         self.subscriptions.end_session(session);
     }
 
-    /// Withdraws the asks a session left waiting; its calls go on.
-    pub fn withdraw_asks(&self, session: &str) {
+    /// The agent stopped sending: the asks it left waiting are withdrawn
+    /// and its subscriptions end; its calls go on.
+    pub fn withdraw(&self, session: &str) {
         self.asks.withdraw(session);
+        self.edge.end_listens(session);
     }
 
     async fn follow_config(self: Arc<Self>) {
@@ -264,57 +298,25 @@ impl Gateway {
         }
     }
 
-    /// Handles one message from the agent, as bytes.
-    pub async fn handle(self: &Arc<Self>, bytes: &[u8], caller: &Caller) -> Reply {
-        match self.parse(bytes) {
-            Ok(message) => self.handle_message(message, caller).await,
-            Err(refused) => self.refuse(&refused),
+    /// The one entry: a message from the agent (its bytes, and what its
+    /// transport knows of it) and what the transport sends back.
+    pub async fn handle(self: &Arc<Self>, input: Input<'_>, caller: Caller) -> Answer {
+        let sources = edge::Sources {
+            routes: &self.routes,
+            connections: &self.connections,
+            evaluator: self.config().evaluator.clone(),
+        };
+        let pipeline = |call, message| self.pipeline(call, message);
+        let served = self.edge.serve(input, caller, sources, pipeline).await;
+        if let Some(evicted) = served.evicted {
+            self.end(&evicted);
         }
+        served.answer
     }
 
-    /// The limits every agent message is parsed with.
-    pub fn limits(&self) -> Limits {
-        self.options.limits
-    }
-
-    /// Parses strictly with the gateway's limits.
-    pub fn parse(&self, bytes: &[u8]) -> Result<Message, jsonrpc::Refused> {
-        jsonrpc::parse(bytes, self.options.limits)
-    }
-
-    /// Audits a refused message and builds its error reply.
-    pub fn refuse(&self, refused: &jsonrpc::Refused) -> Reply {
-        self.metrics.refused_messages.inc();
-        self.audit.record(&refusal_line(
-            &refused.refusal.to_string(),
-            refused.id.as_ref(),
-        ));
-        Reply::Message(refused.response())
-    }
-
-    /// Counts and audits a message refused before the pipeline (a modern
-    /// request that breaks the revision's rules).
-    pub fn record_refusal(&self, reason: &str, id: Option<&Value>) {
-        self.metrics.refused_messages.inc();
-        self.audit.record(&refusal_line(reason, id));
-    }
-
-    /// The `x-mcp-header` annotations of the tool an agent calls by `name`
-    /// (none for an unknown tool: the pipeline refuses it).
-    pub fn param_headers(&self, name: &str) -> Vec<aip_mcp::modern::ParamHeader> {
-        let catalog = self.routes.catalog(&self.connections);
-        catalog
-            .entries
-            .iter()
-            .find(|e| e.agent_name == name)
-            .and_then(|e| e.definition.get("inputSchema"))
-            .and_then(|schema| aip_mcp::modern::param_headers(schema).ok())
-            .unwrap_or_default()
-    }
-
-    /// Handles one strictly parsed message from the agent, in a trace span
-    /// (exported only when OTLP is configured).
-    pub async fn handle_message(self: &Arc<Self>, message: Message, caller: &Caller) -> Reply {
+    /// The steps after the edge, in a trace span (exported only when OTLP
+    /// is configured).
+    async fn pipeline(self: &Arc<Self>, call: Call, message: Message) -> Handled {
         use tracing::Instrument;
         let span = tracing::info_span!(target: aip_service::TRACE_TARGET, "mcp.message",
             otel.kind = "server",
@@ -322,64 +324,67 @@ impl Gateway {
             mcp.tool = tracing::field::Empty,
             aip.decision = tracing::field::Empty);
         join_callers_trace(&span, &message);
-        let Some(method) = caller
+        if call.era == Era::Modern
+            && message.method() == Some("subscriptions/listen")
+            && message.id().is_some()
+        {
+            return self.listen(&message, &call).instrument(span).await;
+        }
+        let Some(method) = call
             .era
             .shapes_results()
             .then(|| message.method().map(str::to_owned))
         else {
-            return self.decide(message, caller).instrument(span).await;
+            return Handled::Reply(self.decide(message, &call).instrument(span).await);
         };
-        let mut reply = Box::pin(self.decide(message, caller).instrument(span)).await;
+        let mut reply = Box::pin(self.decide(message, &call).instrument(span)).await;
         if let (Reply::Message(response), Some(method)) = (&mut reply, method) {
             present::modern_result(response, &method);
         }
-        reply
+        Handled::Reply(reply)
     }
 
     /// A `subscriptions/listen` from a modern agent: audited and decided as
     /// every request is; when allowed, the subscription to stream.
-    pub async fn listen(&self, message: &Message) -> Result<Subscription, Reply> {
-        let evaluator = self.config().evaluator.clone();
+    async fn listen(&self, message: &Message, call: &Call) -> Handled {
+        let evaluator = &call.evaluator;
         let request = match Request::from_value(&message.value) {
             Ok(r) => r,
             Err(e) => {
                 let e = e.to_string();
-                return Err(Reply::Message(error(
-                    message.id(),
-                    codes::INVALID_REQUEST,
-                    &e,
-                    None,
-                )));
+                let refused = error(message.id(), codes::INVALID_REQUEST, &e, None);
+                return Handled::Reply(Reply::Message(refused));
             }
         };
         let verdict = evaluator.evaluate(&request);
         self.audit.record(&AuditRecord::for_request(
-            &evaluator,
+            evaluator,
             &request,
             &verdict,
             SystemTime::now(),
         ));
-        self.count_decision(&verdict, message);
+        self.count_decision(&verdict, message, false);
         if verdict.decision != Decision::Allow {
-            return Err(verdict.response().map_or(Reply::Nothing, Reply::Message));
+            return Handled::Reply(verdict.response().map_or(Reply::Nothing, Reply::Message));
         }
         if let Some(refused) = subscriptions::refuse_undeclared_tasks(message) {
-            return Err(Reply::Message(refused));
+            return Handled::Reply(Reply::Message(refused));
         }
         let sources = subscriptions::Sources {
             listings: &self.listings,
             connections: &self.connections,
         };
-        Ok(self.subscriptions.open(message, &evaluator, sources).await)
+        let subscription = self.subscriptions.open(message, evaluator, sources).await;
+        Handled::Listen(Box::new(subscription))
     }
 
-    /// The pipeline proper.
-    async fn decide(self: &Arc<Self>, mut message: Message, caller: &Caller) -> Reply {
-        let evaluator = self.config().evaluator.clone();
+    /// Method spelling, policy, an ask held, audit; then the answer.
+    async fn decide(self: &Arc<Self>, mut message: Message, call: &Call) -> Reply {
+        let evaluator = &call.evaluator;
         if let Kind::Response { .. } = message.kind {
             // The agent answering a request a server made of it: matched to
             // the relayed request and passed on, never blocked.
-            Box::pin(self.relay.agent_reply(message, &evaluator, caller)).await;
+            Box::pin(self.relay.agent_reply(message, evaluator, call)).await;
             return Reply::Nothing;
         }
         if let Some(spelled) = misspelled_method(message.method().unwrap_or_default()) {
@@ -402,7 +407,7 @@ impl Gateway {
         };
         let mut verdict = evaluator.evaluate(&request);
         if verdict.decision == Decision::Ask
-            && let Some(task) = self.ask_as_task(&message, &evaluator, &verdict, caller)
+            && let Some(task) = self.ask_as_task(&message, &verdict, call)
         {
             return task;
         }
@@ -410,39 +415,37 @@ impl Gateway {
             // Boxed, as every rare branch is: a future's size is its
             // largest branch's, and it is moved whole when a message is
             // handed to its task.
-            let connection = self.connection_of(verdict.tool().unwrap_or_default());
-            let held = self
-                .asks
-                .hold(&message, &evaluator, verdict, caller, connection);
+            let held = self.asks.hold(&message, verdict, call, connection_of(call));
             match Box::pin(held).await {
                 Some(decided) => verdict = decided,
                 None => return Reply::Nothing, // withdrawn: never forwarded
             }
         }
         self.audit.record(&AuditRecord::for_request(
-            &evaluator,
+            evaluator,
             &request,
             &verdict,
             SystemTime::now(),
         ));
-        self.count_decision(&verdict, &message);
+        self.count_decision(&verdict, &message, call.known);
         if verdict.decision != Decision::Allow {
             // Blocked notifications are dropped (audited above): a
             // notification gets no reply.
             return verdict.response().map_or(Reply::Nothing, Reply::Message);
         }
-        self.serve(message, &evaluator, caller).await
+        self.serve(message, call).await
     }
 
     /// What an allowed message gets: the gateway's own answer, or the
     /// upstream's through the route its name or URI leads to.
-    async fn serve(&self, message: Message, evaluator: &Evaluator, caller: &Caller) -> Reply {
+    async fn serve(&self, message: Message, call: &Call) -> Reply {
         if let Kind::Request { method, .. } = &message.kind
             && method == "tools/call"
         {
             // Nearly every message: it is forwarded as it was parsed.
-            return self.tools_call(message, evaluator, caller).await;
+            return self.tools_call(message, call).await;
         }
+        let evaluator = &*call.evaluator;
         let message = &message;
         let id = match &message.kind {
             Kind::Request { id, .. } => id,
@@ -450,8 +453,8 @@ impl Gateway {
                 if method == "notifications/cancelled"
                     && let Some(id) = message.params().and_then(|p| p.get("requestId"))
                 {
-                    self.in_flight.cancel(&caller.session, id);
-                    self.asks.cancel(&caller.session, id);
+                    self.edge.cancel(&call.session, id);
+                    self.asks.cancel(&call.session, id);
                 }
                 return Reply::Nothing;
             }
@@ -479,7 +482,7 @@ impl Gateway {
             "prompts/get" => {
                 let routed =
                     Box::pin(self.listings.prompt(&self.connections, message, evaluator)).await;
-                Box::pin(self.forward_routed(routed, message, evaluator, caller)).await
+                Box::pin(self.forward_routed(routed, message, call)).await
             }
             "resources/subscribe" | "resources/unsubscribe" => {
                 let sources = subscriptions::Sources {
@@ -488,13 +491,13 @@ impl Gateway {
                 };
                 let kept = self
                     .subscriptions
-                    .session_subscription(message, evaluator, caller, sources);
+                    .session_subscription(message, evaluator, call, sources);
                 match Box::pin(kept).await {
                     Some(reply) => reply,
-                    None => Box::pin(self.by_resource(message, evaluator, caller)).await,
+                    None => Box::pin(self.by_resource(message, call)).await,
                 }
             }
-            "resources/read" => Box::pin(self.by_resource(message, evaluator, caller)).await,
+            "resources/read" => Box::pin(self.by_resource(message, call)).await,
             "completion/complete" => {
                 let routed = Box::pin(self.listings.completion(
                     &self.connections,
@@ -502,7 +505,7 @@ impl Gateway {
                     evaluator,
                 ))
                 .await;
-                Box::pin(self.forward_routed(routed, message, evaluator, caller)).await
+                Box::pin(self.forward_routed(routed, message, call)).await
             }
             "logging/setLevel" => {
                 Box::pin(
@@ -512,12 +515,10 @@ impl Gateway {
                 .await
             }
             // The gateway's own tasks (approvals) and servers' (relayed).
-            "tasks/get" | "tasks/update" | "tasks/cancel" if caller.era.has_tasks() => {
+            "tasks/get" | "tasks/update" | "tasks/cancel" if call.era.has_tasks() => {
                 match self.tasks.own_request(message) {
                     Ok(reply) => reply,
-                    Err(task) => {
-                        Box::pin(self.server_task_request(message, task, evaluator, caller)).await
-                    }
+                    Err(task) => Box::pin(self.server_task_request(message, task, call)).await,
                 }
             }
             method if method.starts_with("tasks/") => Reply::Message(method_not_found(id, method)),
@@ -525,7 +526,7 @@ impl Gateway {
                 // With one server there is only one place a method can mean.
                 Some(connection) => {
                     let request = message.value.clone();
-                    Box::pin(self.forward(&connection, request, message, evaluator, caller)).await
+                    Box::pin(self.forward(&connection, request, message, call)).await
                 }
                 None => Reply::Message(method_not_found(id, other)),
             },
@@ -548,16 +549,18 @@ impl Gateway {
 
     /// Audits and counts a decision made after the pipeline let go of the
     /// message (a task's ask, decided later).
-    fn record_decision(&self, evaluator: &Evaluator, message: &Message, verdict: &Verdict) {
+    fn record_decision(&self, call: &Call, message: &Message, verdict: &Verdict) {
         if let Ok(request) = Request::from_value(&message.value) {
             let now = SystemTime::now();
-            let line = AuditRecord::for_request(evaluator, &request, verdict, now);
+            let line = AuditRecord::for_request(&call.evaluator, &request, verdict, now);
             self.audit.record(&line);
         }
-        self.count_decision(verdict, message);
+        self.count_decision(verdict, message, call.known);
     }
 
-    fn count_decision(&self, verdict: &Verdict, message: &Message) {
+    /// Counts a decision; a `tools/call`'s tool is its label only when it
+    /// is catalogued (`known`, from the edge's lookup).
+    fn count_decision(&self, verdict: &Verdict, message: &Message, known: bool) {
         let called = (message.method() == Some("tools/call"))
             .then(|| {
                 message
@@ -568,7 +571,7 @@ impl Gateway {
             .flatten();
         // Only catalogued names become label values.
         let tool = match called {
-            Some(t) if self.routes.catalog(&self.connections).knows(t) => t.to_owned(),
+            Some(t) if known => t.to_owned(),
             Some(_) => "other".to_owned(),
             None => String::new(),
         };
@@ -590,20 +593,8 @@ impl Gateway {
         present::tools_list(&self.routes.catalog(&self.connections), evaluator)
     }
 
-    /// The one tool whose agent-facing name is exactly `name`.
-    fn route(&self, name: &str) -> Option<Route> {
-        self.routes.catalog(&self.connections).route(name)
-    }
-
-    /// The name of the connection that serves `tool` (empty when none
-    /// does), for the ask a person decides.
-    fn connection_of(&self, tool: &str) -> String {
-        self.route(tool)
-            .map(|r| r.connection.connection().name.clone())
-            .unwrap_or_default()
-    }
-
-    async fn tools_call(&self, message: Message, evaluator: &Evaluator, caller: &Caller) -> Reply {
+    /// The route step and the forward and present steps of a `tools/call`.
+    async fn tools_call(&self, message: Message, call: &Call) -> Reply {
         let id = message.id().cloned().unwrap_or(Value::Null);
         let params = message.params();
         let name = params
@@ -615,12 +606,13 @@ impl Gateway {
             let why = "Task-augmented calls are not supported by this gateway";
             return Reply::Message(error(Some(&id), codes::INVALID_PARAMS, why, None));
         }
-        let route = match self.route(&name) {
-            Some(route) => route,
+        let route = match &call.route {
+            Some(route) => route.clone(),
             None => {
-                // A connection still starting may hold it.
+                // A connection still starting may hold it: the one more
+                // lookup, only for a name the edge did not find.
                 Box::pin(self.connections.settled()).await;
-                let Some(route) = self.route(&name) else {
+                let Some(route) = self.routes.catalog(&self.connections).route(&name) else {
                     let unknown = format!("Unknown tool: {name}");
                     return Reply::Message(error(Some(&id), codes::INVALID_PARAMS, &unknown, None));
                 };
@@ -628,11 +620,8 @@ impl Gateway {
             }
         };
         let connection = route.connection.connection().name.clone();
-        if let Some(refusal) = refuse_by_state(&route, &connection, &name) {
-            return Reply::Message(json!({"jsonrpc": "2.0", "id": id, "error": refusal}));
-        }
         // Who may read the task, should the server answer with one.
-        let task_owner = (caller.era.has_tasks()
+        let task_owner = (call.era.has_tasks()
             && route.connection.upstream.offers_tasks(&message.value))
         .then(|| tasks::owner_of(&message));
         // The agent's message as it was checked, under a gateway id and the
@@ -645,12 +634,17 @@ impl Gateway {
         if let Some(Value::Object(params)) = upstream_call.get_mut("params") {
             params.insert("name".into(), Value::String(route.upstream_name.clone()));
         }
-        let tracked = self.in_flight.track(&caller.session, Some(&id));
         let started = Instant::now();
-        let cancel = &tracked.cancelled;
-        let exchange = self.exchange(&route.connection, upstream_call, caller, evaluator, cancel);
-        let outcome = Box::pin(exchange).await;
-        drop(tracked);
+        let sent = self.send(&route.connection, upstream_call, call);
+        let admitted = route.connection.admit(Some(&route.upstream_name), sent);
+        let outcome = match Box::pin(admitted).await {
+            Ok(outcome) => outcome,
+            // Not sent: the connection is not usable, or the tool gated.
+            Err(refusal) => {
+                let e = refusal.to_error(&connection, Some(&name));
+                return Reply::Message(json!({"jsonrpc": "2.0", "id": id, "error": e}));
+            }
+        };
         let connection_labels = ConnectionLabels {
             connection: connection.clone(),
         };
@@ -661,9 +655,9 @@ impl Gateway {
         let Some(outcome) = outcome else {
             return Reply::Nothing; // cancelled by the agent (and upstream)
         };
+        let evaluator = &*call.evaluator;
         match outcome {
             Ok(exchange) => {
-                route.connection.record_success();
                 let mut response = exchange.response;
                 if let Some(owner) = task_owner
                     && response
@@ -681,9 +675,6 @@ impl Gateway {
                 Reply::Message(response)
             }
             Err(failure) => {
-                route
-                    .connection
-                    .record_failure(&route.upstream_name, &failure);
                 self.audit_failure(&connection, &name, &failure, started);
                 // A failure's reason may quote the server.
                 let mut e = failure.to_error(&connection, Some(&name));
@@ -698,35 +689,46 @@ impl Gateway {
         }
     }
 
-    /// Forwards `request` (the agent's `message`, rewritten for the
-    /// upstream) to one connection under a gateway id; the answer gets the
-    /// agent's id back and is redacted throughout.
+    /// The forward step's choice: to a server of the agent's own era,
+    /// through the relay; across eras (or carrying a `requestState` toward
+    /// a legacy server), through the bridge.
+    async fn send(
+        &self,
+        connection: &Arc<ConnectionState>,
+        request: Value,
+        call: &Call,
+    ) -> Option<Result<Exchange, Failure>> {
+        let (evaluator, cancel) = (&*call.evaluator, &call.cancel);
+        if Bridge::needed(call.era, connection, &request) {
+            let bridged =
+                self.bridge
+                    .exchange(&self.relay, connection, request, call, evaluator, cancel);
+            return Box::pin(bridged).await;
+        }
+        self.relay
+            .forward(connection, request, call, evaluator, cancel)
+            .await
+    }
+
     /// `resources/read` (and a legacy `resources/subscribe` the gateway
     /// does not keep itself): to the connection whose resource it is.
-    async fn by_resource(
-        &self,
-        message: &Message,
-        evaluator: &Evaluator,
-        caller: &Caller,
-    ) -> Reply {
+    async fn by_resource(&self, message: &Message, call: &Call) -> Reply {
         let routed = self
             .listings
-            .resource(&self.connections, message, evaluator)
+            .resource(&self.connections, message, &call.evaluator)
             .await;
-        self.forward_routed(routed, message, evaluator, caller)
-            .await
+        self.forward_routed(routed, message, call).await
     }
 
     /// Answers an `ask` with a task, when the agent declared the extension
     /// and there is room; None to hold the call in its request instead.
-    pub(super) fn ask_as_task(
+    fn ask_as_task(
         self: &Arc<Self>,
         message: &Message,
-        evaluator: &Arc<Evaluator>,
         verdict: &Verdict,
-        caller: &Caller,
+        call: &Call,
     ) -> Option<Reply> {
-        if !caller.era.has_tasks()
+        if !call.era.has_tasks()
             || message.method() != Some("tools/call")
             || !aip_mcp::modern::declares_tasks(&message.value)
         {
@@ -739,23 +741,17 @@ impl Gateway {
         // extension for it, so its result is the task's.
         let mut message = message.clone();
         tasks::without_tasks(&mut message.value);
-        let (evaluator, verdict) = (evaluator.clone(), verdict.clone());
-        let task_id = id.clone();
+        let verdict = verdict.clone();
         // The id is the task's only credential: it stays out of session
-        // names and logs.
-        let session = format!("task-{}", self.ids.fresh());
-        tokio::spawn(async move {
-            let caller = Caller {
-                session,
-                events: None,
-                era: Era::Modern,
-            };
-            let work = gateway.run_task(&task_id, message, &evaluator, verdict, &caller);
-            tokio::select! {
-                () = work => {}
-                () = cancel.cancelled() => gateway.end_session(&caller.session),
-            }
-        });
+        // names and logs. The task's cancellation is the call's.
+        let task = Call {
+            session: format!("task-{}", self.ids.fresh()),
+            events: None,
+            era: Era::Modern,
+            cancel,
+            ..call.clone()
+        };
+        tokio::spawn(async move { gateway.run_task(&id, message, verdict, &task).await });
         tracing::info!("an ask answered as a task");
         Some(Reply::Message(
             json!({"jsonrpc": "2.0", "id": reply_id, "result": created}),
@@ -763,26 +759,16 @@ impl Gateway {
     }
 
     /// The task's life: the person's decision, then (approved) the call.
-    async fn run_task(
-        &self,
-        id: &str,
-        message: Message,
-        evaluator: &Arc<Evaluator>,
-        verdict: Verdict,
-        caller: &Caller,
-    ) {
-        let connection = self.connection_of(verdict.tool().unwrap_or_default());
-        let held = self
-            .asks
-            .hold(&message, evaluator, verdict, caller, connection);
+    async fn run_task(&self, id: &str, message: Message, verdict: Verdict, call: &Call) {
+        let held = self.asks.hold(&message, verdict, call, connection_of(call));
         let Some(decided) = held.await else {
             return;
         };
-        self.record_decision(evaluator, &message, &decided);
+        self.record_decision(call, &message, &decided);
         let reply = if decided.decision == Decision::Allow {
             self.tasks
                 .update(id, "working", "approved; the call is running", None);
-            self.serve(message, evaluator, caller).await
+            self.serve(message, call).await
         } else {
             decided.response().map_or(Reply::Nothing, Reply::Message)
         };
@@ -818,133 +804,63 @@ impl Gateway {
         &self,
         message: &Message,
         task: (String, tasks::ServerTask),
-        evaluator: &Evaluator,
-        caller: &Caller,
+        call: &Call,
     ) -> Reply {
         let server = self.server_tasks();
-        let request = match server.request(message, &task.1, evaluator) {
+        let request = match server.request(message, &task.1, &call.evaluator) {
             Ok(request) => request,
             Err(refused) => return refused,
         };
         let connection = task.1.connection.clone();
-        let tracked = self.in_flight.track(&caller.session, message.id());
-        let sent = self.call_upstream(&connection, request, caller, evaluator, &tracked.cancelled);
-        let outcome = Box::pin(sent).await;
-        drop(tracked);
-        server.answer(message, task, evaluator, outcome)
+        let sent = connection.admit(None, self.send(&connection, request, call));
+        let outcome = Box::pin(sent)
+            .await
+            .unwrap_or_else(|refusal| Some(Err(refusal)));
+        server.answer(message, task, &call.evaluator, outcome)
     }
 
     /// Forwards what a listing routed, or answers why it went nowhere.
-    async fn forward_routed(
-        &self,
-        routed: Routed,
-        message: &Message,
-        evaluator: &Evaluator,
-        caller: &Caller,
-    ) -> Reply {
+    async fn forward_routed(&self, routed: Routed, message: &Message, call: &Call) -> Reply {
         match routed {
             Routed::To(connection, request) => {
-                self.forward(&connection, request, message, evaluator, caller)
-                    .await
+                self.forward(&connection, request, message, call).await
             }
             Routed::Answer(reply) => reply,
         }
     }
 
+    /// Forwards `request` (the agent's `message`, rewritten for the
+    /// upstream) to one connection under a gateway id; the answer gets the
+    /// agent's id back and is redacted throughout.
     async fn forward(
         &self,
         connection: &Arc<ConnectionState>,
         mut request: Value,
         message: &Message,
-        evaluator: &Evaluator,
-        caller: &Caller,
+        call: &Call,
     ) -> Reply {
         let id = message.id().cloned().unwrap_or(Value::Null);
         let name = connection.connection().name.clone();
         request["id"] = json!(self.ids.fresh());
-        let tracked = self.in_flight.track(&caller.session, message.id());
-        let exchange = self.exchange(connection, request, caller, evaluator, &tracked.cancelled);
-        let outcome = Box::pin(exchange).await;
-        drop(tracked);
+        let sent = connection.admit(None, self.send(connection, request, call));
+        let outcome = Box::pin(sent)
+            .await
+            .unwrap_or_else(|refusal| Some(Err(refusal)));
+        let evaluator = &*call.evaluator;
         match outcome {
             None => Reply::Nothing,
             Some(Ok(x)) => {
-                connection.record_success();
                 let mut response = x.response;
                 present::redact_response(&mut response, connection, evaluator, Findings::Unaudited);
                 response["id"] = id;
                 Reply::Message(response)
             }
             Some(Err(failure)) => {
-                connection.record_failure("", &failure);
                 let mut e = failure.to_error(&name, None);
                 present::redact_for_agent(&mut e, connection, evaluator, Findings::Unaudited);
                 Reply::Message(json!({"jsonrpc": "2.0", "id": id, "error": e}))
             }
         }
-    }
-
-    /// Sends `request` upstream and sees it through: a modern agent's
-    /// retry carrying a parked call's handle resumes that call instead,
-    /// and any other `requestState` toward a legacy server is refused
-    /// (parked.rs); when a modern server asks a legacy agent for input, the
-    /// gateway asks the agent and retries (input.rs); the request is kept
-    /// for that only where a retry may follow.
-    async fn exchange(
-        &self,
-        connection: &Arc<ConnectionState>,
-        request: Value,
-        caller: &Caller,
-        evaluator: &Evaluator,
-        cancel: &CancellationToken,
-    ) -> Option<Result<aip_mcp::Exchange, Failure>> {
-        if caller.era.answers_by_retry()
-            && let Some(handle) = parked::handle_in(&request)
-        {
-            let resumed =
-                self.parked
-                    .resume(&self.relay, &handle, &request, caller, evaluator, cancel);
-            return Box::pin(resumed).await;
-        }
-        if let Some(refused) = parked::refuse_foreign_state(&request, connection) {
-            return Some(Ok(refused));
-        }
-        let retry = (!caller.era.answers_by_retry() && connection.upstream.modern())
-            .then(|| request.clone());
-        let outcome = self
-            .call_upstream(connection, request, caller, evaluator, cancel)
-            .await;
-        match (outcome, retry) {
-            (Some(Ok(x)), Some(request)) if input::requires_input(&x) => {
-                let answering = input::Answering {
-                    relay: &self.relay,
-                    parked: &self.parked,
-                    ids: &self.ids,
-                    audit: &self.audit,
-                    patience: self.options.approval_timeout,
-                };
-                let input =
-                    answering.provide_input(connection, &request, x, caller, evaluator, cancel);
-                Box::pin(input).await
-            }
-            (outcome, _) => outcome,
-        }
-    }
-
-    /// Sends `request` (which has its gateway id) to `connection` through
-    /// the relay; a call whose server asked the agent for input is parked
-    /// and the agent gets `input_required`. None when `cancel` fires first.
-    async fn call_upstream(
-        &self,
-        connection: &Arc<ConnectionState>,
-        request: Value,
-        caller: &Caller,
-        evaluator: &Evaluator,
-        cancel: &CancellationToken,
-    ) -> Option<Result<aip_mcp::Exchange, Failure>> {
-        self.parked
-            .relay(&self.relay, connection, request, caller, evaluator, cancel)
-            .await
     }
 
     fn audit_failure(&self, connection: &str, tool: &str, failure: &Failure, started: Instant) {
@@ -966,25 +882,13 @@ impl Gateway {
     }
 }
 
-/// Calls that must not be sent: the connection is not usable, or the tool is
-/// gated by an earlier 403.
-fn refuse_by_state(route: &Route, connection: &str, tool: &str) -> Option<Value> {
-    if let Some(gate) = route.connection.gate(&route.upstream_name) {
-        return Some(
-            Failure::Forbidden {
-                scope: gate.required_scope,
-            }
-            .to_error(connection, Some(tool)),
-        );
-    }
-    let failure = match route.connection.state() {
-        HealthState::Healthy | HealthState::Degraded => return None,
-        HealthState::NeedsCredentials => Failure::AuthFailed,
-        HealthState::Unchecked | HealthState::Unreachable => {
-            Failure::Network("the connection is not reachable".into())
-        }
-    };
-    Some(failure.to_error(connection, Some(tool)))
+/// The name of the connection a `tools/call` goes to (empty when none
+/// does), for the ask a person decides.
+fn connection_of(call: &Call) -> String {
+    call.route
+        .as_ref()
+        .map(|r| r.connection.connection().name.clone())
+        .unwrap_or_default()
 }
 
 /// The MCP method `method` is a variant spelling of, if it is one: the

@@ -188,7 +188,11 @@ pub(super) fn redact_for_agent(
     evaluator: &Evaluator,
     findings: Findings<'_>,
 ) {
-    from.redact_credentials(value);
+    let echoed = from.credentials.redact(value);
+    if echoed > 0 {
+        let connection = &from.upstream.connection().name;
+        tracing::warn!(%connection, echoed, "the server echoed the connection's credentials; redacted");
+    }
     let Some(redactor) = evaluator.redactor() else {
         return;
     };

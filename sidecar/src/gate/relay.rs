@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::call::{Caller, Ids};
+use super::call::{Call, Ids};
 use super::present::{Findings, error_object, redact_for_agent};
 use crate::audit::Audit;
 use crate::upstream::health::ConnectionState;
@@ -36,7 +36,7 @@ pub(super) struct Answerable {
 }
 
 impl Answerable {
-    pub(super) fn of(caller: &Caller, connection: &ConnectionState, request: &Value) -> Self {
+    pub(super) fn of(caller: &Call, connection: &ConnectionState, request: &Value) -> Self {
         if !caller.era.answers_by_retry() || connection.upstream.modern() {
             return Answerable::default();
         }
@@ -154,7 +154,7 @@ pub(super) struct CallRelay<'a> {
     relay: &'a Relay,
     parking_full: ParkingFull<'a>,
     connection: &'a Arc<ConnectionState>,
-    caller: &'a Caller,
+    caller: &'a Call,
     evaluator: &'a Evaluator,
     agent_token: Option<Value>,
     upstream_token: Option<Value>,
@@ -164,7 +164,7 @@ pub(super) struct CallRelay<'a> {
     logs: bool,
     /// For a modern agent in front of a legacy server: the input requests
     /// the agent declared it can answer (`_meta` clientCapabilities), which
-    /// the gateway turns into `input_required` (parked.rs).
+    /// the gateway turns into `input_required` (bridge.rs).
     answerable: Answerable,
 }
 
@@ -202,6 +202,29 @@ impl Relay {
         lock(&self.relayed).remove(&(session.to_owned(), id.to_string()));
     }
 
+    /// Sends `request` to a server of the agent's own era and relays what
+    /// the server says meanwhile: nothing of such a call is parked (that
+    /// takes the era bridge). None when `cancel` fires first.
+    pub(super) async fn forward(
+        &self,
+        connection: &Arc<ConnectionState>,
+        request: Value,
+        caller: &Call,
+        evaluator: &Evaluator,
+        cancel: &CancellationToken,
+    ) -> Option<Result<Exchange, Failure>> {
+        let no_room = || true;
+        match self
+            .call(connection, request, caller, evaluator, cancel, &no_room)
+            .await
+        {
+            Outcome::Done(done) => done,
+            Outcome::Asked { .. } => Some(Err(Failure::Malformed(
+                "a server question only the era bridge can carry".into(),
+            ))),
+        }
+    }
+
     /// Sends `request` (which has its gateway id) to `connection` and relays
     /// what the server says about it meanwhile. None when `cancel` fires
     /// first: the upstream is then told, and nothing more is relayed.
@@ -209,7 +232,7 @@ impl Relay {
         &self,
         connection: &Arc<ConnectionState>,
         request: Value,
-        caller: &Caller,
+        caller: &Call,
         evaluator: &Evaluator,
         cancel: &CancellationToken,
         parking_full: ParkingFull<'_>,
@@ -237,7 +260,7 @@ impl Relay {
         &self,
         connection: &Arc<ConnectionState>,
         mut request: Value,
-        caller: &Caller,
+        caller: &Call,
         evaluator: &Evaluator,
         cancel: &CancellationToken,
         parking_full: ParkingFull<'_>,
@@ -265,7 +288,6 @@ impl Relay {
             logs,
             answerable,
         };
-        let _busy = connection.busy();
         let (related, mut heard) = mpsc::unbounded_channel();
         if answerable.any() {
             let detached = detach(connection, &request, related);
@@ -334,12 +356,7 @@ impl Relay {
     /// The agent's reply to a relayed request: back to the server that
     /// asked, under its own id, after DLP. A reply to nothing pending (never
     /// relayed, already answered, or its call is over) is dropped.
-    pub(super) async fn agent_reply(
-        &self,
-        message: Message,
-        evaluator: &Evaluator,
-        caller: &Caller,
-    ) {
+    pub(super) async fn agent_reply(&self, message: Message, evaluator: &Evaluator, caller: &Call) {
         let id = message.id().map(Value::to_string).unwrap_or_default();
         let awaiting = lock(&self.relayed).remove(&(caller.session.clone(), id));
         let relayed = match awaiting {
@@ -420,12 +437,12 @@ fn detach(
 }
 
 impl<'a> CallRelay<'a> {
-    /// A relay for a call resumed after the agent's answer (parked.rs).
+    /// A relay for a call resumed after the agent's answer (bridge.rs).
     pub(super) fn resumed(
         relay: &'a Relay,
         parking_full: ParkingFull<'a>,
         connection: &'a Arc<ConnectionState>,
-        caller: &'a Caller,
+        caller: &'a Call,
         evaluator: &'a Evaluator,
         retry: &Value,
         upstream_token: Option<Value>,

@@ -157,7 +157,6 @@ impl ServerTasks<'_> {
         let connection = &relayed.connection;
         let name = connection.connection().name.clone();
         let failed = |failure: Failure| {
-            connection.record_failure("", &failure);
             // A failure's reason may quote the server.
             let mut e = failure.to_error(&name, Some(&relayed.tool));
             redact_for_agent(&mut e, connection, evaluator, Findings::Unaudited);
@@ -168,7 +167,6 @@ impl ServerTasks<'_> {
             Some(Err(failure)) => return failed(failure),
             Some(Ok(exchange)) => exchange.response,
         };
-        connection.record_success();
         if let Some(mut e) = response.get_mut("error").map(Value::take) {
             if e.get("code") == Some(&json!(codes::INVALID_PARAMS)) {
                 // The server no longer knows it: neither does the gateway.
@@ -182,6 +180,8 @@ impl ServerTasks<'_> {
             "tasks/get" => {
                 let task = response.get("result").cloned().unwrap_or(Value::Null);
                 if let Err(failure) = check_shown(&task, &relayed, message) {
+                    // The answer was sent, and is wrong.
+                    connection.record_failure("", &failure);
                     return failed(failure);
                 }
                 self.tasks.saw_status(&gateway_id, status_of(&task));

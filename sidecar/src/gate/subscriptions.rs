@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::call::{Caller, Reply};
+use super::call::{Call, Reply};
 use super::connections::Connections;
 use super::listings::Listings;
 use super::present::server_info;
@@ -445,7 +445,7 @@ impl Subscriptions {
         &self,
         message: &Message,
         evaluator: &Evaluator,
-        caller: &Caller,
+        caller: &Call,
         sources: Sources<'_>,
     ) -> Option<Reply> {
         let id = message.id().cloned().unwrap_or(Value::Null);

@@ -55,7 +55,7 @@ pub struct Gate {
 pub struct ConnectionState {
     pub upstream: Upstream,
     /// The connection's credential values, kept out of what its server says.
-    credentials: Credentials,
+    pub credentials: Credentials,
     health: Mutex<Health>,
     /// Publishes the state on every change, for anything that must wait
     /// for one (tests, readiness).
@@ -143,14 +143,40 @@ impl ConnectionState {
         self.upstream.connection()
     }
 
-    /// Removes the connection's own credentials, in any spelling, from what
-    /// its server sent (before anything of it is relayed); how many.
-    pub fn redact_credentials(&self, value: &mut Value) -> usize {
-        let found = self.credentials.redact(value);
-        if found > 0 {
-            tracing::warn!(connection = %self.connection().name, found, "the server echoed the connection's credentials; redacted");
+    /// The one entry of an agent's request into the connection's health:
+    /// refused without being sent when the connection is not usable or,
+    /// for a call of the upstream `tool`, when an earlier 403 gated the
+    /// tool; otherwise `send` runs with the connection marked busy, and
+    /// what its outcome proves is recorded (None: cancelled, proves
+    /// nothing).
+    pub async fn admit<T>(
+        &self,
+        tool: Option<&str>,
+        send: impl Future<Output = Option<Result<T, Failure>>>,
+    ) -> Result<Option<Result<T, Failure>>, Failure> {
+        if let Some(tool) = tool {
+            if let Some(gate) = self.gate(tool) {
+                return Err(Failure::Forbidden {
+                    scope: gate.required_scope,
+                });
+            }
+            match self.state() {
+                HealthState::Healthy | HealthState::Degraded => {}
+                HealthState::NeedsCredentials => return Err(Failure::AuthFailed),
+                HealthState::Unchecked | HealthState::Unreachable => {
+                    return Err(Failure::Network("the connection is not reachable".into()));
+                }
+            }
         }
-        found
+        let busy = self.busy();
+        let outcome = send.await;
+        drop(busy);
+        match &outcome {
+            Some(Ok(_)) => self.record_success(),
+            Some(Err(failure)) => self.record_failure(tool.unwrap_or_default(), failure),
+            None => {}
+        }
+        Ok(outcome)
     }
 
     /// Marks a request in flight until the guard drops.

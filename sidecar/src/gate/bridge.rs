@@ -1,4 +1,12 @@
-//! A legacy server asking a modern agent for input. A 2025-11-25 server
+//! The era bridge: an agent and a server of different MCP revisions
+//! asking each other for input in their own ways. Only a call whose
+//! agent and server differ in era, or that carries a `requestState`
+//! toward a legacy server, comes here ([`Bridge::needed`]); every other
+//! call goes from the pipeline to the relay directly.
+//!
+//! ## A legacy server asking a modern agent
+//!
+//! A 2025-11-25 server
 //! asks in the middle of a call, with a request of its own (elicitation,
 //! sampling, roots) it expects answered on the same session; a 2026-07-28
 //! agent hears no server requests and answers questions only as a call's
@@ -17,6 +25,18 @@
 //! Nothing of the gateway's rides in it, so there is nothing to forge or
 //! replay. At most `MAX_PARKED` calls wait at once, each at most as long as
 //! an approval may; one that expires is cancelled upstream.
+//!
+//! ## A modern server asking a legacy agent
+//!
+//! A 2026-07-28 server
+//! answers a call that needs more with `input_required` (its questions and
+//! an opaque state); a 2025-11-25 agent knows only the server-to-client
+//! requests of its era. The gateway plays the modern client for it: each
+//! question is put to the agent as that request, on the call's stream, and
+//! the call is retried upstream with the answers and the server's state,
+//! round after round, until the server completes it. The agent sees one
+//! call and its result. The retries are the same call the policy already
+//! allowed, so they are not decided again; each is forwarded once.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -25,12 +45,93 @@ use std::time::Duration;
 use aip_mcp::{Exchange, Failure};
 use aip_policy::{Direction, Evaluator, codes};
 use aip_service::sync::lock;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::call::Caller;
+use super::call::{Call, Era, Ids};
+use super::present::{Findings, redact_for_agent};
 use super::relay::{CallRelay, Outcome, Question, Relay, Waiting, cancel_upstream};
+use crate::audit::Audit;
 use crate::upstream::health::ConnectionState;
+
+/// The bridge between eras: the parked calls and what answering a
+/// server's questions for a legacy agent needs.
+pub(super) struct Bridge {
+    parked: Arc<Parked>,
+    ids: Ids,
+    audit: Arc<Audit>,
+    /// How long a question waits for the agent (as long as an ask may).
+    patience: Duration,
+}
+
+impl Bridge {
+    pub(super) fn new(patience: Duration, ids: Ids, audit: Arc<Audit>) -> Bridge {
+        Bridge {
+            parked: Arc::new(Parked::new(patience)),
+            ids,
+            audit,
+            patience,
+        }
+    }
+
+    /// Whether a call of an `era` agent to `connection` crosses eras: the
+    /// two differ, or the call carries a `requestState` toward a legacy
+    /// server (a handle of the gateway's, or one to refuse).
+    pub(super) fn needed(era: Era, connection: &ConnectionState, request: &Value) -> bool {
+        let server_modern = connection.upstream.modern();
+        era.answers_by_retry() != server_modern
+            || (!server_modern && request.pointer("/params/requestState").is_some())
+    }
+
+    /// Sends `request` upstream across eras and sees it through: a modern
+    /// agent's retry carrying a parked call's handle resumes that call, and
+    /// any other `requestState` toward a legacy server is refused; a legacy
+    /// server's question to a modern agent parks the call; a modern
+    /// server's question to a legacy agent is put to the agent and the call
+    /// retried.
+    pub(super) async fn exchange(
+        &self,
+        relay: &Relay,
+        connection: &Arc<ConnectionState>,
+        request: Value,
+        caller: &Call,
+        evaluator: &Evaluator,
+        cancel: &CancellationToken,
+    ) -> Option<Result<Exchange, Failure>> {
+        if caller.era.answers_by_retry()
+            && let Some(handle) = handle_in(&request)
+        {
+            let resumed = self
+                .parked
+                .resume(relay, &handle, &request, caller, evaluator, cancel);
+            return Box::pin(resumed).await;
+        }
+        if let Some(refused) = refuse_foreign_state(&request, connection) {
+            return Some(Ok(refused));
+        }
+        let retry = (!caller.era.answers_by_retry() && connection.upstream.modern())
+            .then(|| request.clone());
+        let outcome = self
+            .parked
+            .relay(relay, connection, request, caller, evaluator, cancel)
+            .await;
+        match (outcome, retry) {
+            (Some(Ok(x)), Some(request)) if requires_input(&x) => {
+                let answering = Answering {
+                    relay,
+                    parked: &self.parked,
+                    ids: &self.ids,
+                    audit: &self.audit,
+                    patience: self.patience,
+                };
+                let input =
+                    answering.provide_input(connection, &request, x, caller, evaluator, cancel);
+                Box::pin(input).await
+            }
+            (outcome, _) => outcome,
+        }
+    }
+}
 
 /// Calls parked at once, at most; past it a server's question is refused.
 const MAX_PARKED: usize = 256;
@@ -50,7 +151,7 @@ struct ParkedCall {
 }
 
 /// The calls parked, each until its retry or `patience`.
-pub(super) struct Parked {
+struct Parked {
     calls: Mutex<HashMap<String, ParkedCall>>,
     patience: Duration,
 }
@@ -78,7 +179,7 @@ fn call_of(request: &Value) -> Value {
 }
 
 /// The gateway's handle in a retry, if it carries one.
-pub(super) fn handle_in(request: &Value) -> Option<String> {
+fn handle_in(request: &Value) -> Option<String> {
     let state = request.get("params")?.get("requestState")?.as_str()?;
     state.strip_prefix(STATE_PREFIX).map(str::to_owned)
 }
@@ -88,10 +189,7 @@ pub(super) fn handle_in(request: &Value) -> Option<String> {
 /// this is asked): anything else — a handle spelled otherwise, a modern
 /// server's state, a legacy agent's — would have the server run the call
 /// afresh, so the agent gets this refusal instead and nothing is sent.
-pub(super) fn refuse_foreign_state(
-    request: &Value,
-    connection: &ConnectionState,
-) -> Option<Exchange> {
+fn refuse_foreign_state(request: &Value, connection: &ConnectionState) -> Option<Exchange> {
     if connection.upstream.modern() {
         return None;
     }
@@ -106,7 +204,7 @@ pub(super) fn refuse_foreign_state(
 
 impl Parked {
     /// Calls wait at most `patience` for their retry.
-    pub(super) fn new(patience: Duration) -> Parked {
+    fn new(patience: Duration) -> Parked {
         Parked {
             calls: Mutex::default(),
             patience,
@@ -115,19 +213,19 @@ impl Parked {
 
     /// Whether another call may not be parked: its server's question is then
     /// refused, and the call goes on.
-    pub(super) fn full(&self) -> bool {
+    fn full(&self) -> bool {
         lock(&self.calls).len() >= MAX_PARKED
     }
 
     /// Sends `request` (which has its gateway id) to `connection` through
     /// `relay`; a call whose server asked the agent for input is parked and
     /// the agent gets `input_required`. None when `cancel` fires first.
-    pub(super) async fn relay(
+    async fn relay(
         self: &Arc<Self>,
         relay: &Relay,
         connection: &Arc<ConnectionState>,
         request: Value,
-        caller: &Caller,
+        caller: &Call,
         evaluator: &Evaluator,
         cancel: &CancellationToken,
     ) -> Option<Result<Exchange, Failure>> {
@@ -210,12 +308,12 @@ impl Parked {
 
     /// The retry of a parked call (`handle` from its `requestState`): the
     /// agent's answer goes to the server, and the call is relayed on.
-    pub(super) async fn resume(
+    async fn resume(
         self: &Arc<Self>,
         relay: &Relay,
         handle: &str,
         retry: &Value,
-        caller: &Caller,
+        caller: &Call,
         evaluator: &Evaluator,
         cancel: &CancellationToken,
     ) -> Option<Result<Exchange, Failure>> {
@@ -281,5 +379,146 @@ fn exchange(error: Value) -> Exchange {
     Exchange {
         response: json!({"jsonrpc": "2.0", "id": null, "error": error}),
         session_id: None,
+    }
+}
+
+/// Rounds of questions one call may take.
+const MAX_ROUNDS: usize = 8;
+
+/// Whether an exchange is a modern server's request for input.
+fn requires_input(exchange: &Exchange) -> bool {
+    exchange.response.pointer("/result/resultType") == Some(&json!("input_required"))
+}
+
+/// What answering a server's questions for a legacy agent needs, handed
+/// in by the pipeline for one call.
+struct Answering<'a> {
+    relay: &'a Relay,
+    parked: &'a Arc<Parked>,
+    ids: &'a Ids,
+    audit: &'a Audit,
+    /// How long a question waits for the agent (as long as an ask may).
+    patience: Duration,
+}
+
+impl Answering<'_> {
+    /// Answers a modern server's `input_required` for a legacy agent (see
+    /// the module's note) and returns the server's final exchange, a
+    /// failure, an exchange carrying the agent's error, or None when the
+    /// agent cancelled the call.
+    async fn provide_input(
+        &self,
+        connection: &Arc<ConnectionState>,
+        request: &Value,
+        mut exchange: Exchange,
+        caller: &Call,
+        evaluator: &Evaluator,
+        cancel: &CancellationToken,
+    ) -> Option<Result<Exchange, Failure>> {
+        for _ in 0..MAX_ROUNDS {
+            if !requires_input(&exchange) {
+                return Some(Ok(exchange));
+            }
+            let result = &exchange.response["result"];
+            let mut answers = Map::new();
+            if let Some(questions) = result.get("inputRequests").and_then(Value::as_object) {
+                for (key, question) in questions {
+                    match self
+                        .ask_agent(connection, question, caller, evaluator, cancel)
+                        .await?
+                    {
+                        Ok(answer) => {
+                            answers.insert(key.clone(), answer);
+                        }
+                        Err(error) => {
+                            let response = json!({"jsonrpc": "2.0", "id": null, "error": error});
+                            return Some(Ok(Exchange {
+                                response,
+                                session_id: None,
+                            }));
+                        }
+                    }
+                }
+            }
+            let mut retry = request.clone();
+            retry["id"] = json!(self.ids.fresh());
+            retry["params"]["inputResponses"] = Value::Object(answers);
+            match result.get("requestState") {
+                Some(state) => retry["params"]["requestState"] = state.clone(),
+                None => {
+                    if let Some(Value::Object(params)) = retry.get_mut("params") {
+                        params.remove("requestState");
+                    }
+                }
+            }
+            exchange = match self
+                .parked
+                .relay(self.relay, connection, retry, caller, evaluator, cancel)
+                .await?
+            {
+                Ok(x) => x,
+                Err(failure) => return Some(Err(failure)),
+            };
+        }
+        let why = format!("the server asked for more input {MAX_ROUNDS} times in one call");
+        Some(Err(Failure::Malformed(why)))
+    }
+
+    /// Puts one question to the agent as the request of its era and waits
+    /// for its answer (a person may be answering: as long as an ask may
+    /// wait). Err is the error the agent gets instead.
+    async fn ask_agent(
+        &self,
+        connection: &Arc<ConnectionState>,
+        question: &Value,
+        caller: &Call,
+        evaluator: &Evaluator,
+        cancel: &CancellationToken,
+    ) -> Option<Result<Value, Value>> {
+        let refuse = |why: &str| {
+            Some(Err(json!({"code": aip_mcp::modern::MISSING_CAPABILITY,
+                "message": format!("the server needs input the gateway cannot get from this agent: {why}")})))
+        };
+        let method = question["method"].as_str().unwrap_or_default();
+        let offered = connection.connection().capabilities;
+        let allowed = match method {
+            "elicitation/create" => offered.elicitation,
+            "sampling/createMessage" => offered.sampling,
+            "roots/list" => offered.roots,
+            _ => false,
+        };
+        if !allowed {
+            return refuse(&format!("this connection is not offered {method}"));
+        }
+        if caller.events.is_none() {
+            return refuse(
+                "the agent's transport cannot carry requests to it (ask with Accept: text/event-stream)",
+            );
+        }
+        let id = json!(format!("aip-s-{}", self.ids.fresh()));
+        let mut params = question.get("params").cloned().unwrap_or_else(|| json!({}));
+        let findings = Findings::Audited(self.audit);
+        redact_for_agent(&mut params, connection, evaluator, findings);
+        let (waiter, answer) = tokio::sync::oneshot::channel();
+        self.relay.expect_reply(&caller.session, &id, waiter);
+        let forget = || self.relay.forget_reply(&caller.session, &id);
+        if !caller.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})) {
+            forget();
+            return refuse("the agent is not reading its stream");
+        }
+        let reply = tokio::select! {
+            reply = answer => reply.ok(),
+            () = cancel.cancelled() => { forget(); return None }
+            () = tokio::time::sleep(self.patience) => None,
+        };
+        forget();
+        match reply {
+            Some(reply) => match (reply.get("result"), reply.get("error")) {
+                (Some(result), _) => Some(Ok(result.clone())),
+                (None, Some(error)) => Some(Err(error.clone())),
+                _ => refuse("the agent's answer has neither result nor error"),
+            },
+            None => refuse("the agent did not answer in time"),
+        }
     }
 }
