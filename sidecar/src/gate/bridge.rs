@@ -43,10 +43,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aip_mcp::{Exchange, Failure};
-use aip_policy::{Direction, Evaluator, codes};
+use aip_policy::{Direction, codes};
 use aip_service::sync::lock;
 use serde_json::{Map, Value, json};
-use tokio_util::sync::CancellationToken;
 
 use super::call::{Call, Era, Ids};
 use super::present::{Findings, redact_for_agent};
@@ -95,15 +94,11 @@ impl Bridge {
         connection: &Arc<ConnectionState>,
         request: Value,
         caller: &Call,
-        evaluator: &Evaluator,
-        cancel: &CancellationToken,
     ) -> Option<Result<Exchange, Failure>> {
         if caller.era.answers_by_retry()
             && let Some(handle) = handle_in(&request)
         {
-            let resumed = self
-                .parked
-                .resume(relay, &handle, &request, caller, evaluator, cancel);
+            let resumed = self.parked.resume(relay, &handle, &request, caller);
             return Box::pin(resumed).await;
         }
         if let Some(refused) = refuse_foreign_state(&request, connection) {
@@ -111,10 +106,7 @@ impl Bridge {
         }
         let retry = (!caller.era.answers_by_retry() && connection.upstream.modern())
             .then(|| request.clone());
-        let outcome = self
-            .parked
-            .relay(relay, connection, request, caller, evaluator, cancel)
-            .await;
+        let outcome = self.parked.relay(relay, connection, request, caller).await;
         match (outcome, retry) {
             (Some(Ok(x)), Some(request)) if requires_input(&x) => {
                 let answering = Answering {
@@ -124,8 +116,7 @@ impl Bridge {
                     audit: &self.audit,
                     patience: self.patience,
                 };
-                let input =
-                    answering.provide_input(connection, &request, x, caller, evaluator, cancel);
+                let input = answering.provide_input(connection, &request, x, caller);
                 Box::pin(input).await
             }
             (outcome, _) => outcome,
@@ -219,20 +210,16 @@ impl Parked {
 
     /// Sends `request` (which has its gateway id) to `connection` through
     /// `relay`; a call whose server asked the agent for input is parked and
-    /// the agent gets `input_required`. None when `cancel` fires first.
+    /// the agent gets `input_required`. None when the call is cancelled first.
     async fn relay(
         self: &Arc<Self>,
         relay: &Relay,
         connection: &Arc<ConnectionState>,
         request: Value,
         caller: &Call,
-        evaluator: &Evaluator,
-        cancel: &CancellationToken,
     ) -> Option<Result<Exchange, Failure>> {
         let full = || self.full();
-        let outcome = relay
-            .call(connection, request, caller, evaluator, cancel, &full)
-            .await;
+        let outcome = relay.call(connection, request, caller, &full).await;
         self.settle(connection, outcome)
     }
 
@@ -314,8 +301,6 @@ impl Parked {
         handle: &str,
         retry: &Value,
         caller: &Call,
-        evaluator: &Evaluator,
-        cancel: &CancellationToken,
     ) -> Option<Result<Exchange, Failure>> {
         let taken = lock(&self.calls).remove(handle);
         let refuse = |why: &str| {
@@ -343,7 +328,7 @@ impl Parked {
             ));
         };
         let mut answer = answer;
-        relay.redact_for_server(&mut answer, evaluator, Direction::Upstream);
+        relay.redact_for_server(&mut answer, &caller.evaluator, Direction::Upstream);
         let reply = json!({"jsonrpc": "2.0", "id": parked.question, "result": answer});
         let connection = parked.connection;
         if let Err(failure) = connection.upstream.notify(&reply).await {
@@ -356,20 +341,12 @@ impl Parked {
             upstream_id,
         } = parked.waiting;
         let full = || self.full();
-        let call = CallRelay::resumed(
-            relay,
-            &full,
-            &connection,
-            caller,
-            evaluator,
-            retry,
-            upstream_token,
-        );
+        let call = CallRelay::resumed(relay, &full, &connection, caller, retry, upstream_token);
         // The call as the relay knows it: the retry under the upstream
         // request's id (what a later question parks, a cancellation names).
         let mut request = retry.clone();
         request["id"] = upstream_id;
-        let outcome = Box::pin(relay.pump_detached(call, upstream, heard, request, cancel)).await;
+        let outcome = Box::pin(relay.pump_detached(call, upstream, heard, request)).await;
         self.settle(&connection, outcome)
     }
 }
@@ -412,8 +389,6 @@ impl Answering<'_> {
         request: &Value,
         mut exchange: Exchange,
         caller: &Call,
-        evaluator: &Evaluator,
-        cancel: &CancellationToken,
     ) -> Option<Result<Exchange, Failure>> {
         for _ in 0..MAX_ROUNDS {
             if !requires_input(&exchange) {
@@ -423,10 +398,7 @@ impl Answering<'_> {
             let mut answers = Map::new();
             if let Some(questions) = result.get("inputRequests").and_then(Value::as_object) {
                 for (key, question) in questions {
-                    match self
-                        .ask_agent(connection, question, caller, evaluator, cancel)
-                        .await?
-                    {
+                    match self.ask_agent(connection, question, caller).await? {
                         Ok(answer) => {
                             answers.insert(key.clone(), answer);
                         }
@@ -453,7 +425,7 @@ impl Answering<'_> {
             }
             exchange = match self
                 .parked
-                .relay(self.relay, connection, retry, caller, evaluator, cancel)
+                .relay(self.relay, connection, retry, caller)
                 .await?
             {
                 Ok(x) => x,
@@ -472,8 +444,6 @@ impl Answering<'_> {
         connection: &Arc<ConnectionState>,
         question: &Value,
         caller: &Call,
-        evaluator: &Evaluator,
-        cancel: &CancellationToken,
     ) -> Option<Result<Value, Value>> {
         let refuse = |why: &str| {
             Some(Err(json!({"code": aip_mcp::modern::MISSING_CAPABILITY,
@@ -498,7 +468,7 @@ impl Answering<'_> {
         let id = json!(format!("aip-s-{}", self.ids.fresh()));
         let mut params = question.get("params").cloned().unwrap_or_else(|| json!({}));
         let findings = Findings::Audited(self.audit);
-        redact_for_agent(&mut params, connection, evaluator, findings);
+        redact_for_agent(&mut params, connection, &caller.evaluator, findings);
         let (waiter, answer) = tokio::sync::oneshot::channel();
         self.relay.expect_reply(&caller.session, &id, waiter);
         let forget = || self.relay.forget_reply(&caller.session, &id);
@@ -508,7 +478,7 @@ impl Answering<'_> {
         }
         let reply = tokio::select! {
             reply = answer => reply.ok(),
-            () = cancel.cancelled() => { forget(); return None }
+            () = caller.cancel.cancelled() => { forget(); return None }
             () = tokio::time::sleep(self.patience) => None,
         };
         forget();

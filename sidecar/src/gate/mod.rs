@@ -19,8 +19,7 @@
 //! state and handed what it needs, none holding or naming the gateway:
 //! `call` (the per-request values), `connections`, `catalog`, `edge`,
 //! `asks`, `listings` (prompts and resources over every connection),
-//! `relay`, `bridge`, `tasks` and `relayed_tasks` (approvals as tasks, and
-//! servers' tasks), `subscriptions` and `watches` (agents' notification
+//! `relay`, `bridge`, `tasks` (approvals as tasks, and servers' tasks), `subscriptions` and `watches` (agents' notification
 //! streams), `present`.
 
 mod asks;
@@ -32,7 +31,6 @@ mod edge;
 mod listings;
 mod present;
 mod relay;
-mod relayed_tasks;
 mod subscriptions;
 mod tasks;
 mod watches;
@@ -384,7 +382,7 @@ impl Gateway {
         if let Kind::Response { .. } = message.kind {
             // The agent answering a request a server made of it: matched to
             // the relayed request and passed on, never blocked.
-            Box::pin(self.relay.agent_reply(message, evaluator, call)).await;
+            Box::pin(self.relay.agent_reply(message, call)).await;
             return Reply::Nothing;
         }
         if let Some(spelled) = misspelled_method(message.method().unwrap_or_default()) {
@@ -491,7 +489,7 @@ impl Gateway {
                 };
                 let kept = self
                     .subscriptions
-                    .session_subscription(message, evaluator, call, sources);
+                    .session_subscription(message, call, sources);
                 match Box::pin(kept).await {
                     Some(reply) => reply,
                     None => Box::pin(self.by_resource(message, call)).await,
@@ -698,16 +696,11 @@ impl Gateway {
         request: Value,
         call: &Call,
     ) -> Option<Result<Exchange, Failure>> {
-        let (evaluator, cancel) = (&*call.evaluator, &call.cancel);
         if Bridge::needed(call.era, connection, &request) {
-            let bridged =
-                self.bridge
-                    .exchange(&self.relay, connection, request, call, evaluator, cancel);
+            let bridged = self.bridge.exchange(&self.relay, connection, request, call);
             return Box::pin(bridged).await;
         }
-        self.relay
-            .forward(connection, request, call, evaluator, cancel)
-            .await
+        self.relay.forward(connection, request, call).await
     }
 
     /// `resources/read` (and a legacy `resources/subscribe` the gateway
@@ -789,8 +782,8 @@ impl Gateway {
     }
 
     /// The servers' tasks, over the gateway's table, ids and audit.
-    fn server_tasks(&self) -> relayed_tasks::ServerTasks<'_> {
-        relayed_tasks::ServerTasks {
+    fn server_tasks(&self) -> tasks::ServerTasks<'_> {
+        tasks::ServerTasks {
             tasks: &self.tasks,
             ids: &self.ids,
             audit: &self.audit,

@@ -18,7 +18,6 @@ use aip_service::sync::lock;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
-use tokio_util::sync::CancellationToken;
 
 use super::call::{Call, Ids};
 use super::present::{Findings, error_object, redact_for_agent};
@@ -155,7 +154,6 @@ pub(super) struct CallRelay<'a> {
     parking_full: ParkingFull<'a>,
     connection: &'a Arc<ConnectionState>,
     caller: &'a Call,
-    evaluator: &'a Evaluator,
     agent_token: Option<Value>,
     upstream_token: Option<Value>,
     relayed: Vec<(String, String)>,
@@ -204,20 +202,15 @@ impl Relay {
 
     /// Sends `request` to a server of the agent's own era and relays what
     /// the server says meanwhile: nothing of such a call is parked (that
-    /// takes the era bridge). None when `cancel` fires first.
+    /// takes the era bridge). None when the call is cancelled first.
     pub(super) async fn forward(
         &self,
         connection: &Arc<ConnectionState>,
         request: Value,
         caller: &Call,
-        evaluator: &Evaluator,
-        cancel: &CancellationToken,
     ) -> Option<Result<Exchange, Failure>> {
         let no_room = || true;
-        match self
-            .call(connection, request, caller, evaluator, cancel, &no_room)
-            .await
-        {
+        match self.call(connection, request, caller, &no_room).await {
             Outcome::Done(done) => done,
             Outcome::Asked { .. } => Some(Err(Failure::Malformed(
                 "a server question only the era bridge can carry".into(),
@@ -226,15 +219,13 @@ impl Relay {
     }
 
     /// Sends `request` (which has its gateway id) to `connection` and relays
-    /// what the server says about it meanwhile. None when `cancel` fires
+    /// what the server says about it meanwhile. None when the call is cancelled
     /// first: the upstream is then told, and nothing more is relayed.
     pub(super) async fn call(
         &self,
         connection: &Arc<ConnectionState>,
         request: Value,
         caller: &Call,
-        evaluator: &Evaluator,
-        cancel: &CancellationToken,
         parking_full: ParkingFull<'_>,
     ) -> Outcome {
         use tracing::Instrument;
@@ -244,7 +235,7 @@ impl Relay {
             aip.connection = connection.connection().name.as_str(),
             aip.outcome = tracing::field::Empty);
         let outcome = self
-            .relay_call(connection, request, caller, evaluator, cancel, parking_full)
+            .relay_call(connection, request, caller, parking_full)
             .instrument(span.clone())
             .await;
         let described = match &outcome {
@@ -261,8 +252,6 @@ impl Relay {
         connection: &Arc<ConnectionState>,
         mut request: Value,
         caller: &Call,
-        evaluator: &Evaluator,
-        cancel: &CancellationToken,
         parking_full: ParkingFull<'_>,
     ) -> Outcome {
         let agent_token = aip_mcp::protocol::progress_token(&request).cloned();
@@ -281,7 +270,6 @@ impl Relay {
             parking_full,
             connection,
             caller,
-            evaluator,
             agent_token,
             upstream_token,
             relayed: Vec::new(),
@@ -291,16 +279,14 @@ impl Relay {
         let (related, mut heard) = mpsc::unbounded_channel();
         if answerable.any() {
             let detached = detach(connection, &request, related);
-            return self
-                .pump_detached(call, detached, heard, request, cancel)
-                .await;
+            return self.pump_detached(call, detached, heard, request).await;
         }
         let pumped = {
             let upstream = connection
                 .upstream
                 .request_related(&request, Some(&related));
             tokio::pin!(upstream);
-            call.pump(&mut upstream, &mut heard, cancel).await
+            call.pump(&mut upstream, &mut heard).await
         };
         Outcome::Done(self.end_call(call, pumped, &request).await)
     }
@@ -313,9 +299,8 @@ impl Relay {
         mut upstream: Detached,
         mut heard: mpsc::UnboundedReceiver<Value>,
         request: Value,
-        cancel: &CancellationToken,
     ) -> Outcome {
-        match call.pump(&mut upstream, &mut heard, cancel).await {
+        match call.pump(&mut upstream, &mut heard).await {
             Pumped::Asked(question) => {
                 call.forget();
                 let waiting = Waiting {
@@ -356,7 +341,8 @@ impl Relay {
     /// The agent's reply to a relayed request: back to the server that
     /// asked, under its own id, after DLP. A reply to nothing pending (never
     /// relayed, already answered, or its call is over) is dropped.
-    pub(super) async fn agent_reply(&self, message: Message, evaluator: &Evaluator, caller: &Call) {
+    pub(super) async fn agent_reply(&self, message: Message, caller: &Call) {
+        let evaluator = &*caller.evaluator;
         let id = message.id().map(Value::to_string).unwrap_or_default();
         let awaiting = lock(&self.relayed).remove(&(caller.session.clone(), id));
         let relayed = match awaiting {
@@ -443,7 +429,6 @@ impl<'a> CallRelay<'a> {
         parking_full: ParkingFull<'a>,
         connection: &'a Arc<ConnectionState>,
         caller: &'a Call,
-        evaluator: &'a Evaluator,
         retry: &Value,
         upstream_token: Option<Value>,
     ) -> CallRelay<'a> {
@@ -455,7 +440,6 @@ impl<'a> CallRelay<'a> {
             parking_full,
             connection,
             caller,
-            evaluator,
             upstream_token: agent_token.as_ref().and(upstream_token),
             agent_token,
             relayed: Vec::new(),
@@ -472,11 +456,11 @@ impl CallRelay<'_> {
         &mut self,
         upstream: &mut F,
         heard: &mut mpsc::UnboundedReceiver<Value>,
-        cancel: &CancellationToken,
     ) -> Pumped
     where
         F: std::future::Future<Output = Result<Exchange, Failure>> + Unpin,
     {
+        let caller = self.caller;
         let outcome = loop {
             tokio::select! {
                 biased;
@@ -486,7 +470,7 @@ impl CallRelay<'_> {
                     }
                 }
                 outcome = &mut *upstream => break outcome,
-                () = cancel.cancelled() => return Pumped::Cancelled,
+                () = caller.cancel.cancelled() => return Pumped::Cancelled,
             }
         };
         // What came just before the response goes out before it.
@@ -622,7 +606,7 @@ impl CallRelay<'_> {
     /// What the server says for the agent, as the agent is shown it.
     fn redact(&self, params: &mut Value) {
         let findings = Findings::Audited(&self.relay.audit);
-        redact_for_agent(params, self.connection, self.evaluator, findings);
+        redact_for_agent(params, self.connection, &self.caller.evaluator, findings);
     }
 
     /// Sends the server a reply of our own to its request.

@@ -24,8 +24,7 @@ use super::call::{Call, Reply};
 use super::connections::Connections;
 use super::listings::Listings;
 use super::present::server_info;
-use super::relayed_tasks::task_view;
-use super::tasks::{ServerTask, Tasks};
+use super::tasks::{ServerTask, Tasks, task_view};
 use super::watches::SessionWatches;
 use super::watches::{MAX_SESSION_WATCHES, Watch, Watches};
 use crate::audit::Audit;
@@ -320,8 +319,7 @@ impl Subscription {
             tracing::warn!(connection, error = ?failure, "a server's task notification is malformed; dropped");
             return None;
         }
-        self.tasks
-            .saw_status(id, super::relayed_tasks::status_of(task));
+        self.tasks.saw_status(id, super::tasks::status_of(task));
         let (connection, tool) = (&relayed.connection, &relayed.tool);
         let view = task_view(&self.audit, task, id, connection, tool, &self.evaluator);
         Some(self.task_note(view))
@@ -444,10 +442,10 @@ impl Subscriptions {
     pub(super) async fn session_subscription(
         &self,
         message: &Message,
-        evaluator: &Evaluator,
         caller: &Call,
         sources: Sources<'_>,
     ) -> Option<Reply> {
+        let evaluator = &*caller.evaluator;
         let id = message.id().cloned().unwrap_or(Value::Null);
         let uri = super::listings::string_param(message, "uri");
         let params = json!({"uri": uri});
