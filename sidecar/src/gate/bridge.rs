@@ -79,7 +79,10 @@ impl Bridge {
     pub(super) fn needed(era: Era, connection: &ConnectionState, request: &Value) -> bool {
         let server_modern = connection.upstream.modern();
         era.answers_by_retry() != server_modern
-            || (!server_modern && request.pointer("/params/requestState").is_some())
+            || (!server_modern
+                && request
+                    .get("params")
+                    .is_some_and(|p| p.get("requestState").is_some()))
     }
 
     /// Sends `request` upstream across eras and sees it through: a modern

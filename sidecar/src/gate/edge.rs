@@ -199,7 +199,9 @@ impl Edge {
             known: lookup.known,
         };
         let session = opens.then(|| call.session.clone());
-        let handled = pipeline(call, message).await;
+        // Boxed: the pipeline's future is large, and this one stays small
+        // for the transports that hold it.
+        let handled = Box::pin(pipeline(call, message)).await;
         drop(tracked);
         let reply = match handled {
             Handled::Listen(subscription) => {
@@ -523,7 +525,8 @@ fn answer(reply: Reply, era: Era) -> Answer {
         (Reply::Nothing, _) => 202,
         (Reply::Message(_), Era::Legacy) => 200,
         (Reply::Message(response), Era::Modern) => {
-            match response.pointer("/error/code").and_then(Value::as_i64) {
+            let code = response.get("error").and_then(|e| e.get("code"));
+            match code.and_then(Value::as_i64) {
                 Some(codes::METHOD_NOT_FOUND) => 404,
                 Some(
                     modern::HEADER_MISMATCH

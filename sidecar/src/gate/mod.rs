@@ -633,9 +633,11 @@ impl Gateway {
             params.insert("name".into(), Value::String(route.upstream_name.clone()));
         }
         let started = Instant::now();
-        let sent = self.send(&route.connection, upstream_call, call);
+        // Boxed where it is made, as every upstream exchange is: it is the
+        // largest future of a call, and is then moved as a pointer.
+        let sent = Box::pin(self.send(&route.connection, upstream_call, call));
         let admitted = route.connection.admit(Some(&route.upstream_name), sent);
-        let outcome = match Box::pin(admitted).await {
+        let outcome = match admitted.await {
             Ok(outcome) => outcome,
             // Not sent: the connection is not usable, or the tool gated.
             Err(refusal) => {
@@ -805,10 +807,9 @@ impl Gateway {
             Err(refused) => return refused,
         };
         let connection = task.1.connection.clone();
-        let sent = connection.admit(None, self.send(&connection, request, call));
-        let outcome = Box::pin(sent)
-            .await
-            .unwrap_or_else(|refusal| Some(Err(refusal)));
+        let sent = Box::pin(self.send(&connection, request, call));
+        let outcome = connection.admit(None, sent).await;
+        let outcome = outcome.unwrap_or_else(|refusal| Some(Err(refusal)));
         server.answer(message, task, &call.evaluator, outcome)
     }
 
@@ -835,10 +836,9 @@ impl Gateway {
         let id = message.id().cloned().unwrap_or(Value::Null);
         let name = connection.connection().name.clone();
         request["id"] = json!(self.ids.fresh());
-        let sent = connection.admit(None, self.send(connection, request, call));
-        let outcome = Box::pin(sent)
-            .await
-            .unwrap_or_else(|refusal| Some(Err(refusal)));
+        let sent = Box::pin(self.send(connection, request, call));
+        let outcome = connection.admit(None, sent).await;
+        let outcome = outcome.unwrap_or_else(|refusal| Some(Err(refusal)));
         let evaluator = &*call.evaluator;
         match outcome {
             None => Reply::Nothing,
