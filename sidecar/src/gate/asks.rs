@@ -70,13 +70,13 @@ impl Asks {
             arguments,
             arguments_hash,
         };
-        let tracked = self.held.track(&caller.session, message.id());
+        let (_tracked, withdrawn) = self.held.track(&caller.session, message.id());
         let token = aip_mcp::protocol::progress_token(&message.value);
         tokio::select! {
             a = self.approvals.ask(held, self.patience) => Some(verdict.resolve(a)),
             // Dropping the ask withdraws it: a later decision releases nothing.
             blocked = self.blocked_by_new_policy(message, evaluator) => Some(blocked),
-            () = tracked.cancelled.cancelled() => None,
+            () = withdrawn.cancelled() => None,
             () = caller.cancel.cancelled() => None,
             () = self.waiting_progress(token, caller) => None, // never ends
         }
@@ -171,8 +171,8 @@ mod tests {
             asks.held.track("b", Some(&json!(1))),
         );
         asks.withdraw("a");
-        assert!(a.cancelled.is_cancelled() && !b.cancelled.is_cancelled());
+        assert!(a.1.is_cancelled() && !b.1.is_cancelled());
         asks.cancel("b", &json!(1));
-        assert!(b.cancelled.is_cancelled());
+        assert!(b.1.is_cancelled());
     }
 }

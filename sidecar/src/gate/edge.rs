@@ -188,13 +188,13 @@ impl Edge {
             lookup,
             slot,
         } = admitted;
-        let tracked = self.calls.track(&session, message.id());
+        let (tracked, cancel) = self.calls.track(&session, message.id());
         let call = Call {
             session,
             events: events.filter(|_| stream),
             era,
             evaluator: sources.evaluator,
-            cancel: tracked.cancelled.clone(),
+            cancel,
             route: lookup.route,
             known: lookup.known,
         };
@@ -640,23 +640,26 @@ pub(super) struct InFlight {
 pub(super) struct Tracked<'a> {
     requests: &'a Requests,
     key: Option<(String, String)>,
-    pub cancelled: CancellationToken,
 }
 
 impl InFlight {
-    /// Tracks the request `id` of `session` (a notification, without an id,
-    /// can still be cancelled through the token).
-    pub(super) fn track(&self, session: &str, id: Option<&Value>) -> Tracked<'_> {
+    /// Tracks the request `id` of `session`, and what cancels it (a
+    /// notification, without an id, can still be cancelled through it).
+    pub(super) fn track(
+        &self,
+        session: &str,
+        id: Option<&Value>,
+    ) -> (Tracked<'_>, CancellationToken) {
         let cancelled = CancellationToken::new();
         let key = id.map(|id| (session.to_owned(), id.to_string()));
         if let Some(key) = &key {
             lock(&self.requests).insert(key.clone(), cancelled.clone());
         }
-        Tracked {
+        let tracked = Tracked {
             requests: &self.requests,
             key,
-            cancelled,
-        }
+        };
+        (tracked, cancelled)
     }
 
     /// Cancels the request `id` of `session`.
@@ -706,9 +709,9 @@ mod tests {
     #[test]
     fn a_request_is_forgotten_when_its_handling_ends() {
         let in_flight = InFlight::default();
-        let tracked = in_flight.track("s", Some(&json!(1)));
+        let (tracked, cancelled) = in_flight.track("s", Some(&json!(1)));
         in_flight.cancel("s", &json!(1));
-        assert!(tracked.cancelled.is_cancelled());
+        assert!(cancelled.is_cancelled());
         drop(tracked);
         assert!(lock(&in_flight.requests).is_empty());
     }
@@ -721,6 +724,6 @@ mod tests {
             in_flight.track("b", Some(&json!(1))),
         );
         in_flight.end_session("a");
-        assert!(a.cancelled.is_cancelled() && !b.cancelled.is_cancelled());
+        assert!(a.1.is_cancelled() && !b.1.is_cancelled());
     }
 }

@@ -604,8 +604,9 @@ impl Gateway {
             let why = "Task-augmented calls are not supported by this gateway";
             return Reply::Message(error(Some(&id), codes::INVALID_PARAMS, why, None));
         }
+        let settled;
         let route = match &call.route {
-            Some(route) => route.clone(),
+            Some(route) => route,
             None => {
                 // A connection still starting may hold it: the one more
                 // lookup, only for a name the edge did not find.
@@ -614,7 +615,8 @@ impl Gateway {
                     let unknown = format!("Unknown tool: {name}");
                     return Reply::Message(error(Some(&id), codes::INVALID_PARAMS, &unknown, None));
                 };
-                route
+                settled = route;
+                &settled
             }
         };
         let connection = route.connection.connection().name.clone();
