@@ -179,33 +179,25 @@ impl Edge {
                 };
             }
         };
-        let Admitted {
-            message,
-            era,
-            session,
-            opens,
-            stream,
-            lookup,
-            slot,
-        } = admitted;
-        let (tracked, cancel) = self.calls.track(&session, message.id());
+        let Admitted { message, era, .. } = admitted;
+        let (tracked, cancel) = self.calls.track(&admitted.session, message.id());
         let call = Call {
-            session,
-            events: events.filter(|_| stream),
+            session: admitted.session,
+            events: events.filter(|_| admitted.stream),
             era,
             evaluator: sources.evaluator,
             cancel,
-            route: lookup.route,
-            known: lookup.known,
+            route: admitted.lookup.route,
+            known: admitted.lookup.known,
         };
-        let session = opens.then(|| call.session.clone());
+        let session = admitted.opens.then(|| call.session.clone());
         // Boxed: the pipeline's future is large, and this one stays small
         // for the transports that hold it.
         let handled = Box::pin(pipeline(call, message)).await;
         drop(tracked);
         let reply = match handled {
             Handled::Listen(subscription) => {
-                let answer = match slot {
+                let answer = match admitted.slot {
                     Some(slot) => Answer::Listen(Box::new(Listen {
                         subscription: *subscription,
                         ended: slot.ended.clone(),
@@ -464,8 +456,8 @@ impl Edge {
         }
     }
 
-    /// Counts and audits a message refused before the pipeline.
-    fn record_refusal(&self, reason: &str, id: Option<&Value>) {
+    /// Counts and audits a refused message.
+    pub(super) fn record_refusal(&self, reason: &str, id: Option<&Value>) {
         self.refused.inc();
         self.audit.record(&refusal_line(reason, id));
     }

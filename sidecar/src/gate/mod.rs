@@ -46,7 +46,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::approvals::LocalApprovals;
-use crate::audit::{Audit, UpstreamFailure, refusal_line};
+use crate::audit::{Audit, UpstreamFailure};
 use crate::config::Config;
 use crate::metrics::{ConnectionLabels, DecisionLabels, FailureLabels, Metrics};
 use crate::upstream::health::ConnectionState;
@@ -537,8 +537,7 @@ impl Gateway {
     fn refuse_misspelled(&self, message: &Message, spelled: &str) -> Reply {
         let method = message.method().unwrap_or_default();
         let reason = format!("method {method:?} is not spelled {spelled:?}; spell it exactly");
-        self.metrics.refused_messages.inc();
-        self.audit.record(&refusal_line(&reason, message.id()));
+        self.edge.record_refusal(&reason, message.id());
         match message.id() {
             Some(id) => Reply::Message(error(Some(id), codes::INVALID_REQUEST, &reason, None)),
             None => Reply::Nothing,
