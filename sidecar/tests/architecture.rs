@@ -233,7 +233,7 @@ fn the_transports_reach_the_gate_only_through_its_entry() {
         "claims_modern",
         "check_request",
         "param_headers",
-        "Era::of",
+        "era_of",
         "jsonrpc::parse",
     ] {
         let found = lines_with(agent.iter(), rule);

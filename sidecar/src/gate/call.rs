@@ -4,7 +4,8 @@
 //! (`Reply`), and the gateway's own request ids
 //! (`Ids`). No behaviour beyond the era's rules: every place where the two
 //! eras differ asks the era, so the next revision is one more variant whose
-//! rules the compiler asks for.
+//! rules the compiler asks for. Which era a message speaks is the agent
+//! edge's decision (`edge.rs`), made once.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,15 +29,6 @@ pub enum Era {
 }
 
 impl Era {
-    /// Of a message, by what its body claims.
-    pub fn of(message: &Value) -> Era {
-        if aip_mcp::modern::claims_modern(message) {
-            Era::Modern
-        } else {
-            Era::Legacy
-        }
-    }
-
     /// Results carry the era's `resultType` and `_meta` (server info,
     /// cache hints).
     pub fn shapes_results(self) -> bool {

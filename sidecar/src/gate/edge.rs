@@ -271,7 +271,7 @@ impl Edge {
                 return Err(Answer::Reply { reply, status, era });
             }
         };
-        let era = Era::of(&message.value);
+        let era = era_of(&message.value);
         let session = match era {
             Era::Modern => self.modern(&message, transport)?,
             Era::Legacy if modern_header => {
@@ -717,5 +717,15 @@ mod tests {
         );
         in_flight.end_session("a");
         assert!(a.1.is_cancelled() && !b.1.is_cancelled());
+    }
+}
+
+/// The era a message speaks, by what its body claims: decided here, once,
+/// for both transports.
+fn era_of(message: &Value) -> Era {
+    if modern::claims_modern(message) {
+        Era::Modern
+    } else {
+        Era::Legacy
     }
 }
