@@ -680,6 +680,16 @@ impl Drop for Tracked<'_> {
     }
 }
 
+/// The era a message speaks, by what its body claims: decided here, once,
+/// for both transports.
+fn era_of(message: &Value) -> Era {
+    if modern::claims_modern(message) {
+        Era::Modern
+    } else {
+        Era::Legacy
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -717,15 +727,5 @@ mod tests {
         );
         in_flight.end_session("a");
         assert!(a.1.is_cancelled() && !b.1.is_cancelled());
-    }
-}
-
-/// The era a message speaks, by what its body claims: decided here, once,
-/// for both transports.
-fn era_of(message: &Value) -> Era {
-    if modern::claims_modern(message) {
-        Era::Modern
-    } else {
-        Era::Legacy
     }
 }
