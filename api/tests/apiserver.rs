@@ -324,7 +324,11 @@ async fn defaults_are_filled_and_unknown_fields_refused_or_pruned() {
     let manifest = format!(
         "apiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {{name: t, namespace: {ns}}}\nspec:\n  url: https://mcp.example.com/mcp\n  colour: red\n  clientCapabilities: {{sampling: true}}\n"
     );
-    let file = std::env::temp_dir().join(format!("aip-api-test-{ns}.yaml"));
+    let tmp = tempfile::Builder::new()
+        .prefix("aip-api-test-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap();
+    let file = tmp.path().join(format!("{ns}.yaml"));
     std::fs::write(&file, &manifest).unwrap();
     let path = file.to_str().unwrap().to_owned();
     let (ok, said) = tokio::task::spawn_blocking(move || kubectl(&["apply", "-f", &path]))

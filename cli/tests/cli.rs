@@ -26,10 +26,13 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("aip-cli-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A directory of the test's own under cargo's target/tmp (so that a run
+/// that is killed leaves nothing outside target/), removed when it drops.
+fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("aip-cli-{name}-"))
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap()
 }
 
 #[test]
@@ -80,7 +83,8 @@ tests:
 
 #[test]
 fn failing_vector_is_reported_with_expected_and_actual() {
-    let dir = temp_dir("failing");
+    let tmp = scratch("failing");
+    let dir = tmp.path();
     std::fs::write(dir.join("wrong.yaml"), FAILING_VECTOR).unwrap();
     let out = aip(&["conformance", dir.to_str().unwrap()]);
     let text = stdout(&out);
@@ -105,7 +109,6 @@ fn failing_vector_is_reported_with_expected_and_actual() {
         report["files"][0]["tests"][0]["mismatches"][0]["field"],
         "decision"
     );
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 const INVALID_POLICY_VECTORS: &str = r#"
@@ -139,7 +142,8 @@ tests:
 
 #[test]
 fn vectors_can_expect_a_policy_to_be_refused() {
-    let dir = temp_dir("refusals");
+    let tmp = scratch("refusals");
+    let dir = tmp.path();
     std::fs::write(dir.join("refusals.yaml"), INVALID_POLICY_VECTORS).unwrap();
     let out = aip(&["conformance", dir.to_str().unwrap()]);
     let text = stdout(&out);
@@ -150,14 +154,14 @@ fn vectors_can_expect_a_policy_to_be_refused() {
         "{text}"
     );
     assert_eq!(text.lines().last(), Some("2 passed, 1 failed"), "{text}");
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 /// A vector the runner cannot interpret is never a pass: one that states no
 /// expectation, or expects or gives something the runner does not read.
 #[test]
 fn vectors_the_runner_cannot_interpret_are_unsupported_never_passed() {
-    let dir = temp_dir("unsupported");
+    let tmp = scratch("unsupported");
+    let dir = tmp.path();
     std::fs::write(
         dir.join("odd.yaml"),
         r#"
@@ -200,18 +204,17 @@ tests:
         Some("1 passed, 0 failed, 3 unsupported"),
         "{text}"
     );
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
 fn unreadable_vector_file_fails_the_run() {
-    let dir = temp_dir("garbage");
+    let tmp = scratch("garbage");
+    let dir = tmp.path();
     std::fs::write(dir.join("bad.yaml"), "tests: [unclosed").unwrap();
     let out = aip(&["conformance", dir.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stdout(&out).contains("ERROR "), "{}", stdout(&out));
     assert_eq!(stdout(&out).lines().last(), Some("0 passed, 1 failed"));
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
@@ -261,7 +264,8 @@ fn check_accepts_the_cluster_example_and_says_what_it_binds() {
 
 #[test]
 fn check_refuses_a_cluster_object_with_the_binding_field_named() {
-    let dir = temp_dir("cluster-check");
+    let tmp = scratch("cluster-check");
+    let dir = tmp.path();
     let text = std::fs::read_to_string(repo().join("examples/cluster/agentpolicy.yaml"))
         .unwrap()
         .replace("toolConnections: [fs]", "toolConnections: [Not_A_Name]");
@@ -384,7 +388,8 @@ fn convert_moves_version_and_owner_into_annotations_and_keeps_the_hash() {
 
 #[test]
 fn convert_refuses_a_name_kubernetes_cannot_hold() {
-    let dir = temp_dir("convert");
+    let tmp = scratch("convert");
+    let dir = tmp.path();
     let file = dir.join("p.yaml");
     std::fs::write(
         &file,
@@ -396,7 +401,6 @@ fn convert_refuses_a_name_kubernetes_cannot_hold() {
     assert!(stderr(&out).contains(
         "metadata.name \"My_Agent\" is not a valid Kubernetes name: it contains 'M'; only lowercase letters, digits, '-' and '.' are allowed"
     ), "{}", stderr(&out));
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]

@@ -21,23 +21,26 @@ fn binary(name: &str) -> PathBuf {
     path
 }
 
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("aip-errors-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A directory of the test's own under cargo's target/tmp (so that a run
+/// that is killed leaves nothing outside target/), removed when it drops.
+fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("aip-errors-{name}-"))
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap()
 }
 
 /// Runs `name` with a clean Kubernetes environment: no KUBECONFIG, no
 /// in-cluster variables, HOME an empty folder (so no ~/.kube/config).
 fn run(name: &str, args: &[&str], env: &[(&str, &Path)]) -> Output {
-    let home = temp_dir("home");
+    let home = scratch("home");
     let mut command = Command::new(binary(name));
     command
         .args(args)
         .env_remove("KUBECONFIG")
         .env_remove("KUBERNETES_SERVICE_HOST")
         .env_remove("KUBERNETES_SERVICE_PORT")
-        .env("HOME", &home)
+        .env("HOME", home.path())
         .stdin(std::process::Stdio::null());
     for (key, value) in env {
         command.env(key, value);
@@ -66,7 +69,8 @@ fn kubectl_style(o: &Output) -> String {
 
 #[test]
 fn kubectl_aip_names_a_missing_kubeconfig_once() {
-    let missing = temp_dir("kc").join("nope.kubeconfig");
+    let tmp = scratch("kc");
+    let missing = tmp.path().join("nope.kubeconfig");
     let path = missing.to_str().unwrap();
 
     let given = run("kubectl-aip", &["approvals", "--kubeconfig", path], &[]);
@@ -83,8 +87,9 @@ fn kubectl_aip_names_a_missing_kubeconfig_once() {
         )
     );
 
-    let home = temp_dir("bare-home");
-    let default = run("kubectl-aip", &["approve", "x"], &[("HOME", &home)]);
+    let tmp = scratch("bare-home");
+    let home = tmp.path();
+    let default = run("kubectl-aip", &["approve", "x"], &[("HOME", home)]);
     let expected = home.join(".kube/config");
     assert_eq!(
         kubectl_style(&default),
@@ -103,7 +108,8 @@ fn kubectl_aip_names_an_unreachable_api_server() {
         .local_addr()
         .unwrap()
         .port();
-    let dir = temp_dir("refused");
+    let tmp = scratch("refused");
+    let dir = tmp.path();
     let kubeconfig = dir.join("kubeconfig");
     std::fs::write(
         &kubeconfig,
@@ -139,7 +145,8 @@ fn kubectl_aip_names_an_unreachable_api_server() {
 
 #[test]
 fn kubectl_aip_refuses_bad_arguments_before_connecting() {
-    let missing = temp_dir("args").join("nope.kubeconfig");
+    let tmp = scratch("args");
+    let missing = tmp.path().join("nope.kubeconfig");
     let deny = run(
         "kubectl-aip",
         &["deny", "ar-1", "--reason", " "],
@@ -177,7 +184,8 @@ fn kubectl_aip_refuses_bad_arguments_before_connecting() {
 
 #[test]
 fn aip_operator_without_a_cluster_says_why_once() {
-    let missing = temp_dir("operator").join("nope.kubeconfig");
+    let tmp = scratch("operator");
+    let missing = tmp.path().join("nope.kubeconfig");
     let out = run(
         "aip-operator",
         &["--admin-listen", "127.0.0.1:0", "--log-format", "text"],
@@ -196,7 +204,8 @@ fn aip_operator_without_a_cluster_says_why_once() {
 
 #[test]
 fn a_missing_file_is_named_by_every_binary_that_reads_one() {
-    let missing = temp_dir("files").join("nope.yaml");
+    let tmp = scratch("files");
+    let missing = tmp.path().join("nope.yaml");
     let path = missing.to_str().unwrap();
     for (name, args) in [
         ("aip", &["policy", "check", path][..]),

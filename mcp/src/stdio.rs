@@ -498,8 +498,11 @@ mod tests {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let bin = root.join("target/debug/aip-fault-server");
         assert!(bin.exists(), "build the workspace first (make build)");
-        let script =
-            std::env::temp_dir().join(format!("aip-stdio-forget-{}.yaml", std::process::id()));
+        let tmp = tempfile::Builder::new()
+            .prefix("aip-stdio-forget-")
+            .tempdir()
+            .unwrap();
+        let script = tmp.path().join("faults.yaml");
         std::fs::write(&script, "apiVersion: aip.io/v1alpha1\nkind: FaultServer\nmetadata: {name: f}\nspec:\n  tools:\n    - name: slow\n      responses: [{sequence: [{return: late, delay_ms: 300000}]}]\n").unwrap();
         let connection = Connection::new(
             "up",

@@ -76,7 +76,8 @@ struct Cluster {
     // Keeps the control plane up; dropping it stops it.
     plane: ControlPlane,
     admin: Client,
-    dir: PathBuf,
+    /// Scratch files, under cargo's target/tmp; removed when this drops.
+    dir: tempfile::TempDir,
 }
 
 impl Cluster {
@@ -91,8 +92,10 @@ impl Cluster {
             plane.started_in().as_secs_f64()
         );
         let admin = plane.client(User::Admin).await;
-        let dir = std::env::temp_dir().join(format!("aip-bench-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("aip-bench-{name}-"))
+            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+            .unwrap();
         let cluster = Cluster { plane, admin, dir };
         let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/aip.io.yaml");
         cluster.kubectl().ok(&["apply", "-f", crds], None);
@@ -168,12 +171,6 @@ impl Cluster {
     }
 }
 
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 /// The operator binary, killed on drop; its stderr lines collected.
 struct Operator {
     child: Child,
@@ -185,7 +182,7 @@ struct Operator {
 
 impl Operator {
     fn start(cluster: &Cluster) -> Operator {
-        let tls = TlsFiles::new(&cluster.dir);
+        let tls = TlsFiles::new(cluster.dir.path());
         let (grpc_port, admin_port) = (free_port(), free_port());
         let mut child = Command::new(env!("CARGO_BIN_EXE_aip-operator"))
             .env("KUBECONFIG", cluster.kubeconfig())

@@ -460,13 +460,18 @@ impl Drop for Floor {
 struct Gateway {
     child: Child,
     agent: SocketAddr,
-    dir: PathBuf,
+    /// The configuration's directory, under cargo's target/tmp; removed
+    /// when this drops, after the process.
+    _dir: tempfile::TempDir,
 }
 
 impl Gateway {
     async fn start(upstream: &str) -> Gateway {
-        let dir = std::env::temp_dir().join(format!("aip-bench-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::Builder::new()
+            .prefix("aip-bench-")
+            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+            .unwrap();
+        let dir = tmp.path();
         let config = dir.join("gateway.yaml");
         std::fs::write(&config, format!(
             "apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {{name: bench}}\nspec:\n  allowed_tools: [up_read]\n  dlp:\n    patterns:\n      - {{name: Email, regex: '[a-z]+@[a-z]+\\.[a-z]{{2,}}'}}\n---\napiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {{name: up}}\nspec:\n  url: {upstream}\n  toolPrefix: up_\n"
@@ -512,7 +517,11 @@ impl Gateway {
             .unwrap()
             .to_owned();
         // From here on the guard reaps the child on every path, panics included.
-        let gateway = Gateway { child, agent, dir };
+        let gateway = Gateway {
+            child,
+            agent,
+            _dir: tmp,
+        };
         let client: Client<HttpConnector, Full<Bytes>> =
             Client::builder(TokioExecutor::new()).build_http();
         // Long enough for a start under a profiler.
@@ -546,7 +555,6 @@ impl Drop for Gateway {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -768,9 +776,11 @@ fn line_relay() {
 /// null server, through a do-nothing line relay, and through
 /// `aip-sidecar stdio` (as shipped, and with busy polling off).
 fn stdio_figures() -> Value {
-    let dir = std::env::temp_dir().join(format!("aip-bench-stdio-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let policy = dir.join("policy.yaml");
+    let tmp = tempfile::Builder::new()
+        .prefix("aip-bench-stdio-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap();
+    let policy = tmp.path().join("policy.yaml");
     std::fs::write(&policy, "apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {name: s}\nspec:\n  allowed_tools: [read]\n").unwrap();
     let me = std::env::current_exe().unwrap();
     let mut direct = Command::new(&me);
@@ -803,7 +813,7 @@ fn stdio_figures() -> Value {
     }
     let [direct, wrapped, relay, sleeping] =
         [runs.0, runs.1, runs.2, runs.3].map(|r| median_run(&r));
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(tmp);
     let tenth = |x: f64| (x * 10.0).round() / 10.0;
     let added = |r: &StdioRun| tenth(r.p50 - direct.p50);
     json!({

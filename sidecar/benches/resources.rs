@@ -59,13 +59,18 @@ fn returned(pid: u32, idle_kib: u64) -> (u64, Option<u64>) {
 struct Sidecar {
     child: Child,
     addr: SocketAddr,
-    dir: PathBuf,
+    /// The configuration's directory, under cargo's target/tmp; removed
+    /// when this drops, after the process.
+    _dir: tempfile::TempDir,
 }
 
 impl Sidecar {
     fn start() -> Sidecar {
-        let dir = std::env::temp_dir().join(format!("aip-bench-res-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::Builder::new()
+            .prefix("aip-bench-res-")
+            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+            .unwrap();
+        let dir = tmp.path();
         let config = dir.join("config.yaml");
         std::fs::write(
             &config,
@@ -101,7 +106,11 @@ impl Sidecar {
             }
         };
         std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-        Sidecar { child, addr, dir }
+        Sidecar {
+            child,
+            addr,
+            _dir: tmp,
+        }
     }
 
     fn pid(&self) -> u32 {
@@ -113,7 +122,6 @@ impl Drop for Sidecar {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

@@ -136,8 +136,11 @@ mod tests {
 
     #[test]
     fn the_audit_file_rotates_at_its_bound() {
-        let dir = std::env::temp_dir().join(format!("aip-audit-rotate-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::Builder::new()
+            .prefix("aip-audit-rotate-")
+            .tempdir()
+            .unwrap();
+        let dir = tmp.path();
         let path = dir.join("audit.jsonl");
         let audit = Audit::new(Box::new(RotatingFile::open(&path, 1000).unwrap()));
         for i in 0..100 {
@@ -153,6 +156,5 @@ mod tests {
                 .all(|l| serde_json::from_str::<Value>(l).is_ok()),
             "lines are never torn across files"
         );
-        std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -21,6 +21,8 @@ struct Sidecar {
     child: Child,
     addr: SocketAddr,
     lines: mpsc::Receiver<String>,
+    /// The configuration's directory, removed after the process is gone.
+    _scratch: tempfile::TempDir,
 }
 
 impl Sidecar {
@@ -30,8 +32,11 @@ impl Sidecar {
 
     /// The same, with `extra` arguments to `run`.
     fn start_with(prefix: &[&str], name: &str, extra: &[&str]) -> Sidecar {
-        let dir = std::env::temp_dir().join(format!("aip-bounds-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!("aip-bounds-{name}-"))
+            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+            .unwrap();
+        let dir = tmp.path();
         let config = dir.join("config.yaml");
         std::fs::write(
             &config,
@@ -66,7 +71,12 @@ impl Sidecar {
                 break rest.split('/').next().unwrap().parse().unwrap();
             }
         };
-        Sidecar { child, addr, lines }
+        Sidecar {
+            child,
+            addr,
+            lines,
+            _scratch: tmp,
+        }
     }
 
     fn ping(&self) -> Option<String> {

@@ -54,8 +54,11 @@ async fn list_approve_and_deny_through_the_admin_port() {
         admin::Surface::Admin,
         shutdown.clone(),
     ));
-    let dir = std::env::temp_dir().join(format!("aip-cli-approvals-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = tempfile::Builder::new()
+        .prefix("aip-cli-approvals-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap();
+    let dir = tmp.path();
     let token_file = dir.join("token");
     std::fs::write(&token_file, "t0ken\n").unwrap();
     let target: Vec<String> = [

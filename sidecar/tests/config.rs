@@ -18,6 +18,15 @@ spec:
   allowed_tools: [inventory_get_item]
 ";
 
+/// A directory of its own under cargo's target/tmp (so that a run that is
+/// killed leaves nothing outside target/), removed when the guard drops.
+fn scratch(prefix: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap()
+}
+
 fn connection(name: &str, spec: &str) -> String {
     format!(
         "---\napiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {{name: {name}}}\nspec:\n{spec}"
@@ -31,8 +40,8 @@ fn parse(text: &str) -> Result<aip_sidecar::config::Config, Vec<String>> {
 
 #[test]
 fn a_policy_and_connections() {
-    let dir = std::env::temp_dir().join(format!("aip-sidecar-config-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = scratch("aip-sidecar-config-");
+    let dir = tmp.path();
     let token_file = dir.join("token");
     std::fs::write(&token_file, "file-secret-value\n").unwrap();
     // HOME is always set; setting a variable of our own would need unsafe.
@@ -160,8 +169,8 @@ fn no_policy_means_every_tool_call_is_blocked() {
 
 #[tokio::test]
 async fn reload_replaces_a_valid_config_and_keeps_the_old_on_errors() {
-    let dir = std::env::temp_dir().join(format!("aip-sidecar-reload-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = scratch("aip-sidecar-reload-");
+    let dir = tmp.path();
     let path = dir.join("gateway.yaml");
     std::fs::write(&path, POLICY).unwrap();
     let shutdown = CancellationToken::new();
@@ -269,8 +278,8 @@ fn check_reports_the_configuration_without_secrets_or_every_error() {
         "{out}"
     );
 
-    let dir = std::env::temp_dir().join(format!("aip-sidecar-check-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = scratch("aip-sidecar-check-");
+    let dir = tmp.path();
     let with_secret = dir.join("secret.yaml");
     let text = format!(
         "{POLICY}{}",
@@ -320,8 +329,8 @@ fn check_reports_the_configuration_without_secrets_or_every_error() {
 /// at load, naming the field and never the value; `check` prints neither.
 #[test]
 fn credentials_in_urls_and_broken_header_values_are_refused_without_their_values() {
-    let dir = std::env::temp_dir().join(format!("aip-sidecar-urlcred-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = scratch("aip-sidecar-urlcred-");
+    let dir = tmp.path();
     let broken = dir.join("broken-token");
     std::fs::write(&broken, "s3cr3t-value\r\nX-Injected: yes\n").unwrap();
     for (spec, field, secret) in [
@@ -398,8 +407,8 @@ fn credentials_in_urls_and_broken_header_values_are_refused_without_their_values
 /// for `stdio` and `run` alike: it never serves without a policy.
 #[test]
 fn an_unusable_configuration_stops_stdio_and_run_at_start() {
-    let dir = std::env::temp_dir().join(format!("aip-sidecar-unusable-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = scratch("aip-sidecar-unusable-");
+    let dir = tmp.path();
     let bad = dir.join("bad.yaml");
     std::fs::write(
         &bad,

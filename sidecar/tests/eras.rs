@@ -485,8 +485,8 @@ async fn a_legacy_session_s_subscription_brings_updates_from_either_era() {
 /// forced legacy it speaks the handshake era, as before.
 #[test]
 fn the_stdio_wrap_serves_a_modern_agent_and_a_legacy_one() {
-    let dir = std::env::temp_dir().join(format!("aip-eras-stdio-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = common::scratch("aip-eras-stdio-");
+    let dir = tmp.path();
     let policy = dir.join("policy.yaml");
     std::fs::write(&policy, format!("apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {{name: desktop}}\nspec:\n{POLICY}")).unwrap();
     let server = repo().join("target/peers/mcp-conformance-server");

@@ -410,7 +410,8 @@ async fn metrics_count_decisions_failures_and_latency_with_bounded_labels() {
 async fn the_agents_credentials_never_reach_the_upstream_only_the_connections() {
     use sha2::{Digest, Sha256};
     let faults = "  tools:\n    - name: read\n      responses: [{sequence: [{return: ok}]}]\n";
-    let token_file = std::env::temp_dir().join(format!("aip-gw-token-{}", std::process::id()));
+    let tmp = common::scratch("aip-gw-token-");
+    let token_file = tmp.path().join("token");
     std::fs::write(&token_file, "connection-token\n").unwrap();
     let connection = format!(
         "  bearerToken:\n    valueFrom: {{file: {}}}\n",
@@ -642,15 +643,19 @@ async fn case_variant_keys_are_refused_before_the_policy() {
 }
 
 /// A gateway allowing `policy`'s tools of a scripted server that `answer`s,
-/// reached with the bearer `token` (read from a file of its own).
+/// reached with the bearer `token` (read from a file of its own, in the
+/// directory returned, which is removed when it drops).
 async fn with_bearer(
     token: &str,
     policy: &str,
     answer: impl Fn(&Value) -> (u16, Value) + Send + Sync + 'static,
-) -> (Stack, tokio_util::sync::CancellationToken) {
-    let dir = std::env::temp_dir().join(format!("aip-bearer-{}-{token}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let token_file = dir.join("token");
+) -> (
+    Stack,
+    tokio_util::sync::CancellationToken,
+    tempfile::TempDir,
+) {
+    let tmp = common::scratch("aip-bearer-");
+    let token_file = tmp.path().join("token");
     std::fs::write(&token_file, token).unwrap();
     let shutdown = tokio_util::sync::CancellationToken::new();
     let url = common::scripted_server(answer, shutdown.clone()).await;
@@ -664,7 +669,7 @@ async fn with_bearer(
         ..Setup::default()
     })
     .await;
-    (s, shutdown)
+    (s, shutdown, tmp)
 }
 
 /// The same server echoing the token in what it streams during a call: a
@@ -675,7 +680,7 @@ async fn credentials_echoed_in_notifications_during_a_call_never_reach_the_agent
     let token = "tok-n0t1f-ref1ected-4a2";
     let b64 = base64::engine::general_purpose::STANDARD.encode(token);
     let (echo, echo_b64) = (token.to_owned(), b64.clone());
-    let (s, shutdown) = with_bearer(token, "  allowed_tools: [up_echo]\n", move |m| {
+    let (s, shutdown, _tmp) = with_bearer(token, "  allowed_tools: [up_echo]\n", move |m| {
         match m["method"].as_str() {
             Some("initialize") => (
                 200,
@@ -741,7 +746,7 @@ async fn a_server_echoing_the_connections_credentials_never_reaches_the_agent() 
     let b64 = base64::engine::general_purpose::STANDARD.encode(token);
     let (echo, echo_b64) = (token.to_owned(), b64.clone());
     let policy = "  allowed_tools: [up_echo, up_fail]\n";
-    let (s, shutdown) = with_bearer(token, policy, move |m| {
+    let (s, shutdown, _tmp) = with_bearer(token, policy, move |m| {
         match m["method"].as_str() {
             Some("initialize") => (
                 200,
@@ -875,7 +880,7 @@ async fn a_credential_echoed_in_any_spelling_or_cut_in_two_never_reaches_the_age
     use base64::Engine;
     let token = "tok/9x2-mang1ed+sp3lling";
     let token_for_server = token.to_owned();
-    let (s, shutdown) = with_bearer(token, "  allowed_tools: [up_echo]\n", move |m| {
+    let (s, shutdown, _tmp) = with_bearer(token, "  allowed_tools: [up_echo]\n", move |m| {
         let token = token_for_server.as_str();
         match m["method"].as_str() {
             Some("initialize") => (

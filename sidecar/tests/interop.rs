@@ -231,9 +231,8 @@ async fn python_sdk_through_the_gateway_to_the_fault_server_over_http() {
     assert_eq!(s.attempts().len(), 3, "one upstream call per call");
 }
 
-fn policy_file(name: &str, spec: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("aip-interop-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+/// `spec` as an AgentPolicy file `name` in `dir`.
+fn policy_file(dir: &Path, name: &str, spec: &str) -> PathBuf {
     let path = dir.join(name);
     std::fs::write(&path, format!("apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {{name: desktop}}\nspec:\n{spec}")).unwrap();
     path
@@ -241,7 +240,8 @@ fn policy_file(name: &str, spec: &str) -> PathBuf {
 
 #[test]
 fn python_sdk_through_the_stdio_wrap_to_server_everything() {
-    let policy = policy_file("everything.yaml", EVERYTHING_POLICY);
+    let tmp = common::scratch("aip-interop-");
+    let policy = policy_file(tmp.path(), "everything.yaml", EVERYTHING_POLICY);
     let sidecar = env!("CARGO_BIN_EXE_aip-sidecar");
     let everything = everything();
     let report = client(
@@ -265,11 +265,13 @@ fn python_sdk_through_the_stdio_wrap_to_server_everything() {
 
 #[test]
 fn the_stdio_wrap_works_with_the_fault_server_and_an_argv_with_spaces() {
-    let dir = std::env::temp_dir().join(format!("aip-interop-faults {}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // A space in the directory's name too: the argv is passed whole.
+    let tmp = common::scratch("aip-interop-faults ");
+    let dir = tmp.path();
     let script = dir.join("script with spaces.yaml");
     std::fs::write(&script, "apiVersion: aip.io/v1alpha1\nkind: FaultServer\nmetadata: {name: f}\nspec:\n  tools:\n    - name: get_item\n      responses: [{sequence: [{return: {owner: ops@acme.io}}]}]\n    - name: drop_db\n      responses: [{sequence: [{return: dropped}]}]\n").unwrap();
     let policy = policy_file(
+        dir,
         "faults.yaml",
         "  allowed_tools: [get_item]\n  dlp:\n    patterns:\n      - {name: Email, regex: '[a-z]+@[a-z.]+'}\n",
     );
@@ -471,7 +473,9 @@ async fn sampling_through(setup: Setup<'_>) {
 
 #[test]
 fn sampling_through_the_stdio_wrap_when_the_capability_is_allowed() {
+    let tmp = common::scratch("aip-interop-");
     let policy = policy_file(
+        tmp.path(),
         "sampling.yaml",
         "  allowed_tools: [trigger-sampling-request]
   dlp:

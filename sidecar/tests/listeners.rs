@@ -12,11 +12,22 @@ use std::time::Duration;
 
 const PATIENCE: Duration = Duration::from_secs(30);
 
+/// A directory of its own under cargo's target/tmp (so that a run that is
+/// killed leaves nothing outside target/), removed when the guard drops.
+fn scratch(prefix: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap()
+}
+
 struct Sidecar {
     child: Child,
     admin: SocketAddr,
     metrics: SocketAddr,
     token: String,
+    /// The configuration's directory, removed after the process is gone.
+    _scratch: tempfile::TempDir,
 }
 
 impl Drop for Sidecar {
@@ -30,8 +41,8 @@ impl Drop for Sidecar {
 /// /connections has an upstream URL to give away), and reads the addresses
 /// it bound from its start line.
 fn start() -> Sidecar {
-    let dir = std::env::temp_dir().join(format!("aip-sidecar-listeners-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = scratch("aip-sidecar-listeners-");
+    let dir = tmp.path();
     let config = dir.join("config.yaml");
     std::fs::write(
         &config,
@@ -81,6 +92,7 @@ fn start() -> Sidecar {
         metrics: addr("metrics"),
         token: token.trim().to_owned(),
         child,
+        _scratch: tmp,
     }
 }
 
@@ -146,8 +158,8 @@ fn the_metrics_listener_serves_probes_and_metrics_and_nothing_else() {
 fn an_address_that_cannot_be_bound_is_named_with_its_flag() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();
-    let dir = std::env::temp_dir().join(format!("aip-sidecar-taken-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = scratch("aip-sidecar-taken-");
+    let dir = tmp.path();
     let config = dir.join("config.yaml");
     std::fs::write(
         &config,

@@ -847,8 +847,8 @@ async fn a_request_state_not_of_the_gateway_is_refused_without_an_upstream_call(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_servers_task_notification_echoing_the_credential_is_redacted() {
     let token = "tok-t4sk-n0te-ref1ected";
-    let dir = std::env::temp_dir().join(format!("aip-task-note-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = common::scratch("aip-task-note-");
+    let dir = tmp.path();
     let token_file = dir.join("token");
     std::fs::write(&token_file, token).unwrap();
     let shutdown = CancellationToken::new();

@@ -95,7 +95,7 @@ struct Harness {
     reports: mpsc::UnboundedReceiver<ReportRequest>,
     tokens: Arc<Mutex<Vec<String>>>,
     token_file: std::path::PathBuf,
-    _dir: tempdir::Dir,
+    _dir: tempfile::TempDir,
     shutdown: CancellationToken,
 }
 
@@ -105,41 +105,20 @@ impl Drop for Harness {
     }
 }
 
-mod tempdir {
-    pub struct Dir(pub std::path::PathBuf);
-    impl Dir {
-        pub fn new() -> Dir {
-            let p = std::env::temp_dir().join(format!(
-                "aip-operator-source-{}-{}",
-                std::process::id(),
-                rand_suffix()
-            ));
-            std::fs::create_dir_all(&p).unwrap();
-            Dir(p)
-        }
-    }
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-    fn rand_suffix() -> u64 {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static N: AtomicU64 = AtomicU64::new(0);
-        N.fetch_add(1, Ordering::Relaxed)
-    }
-}
-
 async fn harness(max_staleness: Option<Duration>) -> Harness {
-    let dir = tempdir::Dir::new();
+    // Under cargo's target/tmp: a run that is killed leaves nothing outside.
+    let dir = tempfile::Builder::new()
+        .prefix("aip-operator-source-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap();
     let key = rcgen::KeyPair::generate().unwrap();
     let cert = rcgen::CertificateParams::new(vec!["operator.test".to_owned()])
         .unwrap()
         .self_signed(&key)
         .unwrap();
-    let ca_file = dir.0.join("ca.crt");
+    let ca_file = dir.path().join("ca.crt");
     std::fs::write(&ca_file, cert.pem()).unwrap();
-    let token_file = dir.0.join("token");
+    let token_file = dir.path().join("token");
     std::fs::write(&token_file, "token-1\n").unwrap();
 
     let (stx, streams) = mpsc::unbounded_channel();

@@ -96,8 +96,8 @@ async fn spans_reach_an_otlp_collector() {
     )
     .await;
     // The sidecar, as shipped.
-    let dir = std::env::temp_dir().join(format!("aip-otlp-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = common::scratch("aip-otlp-");
+    let dir = tmp.path();
     let config = dir.join("gateway.yaml");
     std::fs::write(&config, format!("apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {{name: agent}}\nspec:\n  allowed_tools: [up_read]\n---\napiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {{name: up}}\nspec:\n  url: {upstream}\n  toolPrefix: up_\n")).unwrap();
     let mut sidecar = Command::new(env!("CARGO_BIN_EXE_aip-sidecar"))

@@ -21,6 +21,15 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 const PATIENCE: Duration = Duration::from_secs(10);
 
+/// A directory of its own under cargo's target/tmp (so that a run that is
+/// killed leaves nothing outside target/), removed when the guard drops.
+fn scratch(prefix: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap()
+}
+
 /// The wrap in-process around the fault server (over stdio, with
 /// `script`), between a duplex pipe playing the agent and the server.
 struct Harness {
@@ -147,7 +156,8 @@ async fn an_oversized_agent_line_is_refused_and_the_next_is_served() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_ask_sends_progress_and_a_cancel_withdraws_it() {
-    let script = std::env::temp_dir().join(format!("aip-wrap-ask-{}.yaml", std::process::id()));
+    let tmp = scratch("aip-wrap-ask-");
+    let script = tmp.path().join("faults.yaml");
     std::fs::write(&script, "apiVersion: aip.io/v1alpha1\nkind: FaultServer\nmetadata: {name: f}\nspec:\n  tools:\n    - name: deploy\n      responses: [{sequence: [{return: first}, {return: second}]}]\n").unwrap();
     let mut h = Harness::start(&script, "  tool_rules: [{tool: deploy, action: ask}]\n");
     let call = |id: u64| {
@@ -204,7 +214,8 @@ async fn a_waiting_ask_sends_progress_and_a_cancel_withdraws_it() {
 /// many lines it has left to send.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipelining_client_is_held_back_at_the_in_flight_bound() {
-    let script = std::env::temp_dir().join(format!("aip-wrap-bound-{}.yaml", std::process::id()));
+    let tmp = scratch("aip-wrap-bound-");
+    let script = tmp.path().join("faults.yaml");
     std::fs::write(&script, "apiVersion: aip.io/v1alpha1\nkind: FaultServer\nmetadata: {name: f}\nspec:\n  tools:\n    - name: deploy\n      responses: [{sequence: [{return: done}]}]\n").unwrap();
     let mut h = Harness::start(&script, "  tool_rules: [{tool: deploy, action: ask}]\n");
     let approvals = h.approvals.clone();

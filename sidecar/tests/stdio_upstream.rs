@@ -23,17 +23,17 @@ fn repo() -> PathBuf {
 struct StdioFaults {
     command: Vec<String>,
     log: PathBuf,
+    /// The script's and the log's directory, removed when this drops.
+    _scratch: tempfile::TempDir,
 }
 
 impl StdioFaults {
     fn new(name: &str, flaky_step: &str) -> StdioFaults {
         let bin = repo().join("target/debug/aip-fault-server");
         assert!(bin.exists(), "build the workspace first (make build)");
-        let dir = std::env::temp_dir().join(format!("aip-stdio-up-{}-{name}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let script = dir.join("faults.yaml");
-        let log = dir.join("attempts.jsonl");
-        let _ = std::fs::remove_file(&log);
+        let tmp = common::scratch(&format!("aip-stdio-up-{name}-"));
+        let script = tmp.path().join("faults.yaml");
+        let log = tmp.path().join("attempts.jsonl");
         std::fs::write(
             &script,
             format!(
@@ -58,6 +58,7 @@ impl StdioFaults {
         StdioFaults {
             command: command.map(str::to_owned).to_vec(),
             log,
+            _scratch: tmp,
         }
     }
 
@@ -317,10 +318,8 @@ async fn closing_the_connections_stops_the_server_and_waits_for_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_ignores_the_end_of_its_input_gets_sigterm() {
-    let dir = std::env::temp_dir().join(format!("aip-stubborn-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let marker = dir.join("signal");
-    let _ = std::fs::remove_file(&marker);
+    let tmp = common::scratch("aip-stubborn-");
+    let marker = tmp.path().join("signal");
     let server = repo().join("sidecar/tests/servers/stubborn.py");
     let command = [
         "python3",

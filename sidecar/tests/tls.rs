@@ -113,7 +113,11 @@ fn call() -> serde_json::Value {
 async fn https_with_the_connections_ca_and_server_name() {
     let shutdown = CancellationToken::new();
     let pki = pki();
-    let ca = std::env::temp_dir().join(format!("aip-tls-ca-{}.pem", std::process::id()));
+    let tmp = tempfile::Builder::new()
+        .prefix("aip-tls-ca-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap();
+    let ca = tmp.path().join("ca.pem");
     std::fs::write(&ca, &pki.ca_pem).unwrap();
     let tls = format!("  tls:\n    caFile: {}\n", ca.display());
 

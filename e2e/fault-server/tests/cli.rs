@@ -27,20 +27,22 @@ fn doc(executables: &str) -> String {
 }
 
 /// A temporary directory of its own, removed when the test ends.
-struct TempDir(PathBuf);
+struct TempDir(tempfile::TempDir);
 
 impl TempDir {
+    /// Under cargo's target/tmp, so that a run that is killed leaves
+    /// nothing outside target/.
     fn new(name: &str) -> TempDir {
-        let dir = std::env::temp_dir().join(format!("aip-fault-cli-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
+        TempDir(
+            tempfile::Builder::new()
+                .prefix(&format!("aip-fault-cli-{name}-"))
+                .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+                .unwrap(),
+        )
     }
-}
 
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+    fn path(&self) -> &Path {
+        self.0.path()
     }
 }
 
@@ -96,7 +98,7 @@ struct Rehearsal {
 impl Rehearsal {
     fn install(name: &str, document: &str, extra: &[&str]) -> Rehearsal {
         let temp = TempDir::new(name);
-        let real = temp.0.join("real");
+        let real = temp.path().join("real");
         std::fs::create_dir_all(&real).unwrap();
         for tool in ["kubectl", "realtool"] {
             write_executable(
@@ -109,10 +111,10 @@ impl Rehearsal {
     }
 
     fn install_in(temp: TempDir, document: &str, extra: &[&str], inherited: &str) -> Rehearsal {
-        let config = temp.0.join("document.yaml");
+        let config = temp.path().join("document.yaml");
         std::fs::write(&config, document).unwrap();
-        let shims = temp.0.join("shims");
-        let log = temp.0.join("attempts.jsonl");
+        let shims = temp.path().join("shims");
+        let log = temp.path().join("attempts.jsonl");
         let out = install(&config, &shims, &log, extra, inherited);
         assert!(
             out.status.success(),
@@ -134,7 +136,7 @@ impl Rehearsal {
     }
 
     fn real(&self) -> PathBuf {
-        self.temp.0.join("real")
+        self.temp.path().join("real")
     }
 
     /// Runs a shell script with the agent's PATH, in the temp directory.
@@ -142,7 +144,7 @@ impl Rehearsal {
         Command::new("/bin/sh")
             .args(["-c", script])
             .env("PATH", &self.path)
-            .current_dir(&self.temp.0)
+            .current_dir(self.temp.path())
             .output()
             .unwrap()
     }
@@ -425,12 +427,12 @@ fn concurrent_invocations_consume_each_step_exactly_once() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let mut seen = BTreeSet::new();
     for i in 1..=N {
-        let stdout = std::fs::read_to_string(r.temp.0.join(format!("out.{i}"))).unwrap();
+        let stdout = std::fs::read_to_string(r.temp.path().join(format!("out.{i}"))).unwrap();
         let step: usize = stdout
             .strip_prefix("step ")
             .and_then(|s| s.trim_end().parse().ok())
             .unwrap_or_else(|| panic!("invocation {i} printed {stdout:?}"));
-        let rc = std::fs::read_to_string(r.temp.0.join(format!("rc.{i}"))).unwrap();
+        let rc = std::fs::read_to_string(r.temp.path().join(format!("rc.{i}"))).unwrap();
         assert_eq!(rc.trim(), (step % 7).to_string(), "invocation {i}");
         assert!(seen.insert(step), "step {step} played twice");
     }
@@ -650,7 +652,7 @@ fn an_explicit_empty_list_disables_inherited_mocks() {
 
     // Reinstalling the outer directory with [] removes its shims: a new,
     // empty session in the same place.
-    let config = outer.temp.0.join("empty.yaml");
+    let config = outer.temp.path().join("empty.yaml");
     std::fs::write(&config, doc("  executables: []\n")).unwrap();
     let again = install(&config, &outer.shims, &outer.log, &[], &outer.path);
     assert!(again.status.success(), "{}", text(&again.stderr));
@@ -662,12 +664,12 @@ fn an_explicit_empty_list_disables_inherited_mocks() {
 #[test]
 fn install_refuses_a_directory_that_is_not_a_shim_directory() {
     let temp = TempDir::new("not-shims");
-    let config = temp.0.join("document.yaml");
+    let config = temp.path().join("document.yaml");
     std::fs::write(&config, doc(KUBECTL_GET_PODS)).unwrap();
-    let dir = temp.0.join("bin");
+    let dir = temp.path().join("bin");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("kubectl"), "precious").unwrap();
-    let out = install(&config, &dir, &temp.0.join("log"), &[], &system_path());
+    let out = install(&config, &dir, &temp.path().join("log"), &[], &system_path());
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(
         text(&out.stderr),
@@ -687,7 +689,7 @@ fn install_refuses_a_directory_that_is_not_a_shim_directory() {
 fn reinstalling_starts_a_new_session_with_fresh_state() {
     let r = Rehearsal::install("reinstall", &doc(KUBECTL_GET_PODS), &[]);
     assert_eq!(r.sh("kubectl get pods").status.code(), Some(1));
-    let config = r.temp.0.join("document.yaml");
+    let config = r.temp.path().join("document.yaml");
     let again = install(&config, &r.shims, &r.log, &[], &system_path());
     assert!(again.status.success());
     assert_eq!(

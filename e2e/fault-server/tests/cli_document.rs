@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 use aip_fault_server::cli::CliScript;
@@ -169,21 +169,22 @@ fn invalid_documents() -> Vec<(&'static str, String, String)> {
     ]
 }
 
-struct TempDir(PathBuf);
+struct TempDir(tempfile::TempDir);
 
 impl TempDir {
+    /// Under cargo's target/tmp, so that a run that is killed leaves
+    /// nothing outside target/.
     fn new(name: &str) -> TempDir {
-        let dir =
-            std::env::temp_dir().join(format!("aip-fault-clidoc-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
+        TempDir(
+            tempfile::Builder::new()
+                .prefix(&format!("aip-fault-clidoc-{name}-"))
+                .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+                .unwrap(),
+        )
     }
-}
 
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+    fn path(&self) -> &Path {
+        self.0.path()
     }
 }
 
@@ -208,9 +209,9 @@ fn library_refuses_each_invalid_class_with_its_path() {
 fn check_and_install_refuse_each_invalid_class() {
     let temp = TempDir::new("refused");
     for (i, (class, document, expected)) in invalid_documents().into_iter().enumerate() {
-        let file = temp.0.join(format!("bad-{i}.yaml"));
+        let file = temp.path().join(format!("bad-{i}.yaml"));
         std::fs::write(&file, document).unwrap();
-        let shims = temp.0.join(format!("shims-{i}"));
+        let shims = temp.path().join(format!("shims-{i}"));
         for (args, dir) in [(&["--check"][..], None), (&[][..], Some(shims.as_path()))] {
             let out = run(&file, args, dir);
             let stderr = String::from_utf8_lossy(&out.stderr);
@@ -245,7 +246,7 @@ fn limits_themselves_are_accepted() {
     let empty = CliScript::from_yaml(&doc("  executables: []\n")).unwrap();
     assert!(empty.executables.is_empty());
     let temp = TempDir::new("limits");
-    let file = temp.0.join("max.yaml");
+    let file = temp.path().join("max.yaml");
     std::fs::write(&file, max).unwrap();
     let out = run(&file, &["--check"], None);
     assert_eq!(
@@ -257,7 +258,7 @@ fn limits_themselves_are_accepted() {
 #[test]
 fn each_half_refuses_the_other_kind() {
     let temp = TempDir::new("kinds");
-    let cli = temp.0.join("cli.yaml");
+    let cli = temp.path().join("cli.yaml");
     std::fs::write(&cli, doc("  executables: []\n")).unwrap();
     for args in [&["--stdio"][..], &["--http", "127.0.0.1:0"][..]] {
         let out = run(&cli, args, None);
@@ -272,7 +273,7 @@ fn each_half_refuses_the_other_kind() {
     }
     let mcp = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../examples/faults/transient-then-success.yaml");
-    let shims = temp.0.join("shims");
+    let shims = temp.path().join("shims");
     let out = run(&mcp, &[], Some(&shims));
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(
@@ -288,9 +289,9 @@ fn each_half_refuses_the_other_kind() {
 #[test]
 fn a_deadline_past_the_limit_is_refused() {
     let temp = TempDir::new("deadline-limit");
-    let file = temp.0.join("cli.yaml");
+    let file = temp.path().join("cli.yaml");
     std::fs::write(&file, doc("  executables: []\n")).unwrap();
-    let shims = temp.0.join("shims");
+    let shims = temp.path().join("shims");
     let out = run(&file, &["--deadline", "301s"], Some(&shims));
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -304,9 +305,9 @@ fn a_deadline_past_the_limit_is_refused() {
 #[test]
 fn a_shim_refuses_a_tampered_session_document_with_its_path() {
     let temp = TempDir::new("tampered");
-    let file = temp.0.join("cli.yaml");
+    let file = temp.path().join("cli.yaml");
     std::fs::write(&file, one("            - {exit_code: 0, stdout: fine}\n")).unwrap();
-    let shims = temp.0.join("shims");
+    let shims = temp.path().join("shims");
     let out = run(&file, &[], Some(&shims));
     assert!(
         out.status.success(),

@@ -842,7 +842,8 @@ fn a_dual_era_server_keeps_get_and_delete_for_legacy_sessions() {
 
 #[test]
 fn the_era_flag_overrides_the_document() {
-    let dir = common::temp_path("era-flag");
+    let tmp = common::scratch("era-flag");
+    let dir = tmp.path();
     let config = dir.join("legacy.yaml");
     std::fs::write(&config, script(&format!("  era: legacy\n{TOOLS}"))).unwrap();
     let log = dir.join("attempts.jsonl");

@@ -131,8 +131,8 @@ fn check_negotiated(report: &Value, version: &str) {
 /// Runs the client in `mode` against the binary serving the example over
 /// HTTP with `extra` flags; the report and the attempt log.
 fn over_http(name: &str, mode: &str, extra: &[&str]) -> (Value, Vec<Value>) {
-    let log = common::temp_path(name).join("attempts.jsonl");
-    let _ = std::fs::remove_file(&log);
+    let tmp = common::scratch(name);
+    let log = tmp.path().join("attempts.jsonl");
     let (mut server, addr) = common::spawn_http_binary_with(&example(), &log, extra);
     let report = run_client_eras(&[mode, "http", &format!("http://{addr}/mcp")]);
     let _ = server.kill();
@@ -233,8 +233,8 @@ fn run_client_mrtr(args: &[&str]) -> Value {
 fn python_client_answers_input_required_and_its_retry_is_checked() {
     let example =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/faults/input-required.yaml");
-    let log = common::temp_path("py-mrtr").join("attempts.jsonl");
-    let _ = std::fs::remove_file(&log);
+    let tmp = common::scratch("py-mrtr");
+    let log = tmp.path().join("attempts.jsonl");
     let (mut server, addr) = common::spawn_http_binary(&example, &log);
     let url = format!("http://{addr}/mcp");
     let refused = run_client_mrtr(&["http", &url, "--no-elicitation"]);

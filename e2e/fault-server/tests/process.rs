@@ -8,15 +8,14 @@ mod common;
 use std::process::Command;
 use std::sync::mpsc::channel;
 
-use common::{PATIENCE, post, read_attempts, script, spawn_http_binary, temp_path};
+use common::{PATIENCE, post, read_attempts, scratch, script, spawn_http_binary};
 use serde_json::json;
 
 #[test]
 fn sigterm_ends_the_server_promptly_with_the_log_flushed() {
-    let dir = temp_path("sigterm");
-    let config = dir.join("s.yaml");
-    let log = dir.join("attempts.jsonl");
-    let _ = std::fs::remove_file(&log);
+    let tmp = scratch("sigterm");
+    let config = tmp.path().join("s.yaml");
+    let log = tmp.path().join("attempts.jsonl");
     std::fs::write(&config, script("  tools:\n    - name: t\n      responses: [{sequence: [{return: done}, {return: late, delay_ms: 300000}]}]\n")).unwrap();
     let (mut server, addr) = spawn_http_binary(&config, &log);
 

@@ -8,7 +8,7 @@ mod common;
 use std::process::Command;
 
 use aip_fault_server::script::{Script, Transport};
-use common::{script, temp_path};
+use common::{scratch, script};
 
 fn steps(n: usize) -> String {
     (0..n)
@@ -222,7 +222,8 @@ fn http_only_steps_are_refused_for_stdio() {
 
 #[test]
 fn check_and_start_refuse_each_invalid_class() {
-    let dir = temp_path("script-check");
+    let tmp = scratch("script-check");
+    let dir = tmp.path();
     for (i, (class, doc, expected)) in invalid_documents().into_iter().enumerate() {
         let file = dir.join(format!("bad-{i}.yaml"));
         std::fs::write(&file, doc).unwrap();

@@ -202,7 +202,6 @@ pub(crate) async fn start() -> Result<Local, Error> {
 /// Starts a control plane of `layout` in `dir` (which exists, mode 0700).
 /// `keep`: leave the directory when it stops.
 pub(crate) async fn start_in(dir: PathBuf, layout: Layout<'_>, keep: bool) -> Result<Local, Error> {
-    let binaries = Binaries::find(layout)?;
     let mut local = Local {
         dir: dir.clone(),
         ca_pem: String::new(),
@@ -216,6 +215,8 @@ pub(crate) async fn start_in(dir: PathBuf, layout: Layout<'_>, keep: bool) -> Re
         controller_manager: None,
         scheduler: None,
     };
+    // Once `local` holds the directory: a binary missing removes it too.
+    let binaries = Binaries::find(layout)?;
     let node = match layout {
         Layout::Loopback => None,
         Layout::Node(node) => Some(node),

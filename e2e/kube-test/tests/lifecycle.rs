@@ -135,6 +135,17 @@ async fn child_helper() {
                  (it builds kube-apiserver, kube-controller-manager and etcd into target/controlplane/), \
                  or point AIP_CONTROLPLANE_DIR at a directory holding them"
             );
+            let prefix = format!("aip-kube-test-{}-", std::process::id());
+            let left: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+                .expect("the temp dir lists")
+                .filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                .map(|e| e.path())
+                .collect();
+            assert!(
+                left.is_empty() || keeping(),
+                "the start that failed left {left:?}"
+            );
         }
         _ => {}
     }

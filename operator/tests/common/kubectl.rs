@@ -116,29 +116,24 @@ impl Kubectl {
     }
 }
 
-/// A temporary directory removed on drop.
-pub struct TempDir(pub PathBuf);
+/// A directory of the test's own under cargo's target/tmp (so that a run
+/// that is killed leaves nothing outside target/), removed when it drops.
+pub struct TempDir(tempfile::TempDir);
 
 impl std::ops::Deref for TempDir {
     type Target = Path;
     fn deref(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        self.0.path()
     }
 }
 
 pub fn tempdir() -> TempDir {
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("aip-operator-test-{}-{n}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    TempDir(dir)
+    TempDir(
+        tempfile::Builder::new()
+            .prefix("aip-operator-test-")
+            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+            .unwrap(),
+    )
 }
 
 impl Kubectl {

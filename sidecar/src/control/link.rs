@@ -137,10 +137,13 @@ mod tests {
     /// nothing.
     #[tokio::test]
     async fn a_handed_out_bundle_is_kept_across_a_restart() {
-        let dir = std::env::temp_dir().join(format!("aip-link-{:016x}", rand::random::<u64>()));
-        std::fs::create_dir(&dir).unwrap();
+        let tmp = tempfile::Builder::new()
+            .prefix("aip-link-")
+            .tempdir()
+            .unwrap();
+        let dir = tmp.path();
         let (given, rotated) = (ca(), format!("{}{}", ca(), ca()));
-        let link = Link::new(source(&dir, &given)).unwrap();
+        let link = Link::new(source(dir, &given)).unwrap();
         assert_eq!(lock(&link.current).1, given);
         assert!(link.trust(&rotated).unwrap());
         assert!(!link.trust(&rotated).unwrap(), "the same bundle again");
@@ -156,8 +159,7 @@ mod tests {
         );
         assert_eq!(lock(&link.current).1, rotated);
 
-        let restarted = Link::new(source(&dir, &given)).unwrap();
+        let restarted = Link::new(source(dir, &given)).unwrap();
         assert_eq!(lock(&restarted.current).1, format!("{given}\n{rotated}"));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -30,6 +30,8 @@ pub struct Stack {
     pub gateway: Arc<Gateway>,
     pub addr: SocketAddr,
     pub audit: PathBuf,
+    /// The audit file's directory, removed when the stack drops.
+    _scratch: tempfile::TempDir,
     /// The configuration file's text, as loaded.
     pub config_text: String,
     config_tx: tokio::sync::watch::Sender<Arc<aip_sidecar::config::Config>>,
@@ -136,11 +138,8 @@ impl Stack {
         let config =
             file::parse(&config_text, &options).unwrap_or_else(|e| panic!("{e}\n{config_text}"));
         let (config_tx, config_rx) = tokio::sync::watch::channel(Arc::new(config));
-        let audit = std::env::temp_dir().join(format!(
-            "aip-gw-audit-{}-{}.jsonl",
-            std::process::id(),
-            rand_suffix()
-        ));
+        let dir = scratch("aip-gw-audit-");
+        let audit = dir.path().join("audit.jsonl");
         let sink = std::fs::File::create(&audit).unwrap();
         let gateway = Gateway::new(
             config_rx,
@@ -180,6 +179,7 @@ impl Stack {
             gateway,
             addr,
             audit,
+            _scratch: dir,
             config_text,
             config_tx,
             shutdown,
@@ -274,10 +274,13 @@ impl Stack {
     }
 }
 
-fn rand_suffix() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    N.fetch_add(1, Ordering::Relaxed)
+/// A directory of its own under cargo's target/tmp (so that a run that is
+/// killed leaves nothing outside target/), removed when the guard drops.
+pub fn scratch(prefix: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap()
 }
 
 #[derive(Debug, Default)]

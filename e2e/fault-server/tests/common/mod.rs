@@ -22,10 +22,13 @@ use tokio_util::sync::CancellationToken;
 /// How long any single expected event may take before the test fails.
 pub const PATIENCE: Duration = Duration::from_secs(10);
 
-pub fn temp_path(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("aip-fault-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A directory of the test's own under cargo's target/tmp (so that a run
+/// that is killed leaves nothing outside target/), removed when it drops.
+pub fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("aip-fault-{name}-"))
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap()
 }
 
 pub fn script(tools: &str) -> String {
@@ -42,6 +45,8 @@ pub struct StdioServer {
     lines: Receiver<String>,
     stderr: Receiver<String>,
     pub log: PathBuf,
+    /// The script's and the log's directory, removed after the process.
+    _scratch: tempfile::TempDir,
 }
 
 impl StdioServer {
@@ -51,11 +56,10 @@ impl StdioServer {
 
     /// Spawns with extra command-line arguments (e.g. `--era modern`).
     pub fn spawn_with(name: &str, yaml: &str, extra: &[&str]) -> StdioServer {
-        let dir = temp_path(name);
-        let config = dir.join("script.yaml");
+        let tmp = scratch(name);
+        let config = tmp.path().join("script.yaml");
         std::fs::write(&config, yaml).unwrap();
-        let log = dir.join("attempts.jsonl");
-        let _ = std::fs::remove_file(&log);
+        let log = tmp.path().join("attempts.jsonl");
         let mut child = Command::new(env!("CARGO_BIN_EXE_aip-fault-server"))
             .arg("--config")
             .arg(&config)
@@ -78,6 +82,7 @@ impl StdioServer {
             lines,
             stderr,
             log,
+            _scratch: tmp,
         }
     }
 
