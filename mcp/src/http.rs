@@ -392,12 +392,12 @@ impl HttpUpstream {
         let modern = match self.exchange(&probe, &discover, None).await {
             Ok(x) => {
                 let modern = x
-                    .response
+                    .response()
                     .pointer("/result/supportedVersions")
                     .and_then(Value::as_array)
                     .is_some_and(|v| v.iter().any(|v| v == modern::VERSION));
                 if modern {
-                    self.adopt_capabilities(x.response.get("result"));
+                    self.adopt_capabilities(x.response().get("result"));
                 }
                 modern
             }
@@ -483,7 +483,8 @@ impl HttpUpstream {
             .exchange(&bootstrap, &init, None)
             .await
             .map_err(init_failure)?;
-        let result = exchange.response.get("result").ok_or_else(|| {
+        let session_id = exchange.session_id.clone();
+        let result = exchange.response().get("result").ok_or_else(|| {
             init_failure(Failure::Malformed(
                 "initialize was answered with an error".into(),
             ))
@@ -499,7 +500,7 @@ impl HttpUpstream {
         }
         self.adopt_capabilities(Some(result));
         let session = Session {
-            id: exchange.session_id,
+            id: session_id,
             protocol_version: version.to_owned(),
             generation: self.generation.fetch_add(1, Ordering::Relaxed) + 1,
             modern: false,
@@ -549,10 +550,7 @@ impl HttpUpstream {
             let limit = self.connection.max_response_bytes;
             let body = read_limited(response, &mut budget, limit).await?;
             return match parse_response(&body, &id, limit) {
-                Ok(refusal) if refusal.get("error").is_some() => Ok(Exchange {
-                    response: refusal,
-                    session_id: None,
-                }),
+                Ok(refusal) if refusal.get("error").is_some() => Ok(Exchange::new(refusal, None)),
                 _ => Err(Failure::HttpStatus(status.as_u16())),
             };
         }
@@ -576,12 +574,10 @@ impl HttpUpstream {
         } else {
             let body =
                 read_limited(response, &mut budget, self.connection.max_response_bytes).await?;
-            parse_response(&body, &id, self.connection.max_response_bytes)?
+            let parsed = parse_response(&body, &id, self.connection.max_response_bytes)?;
+            return Ok(Exchange::parsed(parsed, body, session_id));
         };
-        Ok(Exchange {
-            response,
-            session_id,
-        })
+        Ok(Exchange::new(response, session_id))
     }
 
     async fn read_sse(
@@ -943,23 +939,36 @@ async fn read_limited(
     mut response: Response<Incoming>,
     budget: &mut usize,
     limit: usize,
-) -> Result<Vec<u8>, Failure> {
+) -> Result<Bytes, Failure> {
     let declared =
         header(response.headers(), "content-length").and_then(|v| v.parse::<usize>().ok());
     if declared.is_some_and(|n| n > limit) {
         return Err(Failure::TooLarge { limit });
     }
-    let mut body = Vec::new();
+    // A body that comes in one frame (most do) is kept as it came; more
+    // frames are gathered into one buffer.
+    let mut first: Option<Bytes> = None;
+    let mut more: Vec<u8> = Vec::new();
     while let Some(frame) = response.body_mut().frame().await {
         let frame = frame.map_err(|e| Failure::Network(e.to_string()))?;
-        if let Some(chunk) = frame.data_ref() {
-            *budget = budget
-                .checked_sub(chunk.len())
-                .ok_or(Failure::TooLarge { limit })?;
-            body.extend_from_slice(chunk);
+        let Ok(chunk) = frame.into_data() else {
+            continue;
+        };
+        *budget = budget
+            .checked_sub(chunk.len())
+            .ok_or(Failure::TooLarge { limit })?;
+        match &first {
+            None if more.is_empty() => first = Some(chunk),
+            _ => {
+                if let Some(first) = first.take() {
+                    more.reserve(declared.unwrap_or(0).max(first.len() + chunk.len()));
+                    more.extend_from_slice(&first);
+                }
+                more.extend_from_slice(&chunk);
+            }
         }
     }
-    Ok(body)
+    Ok(first.unwrap_or_else(|| Bytes::from(more)))
 }
 
 fn parse_response(body: &[u8], id: &Value, limit: usize) -> Result<Value, Failure> {

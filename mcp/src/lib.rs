@@ -17,6 +17,7 @@ pub mod lines;
 pub mod listen;
 pub mod modern;
 pub mod protocol;
+pub mod raw;
 pub mod sse;
 pub mod stdio;
 pub mod upstream;

@@ -268,7 +268,7 @@ impl HttpUpstream {
         let sent = self.exchange(session, &request, None);
         let answer = tokio::time::timeout(self.connection().timeout, sent).await;
         let refused = match &answer {
-            Ok(Ok(x)) => x.response.get("error").is_some(),
+            Ok(Ok(x)) => x.response().get("error").is_some(),
             _ => true,
         };
         if refused {

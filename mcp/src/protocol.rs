@@ -18,12 +18,50 @@ pub fn progress_token(request: &Value) -> Option<&Value> {
 pub const PROTOCOL_VERSION: &str = "2025-11-25";
 pub const ACCEPTED_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26"];
 
-/// What came back for a request.
+/// What came back for a request: the response, and, when it came as one
+/// JSON body, the bytes it was parsed from (the strict parser accepted
+/// them), so that a response nothing must change in is passed on as it
+/// came instead of being written again. The response can be changed only
+/// by taking it out ([`Exchange::into_response`]), which lets the bytes go:
+/// bytes kept never disagree with the response.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Exchange {
-    pub response: Value,
+    response: Value,
+    text: Option<bytes::Bytes>,
     /// The session that carried the exchange.
     pub session_id: Option<String>,
+}
+
+impl Exchange {
+    pub fn new(response: Value, session_id: Option<String>) -> Exchange {
+        Exchange {
+            response,
+            text: None,
+            session_id,
+        }
+    }
+
+    /// `response` and the bytes it was parsed from.
+    pub fn parsed(response: Value, text: bytes::Bytes, session_id: Option<String>) -> Exchange {
+        Exchange {
+            response,
+            text: Some(text),
+            session_id,
+        }
+    }
+
+    pub fn response(&self) -> &Value {
+        &self.response
+    }
+
+    pub fn into_response(self) -> Value {
+        self.response
+    }
+
+    /// The response and, when kept, the bytes it was parsed from.
+    pub fn into_parts(self) -> (Value, Option<bytes::Bytes>) {
+        (self.response, self.text)
+    }
 }
 
 /// Every method MCP defines, in either direction (both protocol eras): a
@@ -304,8 +342,8 @@ where
             list["params"] = json!({ "cursor": c });
         }
         let exchange = send(list).await?;
-        tools.extend(tools_of(&exchange.response)?);
-        match exchange.response.pointer("/result/nextCursor") {
+        tools.extend(tools_of(exchange.response())?);
+        match exchange.response().pointer("/result/nextCursor") {
             Some(Value::String(next)) if !next.is_empty() => cursor = Some(json!(next)),
             _ => return Ok(tools),
         }

@@ -173,7 +173,7 @@ impl StdioUpstream {
             .await
             .map_err(|f| Failure::InitFailed(Box::new(f)))?;
         let version = x
-            .response
+            .response()
             .pointer("/result/protocolVersion")
             .and_then(Value::as_str)
             .unwrap_or_default();
@@ -182,7 +182,7 @@ impl StdioUpstream {
             return Err(Failure::InitFailed(Box::new(f)));
         }
         if let Some(c) = x
-            .response
+            .response()
             .pointer("/result/capabilities")
             .filter(|c| c.is_object())
         {
@@ -304,10 +304,9 @@ impl StdioUpstream {
             });
         }
         match (response.get("result"), response.get("error")) {
-            (Some(Value::Object(_)), None) | (None, Some(Value::Object(_))) => Ok(Exchange {
-                response,
-                session_id: None,
-            }),
+            (Some(Value::Object(_)), None) | (None, Some(Value::Object(_))) => {
+                Ok(Exchange::new(response, None))
+            }
             _ => Err(Failure::Malformed(
                 "the response has no valid result or error".into(),
             )),

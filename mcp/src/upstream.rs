@@ -54,11 +54,11 @@ impl Upstream {
             Upstream::Stdio(u) => Box::pin(u.request(message, related)).await,
         }?;
         if message.get("method").and_then(Value::as_str) == Some("tools/call") {
-            match exchange.response.get("result") {
+            match exchange.response().get("result") {
                 Some(result) if crate::protocol::is_task(result) && self.offers_tasks(message) => {
                     crate::protocol::check_task(result)?
                 }
-                _ => crate::protocol::check_call_result(&exchange.response)?,
+                _ => crate::protocol::check_call_result(exchange.response())?,
             }
         }
         Ok(exchange)

@@ -123,34 +123,43 @@ impl Redactor {
 
     /// Redacts every string in a JSON value in place (object keys are left
     /// alone), adding to `totals`.
-    pub fn redact_strings(&self, value: &mut Value, totals: &mut Vec<DlpEvent>) {
-        self.redact_strings_at(value, totals, 0);
+    ///
+    /// Returns whether anything was replaced: a caller that still holds the
+    /// text `value` was read from may pass that text on when nothing was.
+    pub fn redact_strings(&self, value: &mut Value, totals: &mut Vec<DlpEvent>) -> bool {
+        self.redact_strings_at(value, totals, 0)
     }
 
-    fn redact_strings_at(&self, value: &mut Value, totals: &mut Vec<DlpEvent>, depth: usize) {
+    fn redact_strings_at(
+        &self,
+        value: &mut Value,
+        totals: &mut Vec<DlpEvent>,
+        depth: usize,
+    ) -> bool {
         match value {
             Value::String(s) => {
                 let r = self.redact(s);
                 merge_events(totals, r.events);
-                if let Cow::Owned(new) = r.text {
-                    *s = new;
+                match r.text {
+                    Cow::Owned(new) => {
+                        *s = new;
+                        true
+                    }
+                    Cow::Borrowed(_) => false,
                 }
             }
             // Deeper than we scan: replace rather than pass unchecked.
             Value::Array(_) | Value::Object(_) if depth > limits::MAX_ARG_DEPTH => {
                 *value = Value::String("[REDACTED:too deeply nested]".to_owned());
+                true
             }
-            Value::Array(items) => {
-                for v in items {
-                    self.redact_strings_at(v, totals, depth + 1);
-                }
-            }
-            Value::Object(map) => {
-                for v in map.values_mut() {
-                    self.redact_strings_at(v, totals, depth + 1);
-                }
-            }
-            _ => {}
+            Value::Array(items) => items.iter_mut().fold(false, |changed, v| {
+                self.redact_strings_at(v, totals, depth + 1) | changed
+            }),
+            Value::Object(map) => map.values_mut().fold(false, |changed, v| {
+                self.redact_strings_at(v, totals, depth + 1) | changed
+            }),
+            _ => false,
         }
     }
 
@@ -280,6 +289,23 @@ mod tests {
 
     const EMAIL: &str = r"[a-zA-Z0-9._%+-]+@[a-zA-Z0-9.-]+\.[a-zA-Z]{2,}";
     const AWS: &str = "(AKIA|AGPA|AIDA|AROA|AIPA|ANPA|ANVA|ASIA)[A-Z0-9]{16}";
+
+    /// What `redact_strings` says of a value decides whether a gateway
+    /// may pass on the text the value was read from: it must say "changed"
+    /// for every replacement, the too-deep one included.
+    #[test]
+    fn redact_strings_says_whether_anything_changed() {
+        let r = redactor(&[("Email", EMAIL)], false);
+        let mut clean = json!({"a": ["plain", {"b": "text", "n": 1}]});
+        assert!(!r.redact_strings(&mut clean, &mut Vec::new()));
+        let mut found = json!({"a": ["plain", {"b": "mail bob@example.com"}]});
+        assert!(r.redact_strings(&mut found, &mut Vec::new()));
+        let mut deep = json!("x");
+        for _ in 0..=limits::MAX_ARG_DEPTH + 1 {
+            deep = json!([deep]);
+        }
+        assert!(r.redact_strings(&mut deep, &mut Vec::new()));
+    }
 
     #[test]
     fn every_match_of_every_pattern_is_redacted_and_counted() {

@@ -870,6 +870,99 @@ async fn only_what_mcp_defines_reaches_the_server() {
     shutdown.cancel();
 }
 
+/// A server's result that nothing must change in reaches the agent as the
+/// server wrote it (its spacing, key order, number spellings) under the
+/// agent's id; one with a finding is redacted and written anew; a client
+/// that accepts only SSE gets the text on one `data:` line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_nothing_changes_in_is_passed_on_as_the_server_wrote_it() {
+    const RESULT: &str = r#"{"content" : [ {"type":"text", "text":"§TEXT§"} ],
+  "isError":false, "n": 1.50e1 }"#;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let url = common::scripted_server(
+        move |m| match m["method"].as_str() {
+            Some("initialize") => (
+                200,
+                json!({"protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
+                    "serverInfo": {"name": "s", "version": "1"}}),
+            ),
+            Some("tools/list") => (
+                200,
+                json!({"tools": [{"name": "echo", "inputSchema": {"type": "object"}}]}),
+            ),
+            Some("tools/call") => {
+                let text = m["params"]["arguments"]["text"]
+                    .as_str()
+                    .unwrap_or_default();
+                let result = RESULT.replace("§TEXT§", text);
+                let raw = format!(
+                    "{{\n  \"result\": {result},\n  \"jsonrpc\":\"2.0\", \"id\" : {{id}} }}"
+                );
+                (200, json!({ "__raw": raw }))
+            }
+            _ => (200, json!({})),
+        },
+        shutdown.clone(),
+    )
+    .await;
+    let s = Stack::start(Setup {
+        url: Some(url),
+        policy: "  allowed_tools: [up_echo]\n  dlp:\n    patterns:\n      - {name: Email, regex: '[a-z]+@[a-z]+\\.[a-z]{2,}'}\n",
+        ..Setup::default()
+    })
+    .await;
+    let session = s.session().await;
+    let call = |id: u64, text: &str| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+            "name": "up_echo", "arguments": {"text": text}}})
+        .to_string()
+    };
+    let r = s
+        .post(&[("mcp-session-id", &session)], &call(7, "plain"))
+        .await;
+    let expected = format!(
+        "{{\n  \"result\": {},\n  \"jsonrpc\":\"2.0\", \"id\" : 7 }}",
+        RESULT.replace("§TEXT§", "plain")
+    );
+    assert_eq!(r.body, expected, "{r:?}");
+    assert_eq!(r.header("content-type"), Some("application/json"));
+
+    let r = s
+        .post(
+            &[("mcp-session-id", &session)],
+            &call(8, "mail bob@example.com"),
+        )
+        .await;
+    let v = r.json();
+    assert_eq!(v["id"], 8);
+    assert_eq!(
+        v["result"]["content"][0]["text"], "mail [REDACTED:Email]",
+        "{r:?}"
+    );
+    assert!(!r.body.contains("bob@example.com"));
+
+    let r = s
+        .post(
+            &[
+                ("mcp-session-id", &session),
+                ("accept", "text/event-stream"),
+            ],
+            &call(9, "plain"),
+        )
+        .await;
+    let data = r
+        .body
+        .strip_prefix("data: ")
+        .unwrap()
+        .strip_suffix("\n\n")
+        .unwrap();
+    assert!(!data.contains('\n'), "{r:?}");
+    let v: Value = serde_json::from_str(data).unwrap();
+    assert_eq!(v["id"], 9);
+    assert_eq!(v["result"]["n"], 15.0);
+    shutdown.cancel();
+}
+
 /// The same server echoing the token spelled the ways a reflected value
 /// gets mangled on its way — percent-encoded in lower case, in hex, in
 /// upper case, inside a longer base64 text, JSON-escaped in a text, and cut

@@ -125,7 +125,7 @@ async fn https_with_the_connections_ca_and_server_name() {
     let (port, core) = tls_fault_server(chain, key, &shutdown).await;
     let up = upstream(&format!("https://localhost:{port}/mcp"), &tls);
     let x = up.request(&call(), None).await.unwrap();
-    assert_eq!(x.response["result"]["content"][0]["text"], "over tls");
+    assert_eq!(x.response()["result"]["content"][0]["text"], "over tls");
     assert_eq!(core.log.lines().len(), 1);
 
     // The built-in web roots do not know this CA: refused before any call.
@@ -150,7 +150,7 @@ async fn https_with_the_connections_ca_and_server_name() {
         &format!("{tls}    serverName: upstream.internal\n"),
     );
     assert_eq!(
-        named.request(&call(), None).await.unwrap().response["result"]["content"][0]["text"],
+        named.request(&call(), None).await.unwrap().response()["result"]["content"][0]["text"],
         "over tls"
     );
     shutdown.cancel();

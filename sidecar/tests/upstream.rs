@@ -90,7 +90,7 @@ async fn one_session_is_reused_across_calls() {
     let up = fault.upstream("");
     for id in 1..=2 {
         let x = up.request(&call(id), None).await.unwrap();
-        assert_eq!(x.response["id"], id);
+        assert_eq!(x.response()["id"], id);
     }
     let sessions: Vec<Value> = fault
         .attempts()
@@ -115,7 +115,8 @@ async fn failing(step: &str, expected: Failure, session_kept: bool) {
     }
     let ok = up.request(&call(2), None).await.unwrap();
     assert_eq!(
-        ok.response["result"]["content"][0]["text"], "after",
+        ok.response()["result"]["content"][0]["text"],
+        "after",
         "{step}: the next call works"
     );
     let attempts = fault.attempts();
@@ -196,9 +197,9 @@ async fn tool_errors_and_jsonrpc_errors_are_answers_not_failures() {
     .await;
     let up = fault.upstream("");
     let a = up.request(&call(1), None).await.unwrap();
-    assert_eq!(a.response["result"]["isError"], true);
+    assert_eq!(a.response()["result"]["isError"], true);
     let b = up.request(&call(2), None).await.unwrap();
-    assert_eq!(b.response["error"]["code"], -32042);
+    assert_eq!(b.response()["error"]["code"], -32042);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -207,7 +208,7 @@ async fn a_stream_closed_after_an_event_id_is_resumed_not_failed() {
     let up = fault.upstream("");
     let x = up.request(&call(1), None).await.unwrap();
     assert_eq!(
-        x.response["result"]["structuredContent"],
+        x.response()["result"]["structuredContent"],
         json!({"resumed": true})
     );
     assert_eq!(fault.attempts().len(), 1);
@@ -264,7 +265,7 @@ async fn a_404_for_a_known_session_drops_it_without_resending() {
         Failure::HttpStatus(404)
     );
     let x = up.request(&call(3), None).await.unwrap();
-    assert_eq!(x.response["result"]["content"][0]["text"], "two");
+    assert_eq!(x.response()["result"]["content"][0]["text"], "two");
     assert_eq!(
         fault.attempts().len(),
         2,

@@ -211,6 +211,11 @@ fn respond(answer: Answer, sse: bool) -> Response<Body> {
             )
         }
         Answer::Reply {
+            reply: Reply::Text(text),
+            era,
+            ..
+        } => rpc_text(text, sse && era == Era::Legacy),
+        Answer::Reply {
             reply: Reply::Nothing,
             ..
         } => empty(StatusCode::ACCEPTED),
@@ -423,6 +428,10 @@ fn final_event(answer: Answer) -> Option<Bytes> {
             reply: Reply::Message(response),
             ..
         } => Some(event(&response)),
+        Answer::Reply {
+            reply: Reply::Text(text),
+            ..
+        } => Some(event_text(&text)),
         _ => None,
     }
 }
@@ -547,6 +556,25 @@ fn event(message: &Value) -> Bytes {
     Bytes::from(format!("event: message\ndata: {message}\n\n"))
 }
 
+/// [`event`] for a message kept as JSON text.
+fn event_text(text: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(text.len() + 32);
+    out.extend_from_slice(b"event: message\ndata: ");
+    push_one_line(&mut out, text);
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
+}
+
+/// JSON text on one line, as an SSE `data:` field needs it: a line break
+/// in valid JSON can only be white space between tokens (one inside a
+/// string is escaped), so each becomes a space.
+fn push_one_line(out: &mut Vec<u8>, text: &[u8]) {
+    out.extend(text.iter().map(|&b| match b {
+        b'\n' | b'\r' => b' ',
+        b => b,
+    }));
+}
+
 /// An Origin of a page served from this machine: `http(s)://` with a
 /// loopback host (`localhost`, `127.0.0.0/8`, `[::1]`), any port, parsed as
 /// a URL (so `http://localhost:80@evil.example` is evil.example's).
@@ -598,6 +626,24 @@ fn rpc(status: StatusCode, message: &Value, sse: bool) -> Response<Body> {
     };
     let mut r = Response::new(Full::new(Bytes::from(body)).boxed_unsync());
     *r.status_mut() = status;
+    r.headers_mut()
+        .insert("content-type", HeaderValue::from_static(content_type));
+    r
+}
+
+/// A 200 whose body is a server's response kept as JSON text (as SSE for a
+/// legacy client that accepts only that).
+fn rpc_text(text: Bytes, sse: bool) -> Response<Body> {
+    let (body, content_type) = if sse {
+        let mut out = Vec::with_capacity(text.len() + 8);
+        out.extend_from_slice(b"data: ");
+        push_one_line(&mut out, &text);
+        out.extend_from_slice(b"\n\n");
+        (Bytes::from(out), "text/event-stream")
+    } else {
+        (text, "application/json")
+    };
+    let mut r = Response::new(Full::new(body).boxed_unsync());
     r.headers_mut()
         .insert("content-type", HeaderValue::from_static(content_type));
     r

@@ -100,8 +100,18 @@ where
                 Answer::Listen(listen) => stream(listen, &to_agent).await,
                 Answer::Plain { .. } => Reply::Nothing, // HTTP's only
             };
-            if let Reply::Message(reply) = reply {
-                let _ = to_agent.send(reply).await;
+            match reply {
+                Reply::Message(reply) => {
+                    let _ = to_agent.send(reply).await;
+                }
+                // Not made for stdio (`Call::text_replies` is off there);
+                // read back should that change.
+                Reply::Text(text) => {
+                    if let Ok(reply) = serde_json::from_slice(&text) {
+                        let _ = to_agent.send(reply).await;
+                    }
+                }
+                Reply::Nothing => {}
             }
             drop((permit, reserved));
         });

@@ -273,14 +273,12 @@ impl Parked {
             calls.insert(handle.clone(), parked);
         }
         self.expire_later(handle.clone());
-        Exchange {
-            response: json!({"jsonrpc": "2.0", "id": request["id"], "result": {
-                "resultType": "input_required",
-                "inputRequests": {QUESTION_KEY: input_request},
-                "requestState": format!("{STATE_PREFIX}{handle}"),
-            }}),
-            session_id: None,
-        }
+        let response = json!({"jsonrpc": "2.0", "id": request["id"], "result": {
+            "resultType": "input_required",
+            "inputRequests": {QUESTION_KEY: input_request},
+            "requestState": format!("{STATE_PREFIX}{handle}"),
+        }});
+        Exchange::new(response, None)
     }
 
     /// Forgets a parked call nobody came back for, and tells its server.
@@ -356,10 +354,7 @@ impl Parked {
 
 /// An exchange that carries an error for the agent.
 fn exchange(error: Value) -> Exchange {
-    Exchange {
-        response: json!({"jsonrpc": "2.0", "id": null, "error": error}),
-        session_id: None,
-    }
+    Exchange::new(json!({"jsonrpc": "2.0", "id": null, "error": error}), None)
 }
 
 /// Rounds of questions one call may take.
@@ -367,7 +362,7 @@ const MAX_ROUNDS: usize = 8;
 
 /// Whether an exchange is a modern server's request for input.
 fn requires_input(exchange: &Exchange) -> bool {
-    exchange.response.pointer("/result/resultType") == Some(&json!("input_required"))
+    exchange.response().pointer("/result/resultType") == Some(&json!("input_required"))
 }
 
 /// What answering a server's questions for a legacy agent needs, handed
@@ -397,7 +392,7 @@ impl Answering<'_> {
             if !requires_input(&exchange) {
                 return Some(Ok(exchange));
             }
-            let result = &exchange.response["result"];
+            let result = &exchange.response()["result"];
             let mut answers = Map::new();
             if let Some(questions) = result.get("inputRequests").and_then(Value::as_object) {
                 for (key, question) in questions {
@@ -407,10 +402,7 @@ impl Answering<'_> {
                         }
                         Err(error) => {
                             let response = json!({"jsonrpc": "2.0", "id": null, "error": error});
-                            return Some(Ok(Exchange {
-                                response,
-                                session_id: None,
-                            }));
+                            return Some(Ok(Exchange::new(response, None)));
                         }
                     }
                 }

@@ -1,7 +1,7 @@
 //! The values a request carries through the gate: what the transport knows
 //! (`Caller`, `Input`), the request on its way (`Call`, built once by the
 //! agent edge, with its era as `Era`), what goes back inside the gate
-//! (`Reply`), and the gateway's own request ids
+//! (`Reply`: a value, or a server's text passed on), and the gateway's own request ids
 //! (`Ids`). No behaviour beyond the era's rules: every place where the two
 //! eras differ asks the era, so the next revision is one more variant whose
 //! rules the compiler asks for. Which era a message speaks is the agent
@@ -122,6 +122,9 @@ pub struct Call {
     /// Whether a `tools/call` names a tool of the catalog (its metric
     /// label is then the name, else "other").
     pub known: bool,
+    /// Whether the reply may be [`Reply::Text`]: HTTP writes a body as it
+    /// is given; stdio's writer and a task's record take values.
+    pub text_replies: bool,
 }
 
 impl Call {
@@ -155,6 +158,11 @@ impl std::fmt::Debug for Route {
 pub enum Reply {
     /// A JSON-RPC response.
     Message(Value),
+    /// A JSON-RPC response as the JSON text to send: a server's response
+    /// that nothing had to change in, passed on as it came but for the
+    /// agent's id (and a 2026-07-28 result's `_meta`), for a transport that
+    /// writes text as it is ([`Call::text_replies`]). Always a result.
+    Text(bytes::Bytes),
     /// Nothing: a notification, an agent's reply, or a canceled call.
     Nothing,
 }

@@ -189,6 +189,7 @@ impl Edge {
             cancel,
             route: admitted.lookup.route,
             known: admitted.lookup.known,
+            text_replies: matches!(transport, Transport::Http(_)),
         };
         let session = admitted.opens.then(|| call.session.clone());
         // Boxed: the pipeline's future is large, and this one stays small
@@ -510,12 +511,12 @@ impl Edge {
 
 /// A reply as its era answers it: a 2026-07-28 error the revision gives an
 /// HTTP status (-32601: 404; -32020, -32021, -32022: 400) carries it;
-/// every other answer, and every error of a tool or a policy, is a 200;
-/// nothing is a 202.
+/// every other answer, and every error of a tool or a policy, is a 200 (a
+/// server's result passed on as text among them); nothing is a 202.
 fn answer(reply: Reply, era: Era) -> Answer {
     let status = match (&reply, era) {
         (Reply::Nothing, _) => 202,
-        (Reply::Message(_), Era::Legacy) => 200,
+        (Reply::Message(_), Era::Legacy) | (Reply::Text(_), _) => 200,
         (Reply::Message(response), Era::Modern) => {
             let code = response.get("error").and_then(|e| e.get("code"));
             match code.and_then(Value::as_i64) {

@@ -200,7 +200,7 @@ impl Listings {
         }
         match connection.upstream.request(&request).await {
             Ok(x) => {
-                let page = x.response.get("result").cloned().unwrap_or(Value::Null);
+                let page = x.response().get("result").cloned().unwrap_or(Value::Null);
                 let items = match page.get(items_key(method)) {
                     Some(Value::Array(items)) => items.clone(),
                     _ => Vec::new(),
@@ -425,7 +425,7 @@ impl Listings {
             let mut request = message.value.clone();
             request["id"] = json!(self.ids.fresh());
             let failed = match connection.upstream.request(&request).await {
-                Ok(x) => x.response.get("error").cloned(),
+                Ok(x) => x.response().get("error").cloned(),
                 Err(failure) => Some(failure.to_error(&connection.connection().name, None)),
             };
             if let Some(e) = failed {

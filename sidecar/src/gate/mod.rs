@@ -335,11 +335,32 @@ impl Gateway {
         else {
             return Handled::Reply(self.decide(message, &call).instrument(span).await);
         };
-        let mut reply = Box::pin(self.decide(message, &call).instrument(span)).await;
-        if let (Reply::Message(response), Some(method)) = (&mut reply, method) {
-            present::modern_result(response, &method);
-        }
-        Handled::Reply(reply)
+        let reply = Box::pin(self.decide(message, &call).instrument(span)).await;
+        let Some(method) = method else {
+            return Handled::Reply(reply); // the agent's answer to a server
+        };
+        Handled::Reply(match reply {
+            Reply::Message(mut response) => {
+                present::modern_result(&mut response, &method);
+                Reply::Message(response)
+            }
+            Reply::Text(text) => match present::modern_text(&text, &method) {
+                Some(shaped) => Reply::Text(shaped),
+                // Not read plainly: shaped as a value (the text passed
+                // the strict parser on its way in).
+                None => match serde_json::from_slice(&text) {
+                    Ok(mut response) => {
+                        present::modern_result(&mut response, &method);
+                        Reply::Message(response)
+                    }
+                    Err(e) => {
+                        let why = format!("the server's response could not be read again: {e}");
+                        Reply::Message(error(None, codes::INTERNAL_ERROR, &why, None))
+                    }
+                },
+            },
+            Reply::Nothing => Reply::Nothing,
+        })
     }
 
     /// A `subscriptions/listen` from a modern agent: audited and decided as
@@ -659,7 +680,7 @@ impl Gateway {
         let evaluator = &*call.evaluator;
         match outcome {
             Ok(exchange) => {
-                let mut response = exchange.response;
+                let (mut response, text) = exchange.into_parts();
                 if let Some(owner) = task_owner
                     && response
                         .get("result")
@@ -671,7 +692,15 @@ impl Gateway {
                     return tasks.created(&response, id, connection, &name, owner, evaluator);
                 }
                 let findings = Findings::OfTool(&self.audit, &name);
-                present::redact_response(&mut response, &route.connection, evaluator, findings);
+                let redacted =
+                    present::redact_response(&mut response, &route.connection, evaluator, findings);
+                // Nothing redacted: the server's result goes on as it came.
+                if let Some(text) = text
+                    .filter(|_| !redacted && call.text_replies && response.get("result").is_some())
+                    && let Some(text) = present::text_with_id(&text, &id)
+                {
+                    return Reply::Text(text);
+                }
                 response["id"] = id;
                 Reply::Message(response)
             }
@@ -745,6 +774,7 @@ impl Gateway {
             events: None,
             era: Era::Modern,
             cancel,
+            text_replies: false,
             ..call.clone()
         };
         tokio::spawn(async move { gateway.run_task(&id, message, verdict, &task).await });
@@ -770,6 +800,9 @@ impl Gateway {
         };
         let outcome = match reply {
             Reply::Message(response) => response,
+            // Not made for a task's call (`text_replies` is off); read
+            // back should that change.
+            Reply::Text(text) => serde_json::from_slice(&text).unwrap_or(Value::Null),
             Reply::Nothing => {
                 json!({"error": {"code": codes::INTERNAL_ERROR, "message": "the call ended without a response"}})
             }
@@ -844,7 +877,7 @@ impl Gateway {
         match outcome {
             None => Reply::Nothing,
             Some(Ok(x)) => {
-                let mut response = x.response;
+                let mut response = x.into_response();
                 present::redact_response(&mut response, connection, evaluator, Findings::Unaudited);
                 response["id"] = id;
                 Reply::Message(response)

@@ -5,7 +5,9 @@
 
 use std::time::SystemTime;
 
+use aip_mcp::raw;
 use aip_policy::{Decision, DlpRecord, Evaluator, Listing, Request, codes};
+use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
 use super::call::Era;
@@ -153,6 +155,64 @@ pub(super) fn modern_result(response: &mut Value, method: &str) {
     }
 }
 
+/// [`modern_result`] over a response kept as text (`Reply::Text`): the
+/// same members added or replaced by splicing, the rest left as it came.
+/// None when the text cannot be read plainly or `method`'s results carry
+/// caching hints: the caller shapes the value instead.
+pub(super) fn modern_text(text: &[u8], method: &str) -> Option<Bytes> {
+    use aip_mcp::modern::{CACHEABLE, META_SERVER_INFO};
+    if CACHEABLE.contains(&method) {
+        return None;
+    }
+    let result = raw::member(text, raw::whole(text), "result")?;
+    let (members, close) = raw::members(text, result)?;
+    let find = |key: &str| {
+        members
+            .iter()
+            .find(|m| &text[m.key.clone()] == key.as_bytes())
+    };
+    let info = serde_json::to_vec(&server_info()).ok()?;
+    let mut splice = raw::Splice::default();
+    let mut added: Vec<(&str, &[u8])> = Vec::new();
+    if find("resultType").is_none() {
+        added.push(("resultType", b"\"complete\""));
+    }
+    let fresh_meta;
+    match find("_meta") {
+        Some(meta) if text[meta.value.start] == b'{' => {
+            let (inner, inner_close) = raw::members(text, meta.value.clone())?;
+            match inner
+                .iter()
+                .find(|m| &text[m.key.clone()] == META_SERVER_INFO.as_bytes())
+            {
+                Some(m) => splice.replace(m.value.clone(), info),
+                None => splice.add_members(&inner, inner_close, &[(META_SERVER_INFO, &info)]),
+            }
+        }
+        meta => {
+            fresh_meta = serde_json::to_vec(&json!({ META_SERVER_INFO: server_info() })).ok()?;
+            match meta {
+                Some(meta) => splice.replace(meta.value.clone(), fresh_meta),
+                None => added.push(("_meta", &fresh_meta)),
+            }
+        }
+    }
+    if !added.is_empty() {
+        splice.add_members(&members, close, &added);
+    }
+    Some(Bytes::from(splice.apply(text)))
+}
+
+/// A server's response kept as text, under the agent's `id`: None when the
+/// text cannot be read plainly (the caller writes the value instead).
+pub(super) fn text_with_id(text: &[u8], id: &Value) -> Option<Bytes> {
+    let (members, _) = raw::members(text, raw::whole(text))?;
+    let at = members.iter().find(|m| &text[m.key.clone()] == b"id")?;
+    let mut splice = raw::Splice::default();
+    splice.replace(at.value.clone(), serde_json::to_vec(id).ok()?);
+    Some(Bytes::from(splice.apply(text)))
+}
+
 fn method_allowed(evaluator: &Evaluator, method: &str) -> bool {
     let request = Request {
         id: None,
@@ -187,40 +247,44 @@ pub(super) fn redact_for_agent(
     from: &ConnectionState,
     evaluator: &Evaluator,
     findings: Findings<'_>,
-) {
+) -> bool {
     let echoed = from.credentials.redact(value);
     if echoed > 0 {
         let connection = &from.upstream.connection().name;
         tracing::warn!(%connection, echoed, "the server echoed the connection's credentials; redacted");
     }
     let Some(redactor) = evaluator.redactor() else {
-        return;
+        return echoed > 0;
     };
     let mut events = Vec::new();
-    redactor.redact_strings(value, &mut events);
+    let changed = redactor.redact_strings(value, &mut events) || echoed > 0;
     let (audit, tool) = match findings {
         Findings::OfTool(audit, tool) => (audit, Some(tool)),
         Findings::Audited(audit) => (audit, None),
-        Findings::Unaudited => return,
+        Findings::Unaudited => return changed,
     };
     for line in DlpRecord::for_events(&events, tool, SystemTime::now()) {
         audit.record(&line);
     }
+    changed
 }
 
 /// A server's response as the agent is shown it: its result or its error
-/// through [`redact_for_agent`]; the envelope is the gateway's.
+/// through [`redact_for_agent`]; the envelope is the gateway's. Whether
+/// anything was redacted.
 pub(super) fn redact_response(
     response: &mut Value,
     from: &ConnectionState,
     evaluator: &Evaluator,
     findings: Findings<'_>,
-) {
+) -> bool {
+    let mut changed = false;
     for part in ["result", "error"] {
         if let Some(part) = response.get_mut(part) {
-            redact_for_agent(part, from, evaluator, findings);
+            changed |= redact_for_agent(part, from, evaluator, findings);
         }
     }
+    changed
 }
 
 /// DLP over every string of the agent's own arguments, for the person
@@ -258,4 +322,68 @@ pub(super) fn method_not_found(id: &Value, method: &str) -> Value {
 /// An error object (no envelope) for a reply to a server's request.
 pub(super) fn error_object(code: i64, message: &str, data: &str) -> Value {
     json!({"error": {"code": code, "message": message, "data": data}})
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// The text splices give what the value functions give, and leave the
+    /// rest of the server's text byte for byte.
+    #[test]
+    fn text_shaping_agrees_with_value_shaping() {
+        let info = aip_mcp::modern::META_SERVER_INFO;
+        let texts = [
+            r#"{"jsonrpc":"2.0","id":"aip-9","result":{"content":[{"type":"text","text":"a\n}"}]}}"#.to_owned(),
+            r#"{ "result" : { } , "id" : "aip-9" , "jsonrpc" : "2.0" }"#.to_owned(),
+            r#"{"jsonrpc":"2.0","id":"aip-9","result":{"resultType":"complete","n":1.50,"_meta":{"k":1}}}"#.to_owned(),
+            format!(r#"{{"jsonrpc":"2.0","id":"aip-9","result":{{"_meta":{{"{info}":{{"name":"impostor"}}}}}}}}"#),
+            r#"{"jsonrpc":"2.0","id":"aip-9","result":{"_meta":"not an object","x":[{},[]]}}"#.to_owned(),
+        ];
+        for text in &texts {
+            let id = json!({"agent": [7]});
+            let passed = text_with_id(text.as_bytes(), &id).unwrap();
+            let mut expected: Value = serde_json::from_str(text).unwrap();
+            expected["id"] = id.clone();
+            assert_eq!(
+                serde_json::from_slice::<Value>(&passed).unwrap(),
+                expected,
+                "{text}"
+            );
+            let shaped = modern_text(&passed, "tools/call").unwrap();
+            modern_result(&mut expected, "tools/call");
+            assert_eq!(
+                serde_json::from_slice::<Value>(&shaped).unwrap(),
+                expected,
+                "{text}"
+            );
+        }
+        // What is not changed is as the server wrote it (here its spacing
+        // and its number's spelling).
+        let passed = text_with_id(texts[2].as_bytes(), &json!(3)).unwrap();
+        assert!(
+            std::str::from_utf8(&passed)
+                .unwrap()
+                .contains(r#""n":1.50"#)
+        );
+        assert!(
+            std::str::from_utf8(&passed)
+                .unwrap()
+                .starts_with(r#"{"jsonrpc":"2.0","id":3,"#)
+        );
+    }
+
+    #[test]
+    fn text_not_read_plainly_or_cacheable_is_left_to_the_value() {
+        let escaped_key = br#"{"jsonrpc":"2.0","id":1,"result":{"\u0078":1}}"#;
+        assert_eq!(modern_text(escaped_key, "tools/call"), None);
+        let listing = br#"{"jsonrpc":"2.0","id":1,"result":{"tools":[]}}"#;
+        assert_eq!(modern_text(listing, "tools/list"), None);
+        assert_eq!(
+            text_with_id(br#"{"jsonrpc":"2.0","\u0069d":1,"result":{}}"#, &json!(2)),
+            None
+        );
+    }
 }

@@ -459,7 +459,7 @@ impl ServerTasks<'_> {
         let mut response = match outcome {
             None => return Reply::Nothing,
             Some(Err(failure)) => return failed(failure),
-            Some(Ok(exchange)) => exchange.response,
+            Some(Ok(exchange)) => exchange.into_response(),
         };
         if let Some(mut e) = response.get_mut("error").map(Value::take) {
             if e.get("code") == Some(&json!(codes::INVALID_PARAMS)) {

@@ -466,8 +466,9 @@ impl Sse {
 /// `answer` says (an HTTP status and, for 200, the result): for the failure
 /// rows the fault server's scripts cannot express (a tools/list refused).
 /// A result of `{"__sse": [N...], "__result": R}` is sent as an event stream:
-/// the messages N, then R as the response. Serves until `shutdown`; returns
-/// its URL.
+/// the messages N, then R as the response; `{"__raw": "TEXT"}` sends TEXT
+/// as the body as it is, `{id}` in it replaced by the request's id. Serves
+/// until `shutdown`; returns its URL.
 pub async fn scripted_server(
     answer: impl Fn(&Value) -> (u16, Value) + Send + Sync + 'static,
     shutdown: CancellationToken,
@@ -504,6 +505,8 @@ pub async fn scripted_server(
                                     .chain([&done])
                                     .map(|e| format!("data: {e}\n\n"))
                                     .collect()
+                            } else if let Some(raw) = result.get("__raw").and_then(Value::as_str) {
+                                raw.replace("{id}", &message["id"].to_string())
                             } else if status == 200 && result.get("__error").is_some() {
                                 json!({"jsonrpc": "2.0", "id": message["id"], "error": result["__error"]})
                                     .to_string()
