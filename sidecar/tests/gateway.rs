@@ -805,17 +805,8 @@ async fn only_what_mcp_defines_reaches_the_server() {
         move |m| {
             kept.lock().unwrap().push(m.clone());
             match m["method"].as_str() {
-                Some("initialize") => (
-                    200,
-                    json!({"protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
-                        "serverInfo": {"name": "s", "version": "1"}}),
-                ),
-                Some("tools/list") => (
-                    200,
-                    json!({"tools": [{"name": "echo", "inputSchema": {"type": "object"}}]}),
-                ),
                 Some("tools/call") => (200, json!({"content": [{"type": "text", "text": "ok"}]})),
-                _ => (200, json!({})),
+                _ => common::echo_handshake(m).unwrap_or((200, json!({}))),
             }
         },
         shutdown.clone(),
@@ -881,15 +872,6 @@ async fn a_result_nothing_changes_in_is_passed_on_as_the_server_wrote_it() {
     let shutdown = tokio_util::sync::CancellationToken::new();
     let url = common::scripted_server(
         move |m| match m["method"].as_str() {
-            Some("initialize") => (
-                200,
-                json!({"protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
-                    "serverInfo": {"name": "s", "version": "1"}}),
-            ),
-            Some("tools/list") => (
-                200,
-                json!({"tools": [{"name": "echo", "inputSchema": {"type": "object"}}]}),
-            ),
             Some("tools/call") => {
                 let text = m["params"]["arguments"]["text"]
                     .as_str()
@@ -900,7 +882,7 @@ async fn a_result_nothing_changes_in_is_passed_on_as_the_server_wrote_it() {
                 );
                 (200, json!({ "__raw": raw }))
             }
-            _ => (200, json!({})),
+            _ => common::echo_handshake(m).unwrap_or((200, json!({}))),
         },
         shutdown.clone(),
     )

@@ -462,6 +462,23 @@ impl Sse {
     }
 }
 
+/// What a [`scripted_server`] with one tool, `echo`, answers to the
+/// handshake: `initialize` and `tools/list`; None for the rest.
+pub fn echo_handshake(m: &Value) -> Option<(u16, Value)> {
+    match m["method"].as_str() {
+        Some("initialize") => Some((
+            200,
+            json!({"protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
+                "serverInfo": {"name": "s", "version": "1"}}),
+        )),
+        Some("tools/list") => Some((
+            200,
+            json!({"tools": [{"name": "echo", "inputSchema": {"type": "object"}}]}),
+        )),
+        _ => None,
+    }
+}
+
 /// An MCP server over HTTP answering each JSON-RPC message with what
 /// `answer` says (an HTTP status and, for 200, the result): for the failure
 /// rows the fault server's scripts cannot express (a tools/list refused).
