@@ -100,18 +100,8 @@ where
                 Answer::Listen(listen) => stream(listen, &to_agent).await,
                 Answer::Plain { .. } => Reply::Nothing, // HTTP's only
             };
-            match reply {
-                Reply::Message(reply) => {
-                    let _ = to_agent.send(reply).await;
-                }
-                // Not made for stdio (`Call::text_replies` is off there);
-                // read back should that change.
-                Reply::Text(text) => {
-                    if let Ok(reply) = serde_json::from_slice(&text) {
-                        let _ = to_agent.send(reply).await;
-                    }
-                }
-                Reply::Nothing => {}
+            if let Some(reply) = reply.into_message() {
+                let _ = to_agent.send(reply).await;
             }
             drop((permit, reserved));
         });

@@ -158,13 +158,26 @@ impl std::fmt::Debug for Route {
 pub enum Reply {
     /// A JSON-RPC response.
     Message(Value),
-    /// A JSON-RPC response as the JSON text to send: a server's response
-    /// that nothing had to change in, passed on as it came but for the
-    /// agent's id (and a 2026-07-28 result's `_meta`), for a transport that
-    /// writes text as it is ([`Call::text_replies`]). Always a result.
+    /// A JSON-RPC response as the JSON text to send, final: a server's
+    /// result that nothing had to change in, passed on as it came but for
+    /// the agent's id (and a 2026-07-28 result's `resultType` and `_meta`),
+    /// for a transport that writes text as it is ([`Call::text_replies`]).
     Text(bytes::Bytes),
     /// Nothing: a notification, an agent's reply, or a canceled call.
     Nothing,
+}
+
+impl Reply {
+    /// The response as a value, for what takes values (stdio's writer, a
+    /// task's record); None for nothing. A `Text` is read back, which its
+    /// makers avoid by leaving `Call::text_replies` off for those.
+    pub fn into_message(self) -> Option<Value> {
+        match self {
+            Reply::Message(message) => Some(message),
+            Reply::Text(text) => serde_json::from_slice(&text).ok(),
+            Reply::Nothing => None,
+        }
+    }
 }
 
 /// The gateway's own request ids (`aip-N`), one counter for every

@@ -335,32 +335,12 @@ impl Gateway {
         else {
             return Handled::Reply(self.decide(message, &call).instrument(span).await);
         };
-        let reply = Box::pin(self.decide(message, &call).instrument(span)).await;
-        let Some(method) = method else {
-            return Handled::Reply(reply); // the agent's answer to a server
-        };
-        Handled::Reply(match reply {
-            Reply::Message(mut response) => {
-                present::modern_result(&mut response, &method);
-                Reply::Message(response)
-            }
-            Reply::Text(text) => match present::modern_text(&text, &method) {
-                Some(shaped) => Reply::Text(shaped),
-                // Not read plainly: shaped as a value (the text passed
-                // the strict parser on its way in).
-                None => match serde_json::from_slice(&text) {
-                    Ok(mut response) => {
-                        present::modern_result(&mut response, &method);
-                        Reply::Message(response)
-                    }
-                    Err(e) => {
-                        let why = format!("the server's response could not be read again: {e}");
-                        Reply::Message(error(None, codes::INTERNAL_ERROR, &why, None))
-                    }
-                },
-            },
-            Reply::Nothing => Reply::Nothing,
-        })
+        let mut reply = Box::pin(self.decide(message, &call).instrument(span)).await;
+        // A `Reply::Text` was shaped as it was made (`present::text_reply`).
+        if let (Reply::Message(response), Some(method)) = (&mut reply, method) {
+            present::modern_result(response, &method);
+        }
+        Handled::Reply(reply)
     }
 
     /// A `subscriptions/listen` from a modern agent: audited and decided as
@@ -697,7 +677,7 @@ impl Gateway {
                 // Nothing redacted: the server's result goes on as it came.
                 if let Some(text) = text
                     .filter(|_| !redacted && call.text_replies && response.get("result").is_some())
-                    && let Some(text) = present::text_with_id(&text, &id)
+                    && let Some(text) = present::text_reply(&text, &id, call.era, "tools/call")
                 {
                     return Reply::Text(text);
                 }
@@ -798,15 +778,9 @@ impl Gateway {
         } else {
             decided.response().map_or(Reply::Nothing, Reply::Message)
         };
-        let outcome = match reply {
-            Reply::Message(response) => response,
-            // Not made for a task's call (`text_replies` is off); read
-            // back should that change.
-            Reply::Text(text) => serde_json::from_slice(&text).unwrap_or(Value::Null),
-            Reply::Nothing => {
-                json!({"error": {"code": codes::INTERNAL_ERROR, "message": "the call ended without a response"}})
-            }
-        };
+        let outcome = reply.into_message().unwrap_or_else(|| {
+            json!({"error": {"code": codes::INTERNAL_ERROR, "message": "the call ended without a response"}})
+        });
         let (status, said) = match outcome.get("error") {
             Some(e) => (
                 "failed",

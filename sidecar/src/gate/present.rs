@@ -155,62 +155,68 @@ pub(super) fn modern_result(response: &mut Value, method: &str) {
     }
 }
 
-/// [`modern_result`] over a response kept as text (`Reply::Text`): the
-/// same members added or replaced by splicing, the rest left as it came.
-/// None when the text cannot be read plainly or `method`'s results carry
-/// caching hints: the caller shapes the value instead.
-pub(super) fn modern_text(text: &[u8], method: &str) -> Option<Bytes> {
-    use aip_mcp::modern::{CACHEABLE, META_SERVER_INFO};
-    if CACHEABLE.contains(&method) {
-        return None;
-    }
-    let result = raw::member(text, raw::whole(text), "result")?;
-    let (members, close) = raw::members(text, result)?;
-    let find = |key: &str| {
+/// A server's response that redaction did not change, as the text to send
+/// the agent (`Reply::Text`): the server's own bytes with only its
+/// top-level `id` replaced by the agent's and, in an era that shapes
+/// results, the members [`modern_result`] sets spliced into its result;
+/// one pass over the text, the rest left as it came. None when the text
+/// cannot be read plainly (an escaped key) or `method`'s results carry
+/// caching hints: the caller then writes the value.
+pub(super) fn text_reply(text: &[u8], id: &Value, era: Era, method: &str) -> Option<Bytes> {
+    use aip_mcp::modern::CACHEABLE;
+    let (top, _) = raw::members(text, raw::whole(text))?;
+    let find = |members: &[raw::Member], key: &str| {
         members
             .iter()
             .find(|m| &text[m.key.clone()] == key.as_bytes())
+            .cloned()
     };
-    let info = serde_json::to_vec(&server_info()).ok()?;
     let mut splice = raw::Splice::default();
-    let mut added: Vec<(&str, &[u8])> = Vec::new();
-    if find("resultType").is_none() {
-        added.push(("resultType", b"\"complete\""));
-    }
-    let fresh_meta;
-    match find("_meta") {
-        Some(meta) if text[meta.value.start] == b'{' => {
-            let (inner, inner_close) = raw::members(text, meta.value.clone())?;
-            match inner
-                .iter()
-                .find(|m| &text[m.key.clone()] == META_SERVER_INFO.as_bytes())
-            {
-                Some(m) => splice.replace(m.value.clone(), info),
-                None => splice.add_members(&inner, inner_close, &[(META_SERVER_INFO, &info)]),
-            }
+    splice.replace(find(&top, "id")?.value, serde_json::to_vec(id).ok()?);
+    if era.shapes_results() {
+        if CACHEABLE.contains(&method) {
+            return None;
         }
-        meta => {
-            fresh_meta = serde_json::to_vec(&json!({ META_SERVER_INFO: server_info() })).ok()?;
-            match meta {
-                Some(meta) => splice.replace(meta.value.clone(), fresh_meta),
-                None => added.push(("_meta", &fresh_meta)),
-            }
+        let (members, close) = raw::members(text, find(&top, "result")?.value)?;
+        let mut added: Vec<(&str, &[u8])> = Vec::new();
+        if find(&members, "resultType").is_none() {
+            added.push(("resultType", b"\"complete\""));
         }
-    }
-    if !added.is_empty() {
-        splice.add_members(&members, close, &added);
+        let (info, meta_with_info) = server_info_text();
+        match find(&members, "_meta") {
+            Some(meta) if text[meta.value.start] == b'{' => {
+                let (inner, inner_close) = raw::members(text, meta.value)?;
+                match find(&inner, aip_mcp::modern::META_SERVER_INFO) {
+                    Some(m) => splice.replace(m.value, info.to_vec()),
+                    None => splice.add_members(
+                        &inner,
+                        inner_close,
+                        &[(aip_mcp::modern::META_SERVER_INFO, info)],
+                    ),
+                }
+            }
+            Some(meta) => splice.replace(meta.value, meta_with_info.to_vec()),
+            None => added.push(("_meta", meta_with_info)),
+        }
+        if !added.is_empty() {
+            splice.add_members(&members, close, &added);
+        }
     }
     Some(Bytes::from(splice.apply(text)))
 }
 
-/// A server's response kept as text, under the agent's `id`: None when the
-/// text cannot be read plainly (the caller writes the value instead).
-pub(super) fn text_with_id(text: &[u8], id: &Value) -> Option<Bytes> {
-    let (members, _) = raw::members(text, raw::whole(text))?;
-    let at = members.iter().find(|m| &text[m.key.clone()] == b"id")?;
-    let mut splice = raw::Splice::default();
-    splice.replace(at.value.clone(), serde_json::to_vec(id).ok()?);
-    Some(Bytes::from(splice.apply(text)))
+/// [`server_info`] as JSON text, and a `_meta` holding only it: written
+/// once, as they never change.
+fn server_info_text() -> (&'static [u8], &'static [u8]) {
+    static TEXT: std::sync::OnceLock<(Vec<u8>, Vec<u8>)> = std::sync::OnceLock::new();
+    let (info, meta) = TEXT.get_or_init(|| {
+        let meta = json!({ aip_mcp::modern::META_SERVER_INFO: server_info() });
+        (
+            server_info().to_string().into_bytes(),
+            meta.to_string().into_bytes(),
+        )
+    });
+    (info, meta)
 }
 
 fn method_allowed(evaluator: &Evaluator, method: &str) -> bool {
@@ -333,7 +339,7 @@ mod tests {
     /// The text splices give what the value functions give, and leave the
     /// rest of the server's text byte for byte.
     #[test]
-    fn text_shaping_agrees_with_value_shaping() {
+    fn text_replies_agree_with_value_replies() {
         let info = aip_mcp::modern::META_SERVER_INFO;
         let texts = [
             r#"{"jsonrpc":"2.0","id":"aip-9","result":{"content":[{"type":"text","text":"a\n}"}]}}"#.to_owned(),
@@ -342,48 +348,36 @@ mod tests {
             format!(r#"{{"jsonrpc":"2.0","id":"aip-9","result":{{"_meta":{{"{info}":{{"name":"impostor"}}}}}}}}"#),
             r#"{"jsonrpc":"2.0","id":"aip-9","result":{"_meta":"not an object","x":[{},[]]}}"#.to_owned(),
         ];
+        let read = |bytes: &[u8]| serde_json::from_slice::<Value>(bytes).unwrap();
         for text in &texts {
             let id = json!({"agent": [7]});
-            let passed = text_with_id(text.as_bytes(), &id).unwrap();
-            let mut expected: Value = serde_json::from_str(text).unwrap();
+            let mut expected = read(text.as_bytes());
             expected["id"] = id.clone();
-            assert_eq!(
-                serde_json::from_slice::<Value>(&passed).unwrap(),
-                expected,
-                "{text}"
-            );
-            let shaped = modern_text(&passed, "tools/call").unwrap();
+            let legacy = text_reply(text.as_bytes(), &id, Era::Legacy, "tools/call").unwrap();
+            assert_eq!(read(&legacy), expected, "{text}");
+            let modern = text_reply(text.as_bytes(), &id, Era::Modern, "tools/call").unwrap();
             modern_result(&mut expected, "tools/call");
-            assert_eq!(
-                serde_json::from_slice::<Value>(&shaped).unwrap(),
-                expected,
-                "{text}"
-            );
+            assert_eq!(read(&modern), expected, "{text}");
         }
         // What is not changed is as the server wrote it (here its spacing
         // and its number's spelling).
-        let passed = text_with_id(texts[2].as_bytes(), &json!(3)).unwrap();
-        assert!(
-            std::str::from_utf8(&passed)
-                .unwrap()
-                .contains(r#""n":1.50"#)
-        );
-        assert!(
-            std::str::from_utf8(&passed)
-                .unwrap()
-                .starts_with(r#"{"jsonrpc":"2.0","id":3,"#)
-        );
+        let passed = text_reply(texts[2].as_bytes(), &json!(3), Era::Legacy, "tools/call").unwrap();
+        let passed = std::str::from_utf8(&passed).unwrap();
+        assert!(passed.contains(r#""n":1.50"#));
+        assert!(passed.starts_with(r#"{"jsonrpc":"2.0","id":3,"#));
     }
 
     #[test]
     fn text_not_read_plainly_or_cacheable_is_left_to_the_value() {
+        let id = json!(2);
         let escaped_key = br#"{"jsonrpc":"2.0","id":1,"result":{"\u0078":1}}"#;
-        assert_eq!(modern_text(escaped_key, "tools/call"), None);
-        let listing = br#"{"jsonrpc":"2.0","id":1,"result":{"tools":[]}}"#;
-        assert_eq!(modern_text(listing, "tools/list"), None);
         assert_eq!(
-            text_with_id(br#"{"jsonrpc":"2.0","\u0069d":1,"result":{}}"#, &json!(2)),
+            text_reply(escaped_key, &id, Era::Modern, "tools/call"),
             None
         );
+        let listing = br#"{"jsonrpc":"2.0","id":1,"result":{"tools":[]}}"#;
+        assert_eq!(text_reply(listing, &id, Era::Modern, "tools/list"), None);
+        let escaped_id = br#"{"jsonrpc":"2.0","\u0069d":1,"result":{}}"#;
+        assert_eq!(text_reply(escaped_id, &id, Era::Legacy, "tools/call"), None);
     }
 }
