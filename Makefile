@@ -139,9 +139,12 @@ conformance: check-shared build
 ## bench: the engine benchmarks, the gateway and operator benchmarks, the
 ## node figures (operator/benches/node.rs on the test node: pod start,
 ## policy propagation, the example Job, memory as the kubelet reports it),
-## then the performance table with targets.
+## then the performance table with targets. The gateway benchmark measures
+## mcp-proxy and ToolHive beside the sidecar (scripts/ensure-bench-peers.sh
+## builds them into target/tools once; AIP_BENCH_PEERS=0 leaves them out).
 bench: kubectl helm controlplane images node-deps build
 	$(CARGO) bench --locked -p aip-policy --bench engine
+	scripts/ensure-bench-peers.sh
 	$(CARGO) bench --locked -p aip-sidecar --bench gateway
 	$(CARGO) bench --locked -p aip-sidecar --bench resources
 	PATH="$(CURDIR)/target/bin:$$PATH" $(CARGO) bench --locked -p aip-operator --bench scale

@@ -151,6 +151,7 @@ def http_rows(http, row, era):
         rows.append(("  - the least any hop costs here (TCP relay): added p50, share at 32 clients", "", "",
                      f"{http['relay_added_p50_us']:.0f} us{' (over 60)' if http['relay_added_p50_us'] > 60 else ''}, "
                      f"{relay_share:.2f}{' (under 0.80)' if relay_share < 0.8 else ''}", "", "", ""))
+    rows += floor_target_rows(http, row, era) + peer_rows(http, row, era)
     if "gateway_peak_rss_kib" in http:
         peak = http["gateway_peak_rss_kib"] / 1024
         rows.append(row(f"HTTP hop ({era}), sidecar peak RSS at 32 clients", "-", f"<= {PEAK_RSS_BOUND_MB} MB",
@@ -159,6 +160,58 @@ def http_rows(http, row, era):
     else:
         rows.append(("  - peak RSS under that load: floor", "", "",
                      f"{http['floor_peak_rss_kib'] / 1024:.1f} MB", "", "", ""))
+    return rows
+
+
+# Issue 34's targets against the floor (the sidecar's own stack parsing
+# nothing): CPU per call at 32 clients, and added p50 at one client.
+FLOOR_CPU_RATIO = 1.5
+FLOOR_ADDED_SLACK_US = 30
+
+PEER_NAMES = {"mcp-proxy": "mcp-proxy", "thv-proxy": "ToolHive thv proxy", "thv-vmcp": "ToolHive vMCP + Cedar"}
+
+
+def floor_target_rows(http, row, era):
+    """The sidecar against the floor: issue 34's two targets."""
+    if "gateway_cpu_vs_floor" not in http:
+        return []
+    cpu = http["gateway_cpu_vs_floor"]
+    bound = http["floor_added_p50_us"] + FLOOR_ADDED_SLACK_US
+    added = http["added_p50_us"]
+    return [
+        row(f"HTTP hop ({era}), sidecar CPU per call at 32 clients, over the floor's (paired)", "-",
+            f"<= {FLOOR_CPU_RATIO:.1f}x", f"{cpu:.2f}x", f"{cpu / FLOOR_CPU_RATIO:.2f}x", cpu <= FLOOR_CPU_RATIO),
+        row(f"HTTP hop ({era}), sidecar added p50, over the floor's + {FLOOR_ADDED_SLACK_US} us", "-",
+            f"<= {bound:.0f} us", f"{added:.0f} us", f"{added / bound:.2f}x" if bound > 0 else "-", added <= bound),
+    ]
+
+
+def peer_rows(http, row, era):
+    """The sidecar beside the gateways users would pick instead, each on
+    the same upstream and load; ratios paired within each repetition."""
+    ways, vs = http.get("ways", {}), http.get("sidecar_vs", {})
+    rows = []
+    g = ways.get("gateway")
+    for key, name in PEER_NAMES.items():
+        if key not in ways or g is None:
+            continue
+        p, r = ways[key], vs[key]
+        label = f"{name} {p.get('version') or ''}".strip()
+        ahead = r["added_p50"] <= 1 and r["cpu_per_call"] <= 1 and r["calls_per_s_32"] >= 1
+        rows.append(row(f"HTTP hop ({era}), sidecar vs {label}: added p50, CPU/call, calls/s at 32 (sidecar / peer)",
+                        "-", "ahead on all", f"{r['added_p50']:.2f}, {r['cpu_per_call']:.2f}, {r['calls_per_s_32']:.2f}",
+                        "", ahead))
+        rates = ", ".join(f"{p['calls_per_s'][c] / 1000:.1f}k" for c in sorted(p["calls_per_s"], key=int))
+        rows.append((f"  - {label}: added p50 / p99; calls/s at 1/8/32; CPU/call; peak RSS; start to first call", "", "",
+                     f"{p['added_p50_us']:.0f} / {p['p99_us'] - ways['direct']['p99_us']:.0f} us; {rates}; "
+                     f"{p['cpu_us_per_call']:.0f} us; {p['peak_rss_kib'] / 1024:.1f} MB; {p['startup_ms']:.0f} ms",
+                     "", "", ""))
+    if rows:
+        rows.append((f"  - sidecar: start to first call; floor: added p50, CPU/call", "", "",
+                     f"{g['startup_ms']:.0f} ms; {http['floor_added_p50_us']:.0f} us, {http['floor_cpu_us_per_call']:.0f} us",
+                     "", "", ""))
+    for key, why in http.get("peers_left_out", {}).items():
+        rows.append((f"  - {PEER_NAMES.get(key, key)} left out", "", "", why[:120], "", "", ""))
     return rows
 
 

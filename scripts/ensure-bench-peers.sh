@@ -50,7 +50,20 @@ if ! fresh "$thv" "$script_key"; then
   fi
 fi
 
-for bin in "$proxy" "$thv"; do
-  [ -f "$bin.key" ] && echo "bench peer: $bin"
-done
+# What was built, for the benchmark (sidecar/benches/peers): name -> binary
+# and version; a peer that did not build is not listed.
+{
+  sep=""
+  printf '{'
+  for entry in "mcp-proxy|$proxy|$MCP_PROXY_VERSION" "thv|$thv|$THV_VERSION"; do
+    IFS='|' read -r name bin version <<< "$entry"
+    if [ -f "$bin.key" ]; then
+      printf '%s"%s": {"bin": "%s", "version": "%s"}' "$sep" "$name" "$PWD/$bin" "$version"
+      sep=", "
+      echo "bench peer: $name $version ($bin)" >&2
+    fi
+  done
+  printf '}\n'
+} > "$tools/bench-peers.json.tmp"
+mv "$tools/bench-peers.json.tmp" "$tools/bench-peers.json"
 exit 0

@@ -14,7 +14,11 @@
 //! the sidecar; in both protocol eras: 2025-11-25 (a
 //! session per client) and 2026-07-28 (no session, `_meta` and routing
 //! headers on every request, the upstream probed and spoken to in that era).
-//! Results go to target/bench/sidecar.json for scripts/bench-table.py.
+//! Beside them, the gateways users would pick instead, where built
+//! (`peers`: mcp-proxy and ToolHive, scripts/ensure-bench-peers.sh), on the
+//! same upstream and load. Every HTTP figure is taken `REPS` times with the
+//! ways alternating; the medians and the sidecar's paired ratios go, with
+//! the rest, to target/bench/sidecar.json for scripts/bench-table.py.
 
 #![allow(clippy::unwrap_used)]
 
@@ -35,6 +39,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{Value, json};
 
 mod common;
+mod peers;
 use common::{cpu_seconds, status_kib};
 
 const SEQUENTIAL_CALLS: usize = 3000;
@@ -108,64 +113,137 @@ enum Era {
     Modern,
 }
 
-/// Direct, floor and sidecar in `era`: latency at one client, throughput
-/// at each client count, CPU per call; and the sidecar's memory.
+/// How many times each HTTP figure is taken, the ways through alternating;
+/// the table reports the medians, and ratios between two ways paired
+/// within a repetition (a busy moment of the machine falls on both).
+const REPS: usize = 3;
+
+/// One way from the benchmark's clients to the upstream.
+struct Hop {
+    /// Its figures' key in target/bench/sidecar.json.
+    key: String,
+    url: String,
+    /// The name the upstream's tool has on this way.
+    tool: String,
+    /// The process in the way, whose CPU time and memory are read; none
+    /// when the clients reach the upstream directly.
+    pid: Option<u32>,
+    /// From the process's start to its first answered tools/call.
+    startup_ms: Option<f64>,
+    /// A peer's release.
+    version: Option<String>,
+}
+
+/// What one repetition measured of one way.
+#[derive(Clone, Copy, Default)]
+struct Taken {
+    p50_us: f64,
+    p99_us: f64,
+    /// Calls per second at each of `CLIENT_COUNTS`.
+    calls_per_s: [f64; CLIENT_COUNTS.len()],
+    /// CPU time of the process per call at `CONCURRENT_CLIENTS`.
+    cpu_us_per_call: f64,
+}
+
+/// Direct, relay, floor, sidecar and each peer that speaks `era`: latency
+/// at one client, throughput at each client count, CPU per call, memory,
+/// start-up; `REPS` times, every way in turn within each.
 async fn http_figures(era: Era) -> (Value, Value) {
     let upstream = null_upstream(era).await;
     let direct_url = format!("http://{upstream}/mcp");
+    let started = Instant::now();
     let floor = Floor::start("--floor-proxy", &format!("http://{upstream}"));
     let floor_url = format!("http://{}/mcp", floor.agent);
+    let floor_startup = first_answer(&floor_url, "read", era, started).await.ok();
+    let started = Instant::now();
     let relay = Floor::start("--tcp-relay", &upstream.to_string());
     let relay_url = format!("http://{}/mcp", relay.agent);
-    let gateway = Gateway::start(&direct_url).await;
+    let relay_startup = first_answer(&relay_url, "read", era, started).await.ok();
+    let gateway = Gateway::start(&direct_url, era).await;
     let gateway_url = format!("http://{}/mcp", gateway.agent);
     let idle_rss = gateway.rss_kib();
+    let (peers, left_out) = peers::start_all(upstream, era).await;
 
-    let [direct, relayed, floored, via] = latencies(
-        [
-            (&direct_url, "read"),
-            (&relay_url, "read"),
-            (&floor_url, "read"),
-            (&gateway_url, "up_read"),
-        ],
-        era,
-    )
-    .await;
-    let mut by_clients = serde_json::Map::new();
-    let mut cpu = json!({});
-    for clients in CLIENT_COUNTS {
-        let direct_tput = throughput(&direct_url, "read", clients, era).await;
-        let (relay_tput, relay_cpu) = measured(
-            relay.child.id(),
-            throughput(&relay_url, "read", clients, era),
-        )
-        .await;
-        let (floor_tput, floor_cpu) = measured(
-            floor.child.id(),
-            throughput(&floor_url, "read", clients, era),
-        )
-        .await;
-        let (via_tput, gateway_cpu) = measured(
-            gateway.child.id(),
-            throughput(&gateway_url, "up_read", clients, era),
-        )
-        .await;
-        by_clients.insert(
-            clients.to_string(),
-            json!({"direct_calls_per_s": direct_tput, "relay_calls_per_s": relay_tput,
-                   "floor_calls_per_s": floor_tput, "gateway_calls_per_s": via_tput}),
-        );
-        if clients == CONCURRENT_CLIENTS {
-            let per_call = |seconds: f64, rate: f64| {
-                (seconds * 1e6 / (rate * THROUGHPUT_WINDOW.as_secs_f64()) * 10.0).round() / 10.0
-            };
-            cpu = json!({"relay_cpu_us_per_call": per_call(relay_cpu, relay_tput),
-                         "floor_cpu_us_per_call": per_call(floor_cpu, floor_tput),
-                         "gateway_cpu_us_per_call": per_call(gateway_cpu, via_tput)});
-        }
+    let hop = |key: &str, url: &str, tool: &str, pid, startup_ms| Hop {
+        key: key.to_owned(),
+        url: url.to_owned(),
+        tool: tool.to_owned(),
+        pid,
+        startup_ms,
+        version: None,
+    };
+    let mut hops = vec![
+        hop("direct", &direct_url, "read", None, None),
+        hop(
+            "relay",
+            &relay_url,
+            "read",
+            Some(relay.child.id()),
+            relay_startup,
+        ),
+        hop(
+            "floor",
+            &floor_url,
+            "read",
+            Some(floor.child.id()),
+            floor_startup,
+        ),
+        hop(
+            "gateway",
+            &gateway_url,
+            "up_read",
+            Some(gateway.child.id()),
+            Some(gateway.startup_ms),
+        ),
+    ];
+    for peer in &peers {
+        hops.push(Hop {
+            version: Some(peer.version.clone()),
+            ..hop(
+                &peer.key,
+                &peer.url,
+                &peer.tool,
+                Some(peer.child.id()),
+                Some(peer.startup_ms),
+            )
+        });
     }
-    let peak_rss = gateway.peak_rss_kib();
-    let floor_peak_rss = floor.peak_rss_kib();
+
+    let mut reps: Vec<Vec<Taken>> = Vec::with_capacity(REPS);
+    for _ in 0..REPS {
+        let targets: Vec<(&str, &str)> = hops
+            .iter()
+            .map(|h| (h.url.as_str(), h.tool.as_str()))
+            .collect();
+        let mut taken: Vec<Taken> = latencies(&targets, era)
+            .await
+            .into_iter()
+            .map(|(p50_us, p99_us)| Taken {
+                p50_us,
+                p99_us,
+                ..Taken::default()
+            })
+            .collect();
+        for (c, clients) in CLIENT_COUNTS.into_iter().enumerate() {
+            for (h, hop) in hops.iter().enumerate() {
+                let load = throughput(&hop.url, &hop.tool, clients, era);
+                let (rate, cpu) = match hop.pid {
+                    Some(pid) => measured(pid, load).await,
+                    None => (load.await, 0.0),
+                };
+                taken[h].calls_per_s[c] = rate;
+                if clients == CONCURRENT_CLIENTS {
+                    taken[h].cpu_us_per_call =
+                        round1(cpu * 1e6 / (rate * THROUGHPUT_WINDOW.as_secs_f64()));
+                }
+            }
+        }
+        reps.push(taken);
+    }
+    let peak_rss: Vec<Option<u64>> = hops
+        .iter()
+        .map(|h| h.pid.map(|pid| status_kib(pid, "VmHWM:")))
+        .collect();
     // Resident memory after the load, split: the process's own (anonymous)
     // and file-backed pages (the binary's code and the shared libraries,
     // which the kernel maps around each touched page).
@@ -173,33 +251,166 @@ async fn http_figures(era: Era) -> (Value, Value) {
         gateway.status_kib("RssAnon:"),
         gateway.status_kib("RssFile:"),
     );
+    drop(peers);
     drop(gateway);
     drop(floor);
     drop(relay);
 
-    let at32 = &by_clients[&CONCURRENT_CLIENTS.to_string()];
-    let mut http = json!({
-        "direct_p50_us": direct.0, "direct_p99_us": direct.1,
-        "relay_p50_us": relayed.0, "relay_p99_us": relayed.1,
-        "relay_added_p50_us": relayed.0 - direct.0,
-        "floor_p50_us": floored.0, "floor_p99_us": floored.1,
-        "gateway_p50_us": via.0, "gateway_p99_us": via.1,
-        "added_p50_us": via.0 - direct.0,
-        "floor_added_p50_us": floored.0 - direct.0,
-        "direct_calls_per_s": at32["direct_calls_per_s"],
-        "relay_calls_per_s": at32["relay_calls_per_s"],
-        "floor_calls_per_s": at32["floor_calls_per_s"],
-        "gateway_calls_per_s": at32["gateway_calls_per_s"],
-        "floor_peak_rss_kib": floor_peak_rss,
-        "gateway_peak_rss_kib": peak_rss,
+    // The median over the repetitions of what `f` takes of way `h` (and of
+    // the direct way, the first).
+    let over_reps = |f: &dyn Fn(&[Taken]) -> f64| median(reps.iter().map(|t| f(t)).collect());
+    let at32 = CLIENT_COUNTS
+        .iter()
+        .position(|&c| c == CONCURRENT_CLIENTS)
+        .unwrap();
+    let mut ways = serde_json::Map::new();
+    for (h, hop) in hops.iter().enumerate() {
+        let mut by_clients = serde_json::Map::new();
+        for (c, clients) in CLIENT_COUNTS.into_iter().enumerate() {
+            by_clients.insert(
+                clients.to_string(),
+                json!(over_reps(&|t| t[h].calls_per_s[c])),
+            );
+        }
+        ways.insert(
+            hop.key.clone(),
+            json!({
+                "p50_us": over_reps(&|t| t[h].p50_us),
+                "p99_us": over_reps(&|t| t[h].p99_us),
+                "added_p50_us": over_reps(&|t| t[h].p50_us - t[0].p50_us),
+                "calls_per_s": by_clients,
+                "cpu_us_per_call": hop.pid.map(|_| over_reps(&|t| t[h].cpu_us_per_call)),
+                "peak_rss_kib": peak_rss[h],
+                "startup_ms": hop.startup_ms,
+                "version": hop.version,
+            }),
+        );
+    }
+    // The sidecar against each other way, as ratios paired within each
+    // repetition (sidecar / other: below 1 is the sidecar ahead on added
+    // p50 and CPU, above 1 on calls per second).
+    let g = 3;
+    let mut paired = serde_json::Map::new();
+    for (h, hop) in hops.iter().enumerate().skip(2).filter(|(h, _)| *h != g) {
+        paired.insert(hop.key.clone(), json!({
+            "added_p50": over_reps(&|t| ratio(t[g].p50_us - t[0].p50_us, t[h].p50_us - t[0].p50_us)),
+            "cpu_per_call": over_reps(&|t| ratio(t[g].cpu_us_per_call, t[h].cpu_us_per_call)),
+            "calls_per_s_32": over_reps(&|t| ratio(t[g].calls_per_s[at32], t[h].calls_per_s[at32])),
+        }));
+    }
+    let way = |key: &str, field: &str| ways[key][field].clone();
+    let mut by_clients = serde_json::Map::new();
+    for clients in CLIENT_COUNTS {
+        let rate = |key: &str| ways[key]["calls_per_s"][clients.to_string()].clone();
+        by_clients.insert(
+            clients.to_string(),
+            json!({"direct_calls_per_s": rate("direct"), "relay_calls_per_s": rate("relay"),
+                   "floor_calls_per_s": rate("floor"), "gateway_calls_per_s": rate("gateway")}),
+        );
+    }
+    let rate32 = |key: &str| ways[key]["calls_per_s"][CONCURRENT_CLIENTS.to_string()].clone();
+    let http = json!({
+        "reps": REPS,
+        "direct_p50_us": way("direct", "p50_us"), "direct_p99_us": way("direct", "p99_us"),
+        "relay_p50_us": way("relay", "p50_us"), "relay_p99_us": way("relay", "p99_us"),
+        "relay_added_p50_us": way("relay", "added_p50_us"),
+        "floor_p50_us": way("floor", "p50_us"), "floor_p99_us": way("floor", "p99_us"),
+        "gateway_p50_us": way("gateway", "p50_us"), "gateway_p99_us": way("gateway", "p99_us"),
+        "added_p50_us": way("gateway", "added_p50_us"),
+        "floor_added_p50_us": way("floor", "added_p50_us"),
+        "direct_calls_per_s": rate32("direct"),
+        "relay_calls_per_s": rate32("relay"),
+        "floor_calls_per_s": rate32("floor"),
+        "gateway_calls_per_s": rate32("gateway"),
+        "relay_cpu_us_per_call": way("relay", "cpu_us_per_call"),
+        "floor_cpu_us_per_call": way("floor", "cpu_us_per_call"),
+        "gateway_cpu_us_per_call": way("gateway", "cpu_us_per_call"),
+        "gateway_cpu_vs_floor": over_reps(&|t| ratio(t[g].cpu_us_per_call, t[2].cpu_us_per_call)),
+        "floor_peak_rss_kib": way("floor", "peak_rss_kib"),
+        "gateway_peak_rss_kib": way("gateway", "peak_rss_kib"),
         "by_clients": by_clients,
+        "ways": ways,
+        "sidecar_vs": paired,
+        "peers_left_out": left_out,
     });
-    http.as_object_mut()
-        .unwrap()
-        .extend(cpu.as_object().unwrap().clone());
-    let rss = json!({"idle_kib": idle_rss, "peak_under_load_kib": peak_rss,
+    let rss = json!({"idle_kib": idle_rss, "peak_under_load_kib": way("gateway", "peak_rss_kib"),
                      "after_load_anon_kib": anon, "after_load_file_kib": file});
     (http, rss)
+}
+
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+/// `a / b` to three places; NaN-free (0 when `b` is not positive).
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 {
+        (a / b * 1000.0).round() / 1000.0
+    } else {
+        0.0
+    }
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    let m = if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    };
+    (m * 1000.0).round() / 1000.0
+}
+
+/// Milliseconds from `since` (a process's start) to the first tools/call
+/// through `url` answered with the tool's result. Asked again at once while
+/// the process refuses connections (not listening yet), for at most 30 s
+/// (a start under a profiler is slow); once it answers otherwise, for 3 s
+/// more (a gateway still connecting upstream). The last refusal or answer
+/// when the result never comes.
+async fn first_answer(url: &str, tool: &str, era: Era, since: Instant) -> Result<f64, String> {
+    let mut limit = since + Duration::from_secs(30);
+    let mut answered = false;
+    loop {
+        let attempt = match McpClient::try_connect(url, era).await {
+            Ok(client) => client.try_call(0, tool).await,
+            Err(e) => Err(e),
+        };
+        let last = match attempt {
+            Ok(()) => return Ok(round1(since.elapsed().as_secs_f64() * 1e3)),
+            Err(Failed::Refused(e)) => e,
+            Err(Failed::Answered(e)) => {
+                if !answered {
+                    answered = true;
+                    limit = limit.min(Instant::now() + Duration::from_secs(3));
+                }
+                e
+            }
+        };
+        if Instant::now() >= limit {
+            return Err(last);
+        }
+        // A foreign process says nothing when it is ready: ask again soon.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Why a client's request came to nothing.
+enum Failed {
+    /// No answer: the connection was refused or broke.
+    Refused(String),
+    /// An answer that is not the one asked for: an HTTP error status, or
+    /// a body without the tool's result.
+    Answered(String),
+}
+
+impl std::fmt::Debug for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failed::Refused(e) => write!(f, "refused: {e}"),
+            Failed::Answered(e) => write!(f, "answered: {e}"),
+        }
+    }
 }
 
 /// `--profile N` (scripts/profile-hop.py): N sequential calls through the
@@ -216,7 +427,7 @@ fn profile(calls: u64) {
     runtime.block_on(async move {
         let upstream = null_upstream(Era::Legacy).await;
         let mut floor = Floor::start("--floor-proxy", &format!("http://{upstream}"));
-        let mut gateway = Gateway::start(&format!("http://{upstream}/mcp")).await;
+        let mut gateway = Gateway::start(&format!("http://{upstream}/mcp"), Era::Legacy).await;
         for (url, tool) in [
             (format!("http://{}/mcp", floor.agent), "read"),
             (format!("http://{}/mcp", gateway.agent), "up_read"),
@@ -442,10 +653,6 @@ impl Floor {
         let agent = line.trim().parse().unwrap();
         Floor { child, agent }
     }
-
-    fn peak_rss_kib(&self) -> u64 {
-        status_kib(self.child.id(), "VmHWM:")
-    }
 }
 
 impl Drop for Floor {
@@ -460,13 +667,15 @@ impl Drop for Floor {
 struct Gateway {
     child: Child,
     agent: SocketAddr,
+    /// From its start to its first answered tools/call.
+    startup_ms: f64,
     /// The configuration's directory, under cargo's target/tmp; removed
     /// when this drops, after the process.
     _dir: tempfile::TempDir,
 }
 
 impl Gateway {
-    async fn start(upstream: &str) -> Gateway {
+    async fn start(upstream: &str, era: Era) -> Gateway {
         let tmp = tempfile::Builder::new()
             .prefix("aip-bench-")
             .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
@@ -476,6 +685,7 @@ impl Gateway {
         std::fs::write(&config, format!(
             "apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {{name: bench}}\nspec:\n  allowed_tools: [up_read]\n  dlp:\n    patterns:\n      - {{name: Email, regex: '[a-z]+@[a-z]+\\.[a-z]{{2,}}'}}\n---\napiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {{name: up}}\nspec:\n  url: {upstream}\n  toolPrefix: up_\n"
         )).unwrap();
+        let spawned = Instant::now();
         let mut child = wrapped(&sidecar_binary(), "sidecar")
             .args([
                 "run",
@@ -508,34 +718,17 @@ impl Gateway {
             .unwrap()
             .parse()
             .unwrap();
-        let admin = line
-            .split("http://")
-            .nth(2)
-            .unwrap()
-            .split(' ')
-            .next()
-            .unwrap()
-            .to_owned();
         // From here on the guard reaps the child on every path, panics included.
-        let gateway = Gateway {
+        let mut gateway = Gateway {
             child,
             agent,
+            startup_ms: 0.0,
             _dir: tmp,
         };
-        let client: Client<HttpConnector, Full<Bytes>> =
-            Client::builder(TokioExecutor::new()).build_http();
-        // Long enough for a start under a profiler.
-        for _ in 0..1200 {
-            let uri: hyper::Uri = format!("http://{admin}/connections").parse().unwrap();
-            if let Ok(r) = client.get(uri).await {
-                let body = r.into_body().collect().await.unwrap().to_bytes();
-                if String::from_utf8_lossy(&body).contains("\"Healthy\"") {
-                    return gateway;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        panic!("the gateway never reported its connection healthy");
+        gateway.startup_ms = first_answer(&format!("http://{agent}/mcp"), "up_read", era, spawned)
+            .await
+            .unwrap_or_else(|last| panic!("the gateway never answered a call: {last}"));
+        gateway
     }
 
     fn status_kib(&self, field: &str) -> u64 {
@@ -544,10 +737,6 @@ impl Gateway {
 
     fn rss_kib(&self) -> u64 {
         self.status_kib("VmRSS:")
-    }
-
-    fn peak_rss_kib(&self) -> u64 {
-        self.status_kib("VmHWM:")
     }
 }
 
@@ -569,10 +758,18 @@ struct McpClient {
 
 impl McpClient {
     async fn connect(url: &str, era: Era) -> McpClient {
+        McpClient::try_connect(url, era).await.unwrap()
+    }
+
+    /// A client of `url`, with its session open in the legacy era; the
+    /// refusal or answer that stopped it otherwise.
+    async fn try_connect(url: &str, era: Era) -> Result<McpClient, Failed> {
         let client = Client::builder(TokioExecutor::new())
             .pool_max_idle_per_host(64)
             .build_http();
-        let uri: hyper::Uri = url.parse().unwrap();
+        let uri: hyper::Uri = url
+            .parse()
+            .map_err(|e| Failed::Refused(format!("{url}: {e}")))?;
         let mut c = McpClient {
             client,
             uri,
@@ -580,17 +777,19 @@ impl McpClient {
             era,
         };
         if era == Era::Modern {
-            return c; // no session to open
+            return Ok(c); // no session to open
         }
-        let (_, session) = c.post(&json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
-            "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}}})).await;
+        let (_, session) = c.try_post(&json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}}})).await?;
         c.session = session.unwrap_or_default();
-        c.post(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
-            .await;
-        c
+        c.try_post(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await?;
+        Ok(c)
     }
 
-    async fn post(&self, message: &Value) -> (Bytes, Option<String>) {
+    /// The body and session header of the answer to `message`, which must
+    /// have a 2xx status; the refusal or the status and body otherwise.
+    async fn try_post(&self, message: &Value) -> Result<(Bytes, Option<String>), Failed> {
         let mut request = Request::post(self.uri.clone())
             .header("content-type", "application/json")
             .header("accept", "application/json, text/event-stream");
@@ -615,19 +814,37 @@ impl McpClient {
                     .unwrap(),
             )
             .await
-            .unwrap();
+            .map_err(|e| Failed::Refused(format!("{}: {e:?}", self.uri)))?;
+        let status = response.status();
         let session = response
             .headers()
             .get("mcp-session-id")
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        (
-            response.into_body().collect().await.unwrap().to_bytes(),
-            session,
-        )
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| Failed::Refused(format!("{}: {e}", self.uri)))?
+            .to_bytes();
+        if !status.is_success() {
+            return Err(Failed::Answered(format!(
+                "{}: {status}: {}",
+                self.uri,
+                String::from_utf8_lossy(&body)
+            )));
+        }
+        Ok((body, session))
     }
 
     async fn call(&self, id: u64, tool: &str) {
+        self.try_call(id, tool).await.unwrap()
+    }
+
+    /// Calls `tool`; Ok when the answer is the upstream's result (its
+    /// text, `ok`, in it: a gateway may reshape the rest), the answer
+    /// otherwise.
+    async fn try_call(&self, id: u64, tool: &str) -> Result<(), Failed> {
         let mut call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
             "params": {"name": tool, "arguments": {"path": "/workspace/readme.md"}}});
         if self.era == Era::Modern {
@@ -636,12 +853,15 @@ impl McpClient {
                 (aip_mcp::modern::META_CAPABILITIES): {},
             });
         }
-        let (body, _) = self.post(&call).await;
-        assert!(
-            body.windows(8).any(|w| w == b"\"result\""),
-            "{}",
-            String::from_utf8_lossy(&body)
-        );
+        let (body, _) = self.try_post(&call).await?;
+        let has = |needle: &[u8]| body.windows(needle.len()).any(|w| w == needle);
+        if has(b"\"result\"") && has(b"\"ok\"") {
+            Ok(())
+        } else {
+            Err(Failed::Answered(
+                String::from_utf8_lossy(&body).into_owned(),
+            ))
+        }
     }
 }
 
@@ -649,17 +869,18 @@ impl McpClient {
 /// one client each on one keep-alive connection. The calls alternate in
 /// batches, so a busy moment of this machine falls on every target alike
 /// instead of on whichever ran then.
-async fn latencies<const N: usize>(targets: [(&str, &str); N], era: Era) -> [(f64, f64); N] {
+async fn latencies(targets: &[(&str, &str)], era: Era) -> Vec<(f64, f64)> {
     const BATCH: usize = 100;
-    let mut clients = Vec::with_capacity(N);
-    for (url, tool) in targets {
+    let n = targets.len();
+    let mut clients = Vec::with_capacity(n);
+    for &(url, tool) in targets {
         let client = McpClient::connect(url, era).await;
         for i in 0..200 {
             client.call(i, tool).await; // warm up
         }
         clients.push((client, tool));
     }
-    let mut samples = vec![Vec::with_capacity(SEQUENTIAL_CALLS); N];
+    let mut samples = vec![Vec::with_capacity(SEQUENTIAL_CALLS); n];
     for batch in 0..SEQUENTIAL_CALLS / BATCH {
         for ((client, tool), samples) in clients.iter().zip(&mut samples) {
             for i in 0..BATCH {
@@ -669,7 +890,7 @@ async fn latencies<const N: usize>(targets: [(&str, &str); N], era: Era) -> [(f6
             }
         }
     }
-    std::array::from_fn(|i| percentiles(std::mem::take(&mut samples[i])))
+    samples.into_iter().map(percentiles).collect()
 }
 
 fn percentiles(mut samples: Vec<f64>) -> (f64, f64) {
