@@ -30,7 +30,7 @@ use crate::connection::{Connection, Endpoint};
 use crate::failure::{Failure, insufficient_scope};
 use crate::jsonrpc::{self, Limits};
 use crate::modern::{self, ParamHeader};
-use crate::protocol::{ACCEPTED_VERSIONS, Exchange, PROTOCOL_VERSION, Related};
+use crate::protocol::{ACCEPTED_VERSIONS, Exchange, Outgoing, PROTOCOL_VERSION, Related};
 use crate::sse;
 
 /// How long a best-effort cancellation of an abandoned request may take.
@@ -174,14 +174,16 @@ impl HttpUpstream {
     /// is sent at most once, whatever happens.
     pub async fn request(
         &self,
-        message: &Value,
+        message: impl Into<Outgoing<'_>>,
         related: Option<&Related>,
     ) -> Result<Exchange, Failure> {
+        let outgoing = message.into();
+        let message = outgoing.message;
         let mut used: Option<Session> = None;
         let outcome = tokio::time::timeout(self.connection.timeout, async {
             let session = self.session().await?;
             used = Some(session.clone());
-            self.exchange(&session, message, related).await
+            self.exchange(&session, outgoing, related).await
         })
         .await
         .unwrap_or(Err(Failure::Timeout));
@@ -531,14 +533,15 @@ impl HttpUpstream {
     pub(super) async fn exchange(
         &self,
         session: &Session,
-        message: &Value,
+        message: impl Into<Outgoing<'_>>,
         related: Option<&Related>,
     ) -> Result<Exchange, Failure> {
-        let id = message.get("id").cloned().unwrap_or(Value::Null);
+        let outgoing = message.into();
+        let id = outgoing.message.get("id").cloned().unwrap_or(Value::Null);
         let response = self
             .post(
                 Some(session).filter(|s| s.generation != 0 || s.modern),
-                message,
+                outgoing,
             )
             .await?;
         let status = response.status();
@@ -704,8 +707,9 @@ impl HttpUpstream {
     pub(super) async fn post(
         &self,
         session: Option<&Session>,
-        message: &Value,
+        message: impl Into<Outgoing<'_>>,
     ) -> Result<Response<Incoming>, Failure> {
+        let Outgoing { message, text } = message.into();
         let mut request = Request::builder()
             .method(Method::POST)
             .uri(self.uri.clone())
@@ -713,18 +717,31 @@ impl HttpUpstream {
             .header("accept", "application/json, text/event-stream");
         let body = match session {
             Some(s) if s.modern => {
-                let (modern, headers) = self.modern_request(message);
+                let (meta, headers) = self.modern_meta(message);
                 for (name, value) in headers {
                     request = request.header(name, value);
                 }
-                serde_json::to_vec(&modern)
+                match text.and_then(|text| modern::meta_spliced(text, &meta)) {
+                    Some(spliced) => {
+                        debug_assert_says(&spliced, &modern::with_meta(message, meta));
+                        spliced
+                    }
+                    None => {
+                        serde_json::to_vec(&modern::with_meta(message, meta)).unwrap_or_default()
+                    }
+                }
             }
             Some(_) if modern::claims_modern(message) => {
-                serde_json::to_vec(&without_modern_meta(message))
+                serde_json::to_vec(&without_modern_meta(message)).unwrap_or_default()
             }
-            _ => serde_json::to_vec(message),
-        }
-        .unwrap_or_default();
+            _ => match text {
+                Some(text) => {
+                    debug_assert_says(text, message);
+                    text.to_vec()
+                }
+                None => serde_json::to_vec(message).unwrap_or_default(),
+            },
+        };
         if let Some(s) = session {
             if let Some(id) = &s.id {
                 request = request.header("mcp-session-id", id);
@@ -741,13 +758,12 @@ impl HttpUpstream {
             .map_err(|e| Failure::Network(network_text(&e)))
     }
 
-    /// A request as a modern server expects it: `_meta` with the version,
+    /// What a modern server expects in a request's `_meta`: the version,
     /// the gateway as the client, and the client capabilities the request
     /// declared that the connection offers (for a legacy agent's, those the
-    /// connection offers);
-    /// with the headers mirroring its method, name and annotated arguments.
-    fn modern_request(&self, message: &Value) -> (Value, Vec<(String, String)>) {
-        let mut request = message.clone();
+    /// connection offers); with the headers mirroring its method, name and
+    /// annotated arguments.
+    fn modern_meta(&self, message: &Value) -> (modern::Meta, Vec<(String, String)>) {
         let offered = crate::protocol::client_capabilities(&self.connection);
         // A legacy agent's request: the gateway answers the server's input
         // requests itself by asking the agent in its era, so it offers what
@@ -768,20 +784,14 @@ impl HttpUpstream {
         if self.offers_tasks(message) {
             capabilities.insert("extensions".into(), json!({(modern::TASKS_EXTENSION): {}}));
         }
-        if let Value::Object(envelope) = &mut request
-            && !envelope.get("params").is_some_and(Value::is_object)
-        {
-            envelope.insert("params".into(), json!({}));
-        }
-        let params = &mut request["params"];
-        if !params.get("_meta").is_some_and(Value::is_object) {
-            params["_meta"] = json!({});
-        }
-        let meta = &mut params["_meta"];
-        meta[modern::META_VERSION] = json!(modern::VERSION);
-        meta[modern::META_CAPABILITIES] = Value::Object(capabilities);
-        meta[modern::META_CLIENT_INFO] =
-            json!({"name": "aip-sidecar", "version": env!("CARGO_PKG_VERSION")});
+        let meta = vec![
+            (modern::META_VERSION, json!(modern::VERSION)),
+            (modern::META_CAPABILITIES, Value::Object(capabilities)),
+            (
+                modern::META_CLIENT_INFO,
+                json!({"name": "aip-sidecar", "version": env!("CARGO_PKG_VERSION")}),
+            ),
+        ];
         let method = message
             .get("method")
             .and_then(Value::as_str)
@@ -803,7 +813,7 @@ impl HttpUpstream {
                 }
             }
         }
-        (request, headers)
+        (meta, headers)
     }
 
     /// Adds the connection's own credential headers (marked sensitive).
@@ -1001,6 +1011,18 @@ fn check_response(message: Value) -> Result<Value, Failure> {
 
 /// A modern agent's request as a legacy server gets it: without the keys of
 /// `_meta` the modern revision reserves for itself.
+/// In a debug build (every test), that `text`, which goes instead of
+/// `message` written out, says exactly what it says.
+fn debug_assert_says(text: &[u8], message: &Value) {
+    if cfg!(debug_assertions) {
+        let said: Value = serde_json::from_slice(text).expect("a spliced request is JSON");
+        assert_eq!(
+            &said, message,
+            "a spliced request says what its message says"
+        );
+    }
+}
+
 fn without_modern_meta(message: &Value) -> Value {
     let mut request = message.clone();
     if let Some(Value::Object(meta)) = request.get_mut("params").and_then(|p| p.get_mut("_meta")) {

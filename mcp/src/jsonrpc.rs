@@ -126,6 +126,11 @@ pub enum Kind {
 pub struct Message {
     pub value: Value,
     pub kind: Kind,
+    /// The text `value` was parsed from ([`parse_bytes`]), kept while
+    /// `value` still says exactly what it says, so that what forwards the
+    /// message can splice it instead of writing it again: whoever changes
+    /// `value` sets this to None.
+    pub source: Option<bytes::Bytes>,
 }
 
 impl Message {
@@ -182,7 +187,18 @@ pub fn parse(bytes: &[u8], limits: Limits) -> Result<Message, Refused> {
         id: value.get("id").filter(|id| is_valid_id(id)).cloned(),
         refusal,
     })?;
-    Ok(Message { value, kind })
+    Ok(Message {
+        value,
+        kind,
+        source: None,
+    })
+}
+
+/// [`parse`], keeping the text as the message's `source`.
+pub fn parse_bytes(bytes: bytes::Bytes, limits: Limits) -> Result<Message, Refused> {
+    let mut message = parse(&bytes, limits)?;
+    message.source = Some(bytes);
+    Ok(message)
 }
 
 /// Parses any JSON value strictly (the same rules, without the JSON-RPC

@@ -512,8 +512,90 @@ pub fn check_param_headers(
     Ok(())
 }
 
+/// Members of a request's `params._meta`, by key.
+pub type Meta = Vec<(&'static str, Value)>;
+
+/// `message` with `meta`'s members set in its `params._meta` (both made
+/// objects where they are not).
+pub fn with_meta(message: &Value, meta: Meta) -> Value {
+    let mut request = message.clone();
+    if let Value::Object(envelope) = &mut request
+        && !envelope.get("params").is_some_and(Value::is_object)
+    {
+        envelope.insert("params".into(), json!({}));
+    }
+    let params = &mut request["params"];
+    if !params.get("_meta").is_some_and(Value::is_object) {
+        params["_meta"] = json!({});
+    }
+    for (key, value) in meta {
+        params["_meta"][key] = value;
+    }
+    request
+}
+
+/// What [`with_meta`] makes of the message whose text is `text` (accepted
+/// by the strict parser), made by splicing the text: each of `meta`'s
+/// members replaced or added in its `params._meta`, the rest as it came.
+/// None when the text has no `params._meta` object or a key there is not
+/// read plainly (the message is then written out instead).
+pub fn meta_spliced(text: &[u8], meta: &Meta) -> Option<Vec<u8>> {
+    use crate::raw;
+    let params = raw::member(text, raw::whole(text), "params")?;
+    let at = raw::member(text, params, "_meta")?;
+    let (members, close) = raw::members(text, at)?;
+    let mut splice = raw::Splice::default();
+    let mut added: Vec<(&str, Vec<u8>)> = Vec::new();
+    for (key, value) in meta {
+        let written = serde_json::to_vec(value).ok()?;
+        match members
+            .iter()
+            .find(|m| &text[m.key.clone()] == key.as_bytes())
+        {
+            Some(m) => splice.replace(m.value.clone(), written),
+            None => added.push((key, written)),
+        }
+    }
+    if !added.is_empty() {
+        let added: Vec<(&str, &[u8])> = added.iter().map(|(k, v)| (*k, v.as_slice())).collect();
+        splice.add_members(&members, close, &added);
+    }
+    Some(splice.apply(text))
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn meta_spliced_says_what_with_meta_says() {
+        let meta = || {
+            vec![
+                (META_VERSION, json!(VERSION)),
+                (META_CAPABILITIES, json!({"x": {}})),
+                (META_CLIENT_INFO, json!({"name": "g", "version": "1"})),
+            ]
+        };
+        let source = format!(
+            r#"{{"id":1, "params":{{"arguments":{{"b":"caf\u00e9"}}, "_meta":{{"{META_VERSION}":"{VERSION}", "{META_CAPABILITIES}":{{"y":1}}, "k":[1.0]}}}}, "method":"tools/call","jsonrpc":"2.0"}}"#
+        );
+        let spliced = meta_spliced(source.as_bytes(), &meta()).unwrap();
+        let text = String::from_utf8(spliced.clone()).unwrap();
+        assert!(
+            text.contains(r#""b":"caf\u00e9""#) && text.contains(r#""k":[1.0]"#),
+            "{text}"
+        );
+        let original: Value = serde_json::from_str(&source).unwrap();
+        let said: Value = serde_json::from_slice(&spliced).unwrap();
+        assert_eq!(said, with_meta(&original, meta()));
+        // Nothing to splice into: the message is written out instead.
+        for source in [
+            r#"{"id":1,"method":"tools/call"}"#,
+            r#"{"id":1,"params":{"name":"a"}}"#,
+        ] {
+            assert_eq!(meta_spliced(source.as_bytes(), &meta()), None, "{source}");
+        }
+    }
+
     use super::*;
     use hyper::header::{HeaderName, HeaderValue};
 

@@ -183,6 +183,27 @@ pub fn drop_undefined_params(message: &mut Value) -> Vec<String> {
 /// refreshed at once rather than at the next interval.
 pub const TOOLS_LIST_CHANGED: &str = "notifications/tools/list_changed";
 
+/// A request to send: the message, and where its sender has one, a text
+/// that says exactly what the message says (the agent's own bytes with a
+/// few members spliced, `raw`), sent as it is rather than the message
+/// written out again. The message stays the authority: a transport that
+/// must change the request (its era's `_meta`) splices the text the same
+/// way or writes the message.
+#[derive(Clone, Copy)]
+pub struct Outgoing<'a> {
+    pub message: &'a Value,
+    pub text: Option<&'a [u8]>,
+}
+
+impl<'a> From<&'a Value> for Outgoing<'a> {
+    fn from(message: &'a Value) -> Self {
+        Outgoing {
+            message,
+            text: None,
+        }
+    }
+}
+
 /// Where the server messages related to one request go.
 pub type Related = mpsc::UnboundedSender<Value>;
 

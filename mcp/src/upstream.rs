@@ -7,7 +7,7 @@ use serde_json::Value;
 use crate::connection::{Connection, Endpoint};
 use crate::failure::Failure;
 use crate::http::HttpUpstream;
-use crate::protocol::{Exchange, Related};
+use crate::protocol::{Exchange, Outgoing, Related};
 use crate::stdio::StdioUpstream;
 
 /// One connection's client, whichever transport its server speaks.
@@ -44,13 +44,16 @@ impl Upstream {
     /// client while working on it) go to `related`, in arrival order.
     pub async fn request_related(
         &self,
-        message: &Value,
+        message: impl Into<Outgoing<'_>>,
         related: Option<&Related>,
     ) -> Result<Exchange, Failure> {
+        let outgoing = message.into();
+        let message = outgoing.message;
         // Boxed: the HTTP transport's future is several kilobytes, and a
         // caller's state would carry (and move) it on every message.
         let exchange = match self {
-            Upstream::Http(u) => Box::pin(u.request(message, related)).await,
+            Upstream::Http(u) => Box::pin(u.request(outgoing, related)).await,
+            // A stdio server gets the message written as one line.
             Upstream::Stdio(u) => Box::pin(u.request(message, related)).await,
         }?;
         if message.get("method").and_then(Value::as_str) == Some("tools/call") {

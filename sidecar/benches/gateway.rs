@@ -424,15 +424,20 @@ fn profile(calls: u64) {
         .enable_all()
         .build()
         .unwrap();
+    // The legacy era, or the modern with AIP_BENCH_PROFILE_ERA=modern.
+    let era = match std::env::var("AIP_BENCH_PROFILE_ERA").as_deref() {
+        Ok("modern") => Era::Modern,
+        _ => Era::Legacy,
+    };
     runtime.block_on(async move {
-        let upstream = null_upstream(Era::Legacy).await;
+        let upstream = null_upstream(era).await;
         let mut floor = Floor::start("--floor-proxy", &format!("http://{upstream}"));
-        let mut gateway = Gateway::start(&format!("http://{upstream}/mcp"), Era::Legacy).await;
+        let mut gateway = Gateway::start(&format!("http://{upstream}/mcp"), era).await;
         for (url, tool) in [
             (format!("http://{}/mcp", floor.agent), "read"),
             (format!("http://{}/mcp", gateway.agent), "up_read"),
         ] {
-            let client = McpClient::connect(&url, Era::Legacy).await;
+            let client = McpClient::connect(&url, era).await;
             for i in 0..calls {
                 client.call(i, tool).await;
             }

@@ -861,6 +861,64 @@ async fn only_what_mcp_defines_reaches_the_server() {
     shutdown.cancel();
 }
 
+/// A call nothing must change in reaches the server as the agent wrote it
+/// (spacing, key order, escapes, number spellings), with only its id and
+/// the tool's name the gateway's; a call the gateway must change more (an
+/// undefined params key dropped) is written anew without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_nothing_changes_in_reaches_the_server_as_the_agent_wrote_it() {
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let (url, received) = common::recording_server(
+        |m| match m["method"].as_str() {
+            Some("tools/call") => (200, json!({"content": [{"type": "text", "text": "ok"}]})),
+            _ => common::echo_handshake(m).unwrap_or((200, json!({}))),
+        },
+        shutdown.clone(),
+    )
+    .await;
+    let s = Stack::start(Setup {
+        url: Some(url),
+        policy: "  allowed_tools: [up_echo]\n",
+        ..Setup::default()
+    })
+    .await;
+    let session = s.session().await;
+    let sent = |body: &str| {
+        let received = received.lock().unwrap();
+        let call = received
+            .iter()
+            .rev()
+            .find(|b| b.contains("tools/call"))
+            .cloned();
+        let call = call.unwrap_or_else(|| panic!("no call reached the server for {body}"));
+        let id = serde_json::from_str::<Value>(&call).unwrap()["id"].clone();
+        (call, id)
+    };
+
+    let body = "{ \"params\" : {\"arguments\": {\"b\": \"caf\\u00e9 \\/\", \"a\": 1.50e1},\n \"name\": \"up_echo\"},\n  \"method\":\"tools/call\", \"id\": 9, \"jsonrpc\": \"2.0\" }";
+    let r = s.post(&[("mcp-session-id", &session)], body).await;
+    assert_eq!(r.json()["result"]["content"][0]["text"], "ok", "{r:?}");
+    let (call, id) = sent(body);
+    assert!(
+        id.is_string() && id != json!(9),
+        "the gateway's own id: {call}"
+    );
+    let expected = body
+        .replace("\"up_echo\"", "\"echo\"")
+        .replace("\"id\": 9", &format!("\"id\": {id}"));
+    assert_eq!(call, expected, "the agent's bytes, id and name spliced");
+
+    // `args` is not a params key of tools/call: dropped, so the text is
+    // written from what the gateway decided on.
+    let body = r#"{"jsonrpc":"2.0","id":10,"method":"tools/call","params":{"name":"up_echo","arguments":{"b":"caf\u00e9"},"args":{"x":1}}}"#;
+    let r = s.post(&[("mcp-session-id", &session)], body).await;
+    assert_eq!(r.json()["result"]["content"][0]["text"], "ok", "{r:?}");
+    let (call, _) = sent(body);
+    assert!(!call.contains("args"), "{call}");
+    assert!(call.contains("\"café\""), "written anew: {call}");
+    shutdown.cancel();
+}
+
 /// A server's result that nothing must change in reaches the agent as the
 /// server wrote it (its spacing, key order, number spellings) under the
 /// agent's id; one with a finding is redacted and written anew; a client

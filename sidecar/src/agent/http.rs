@@ -189,7 +189,7 @@ async fn post(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
         transport: Transport::Http(headers),
         events: None,
     };
-    let answer = state.gateway.handle(Input::Bytes(&body), caller).await;
+    let answer = state.gateway.handle(Input::Bytes(body), caller).await;
     respond(answer, sse)
 }
 
@@ -382,7 +382,7 @@ async fn answer_live(
     let mut handling: Handling = Box::pin(async move {
         // The request's memory is held as long as its handling.
         let _reserved = reserved;
-        gateway.handle(Input::Bytes(&body), caller).await
+        gateway.handle(Input::Bytes(body), caller).await
     });
     let mut live = Live {
         queued: VecDeque::new(),

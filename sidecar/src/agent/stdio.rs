@@ -82,9 +82,9 @@ where
         let (gateway, to_agent) = (gateway.clone(), to_agent.clone());
         let initialized = initialized.clone();
         handling.spawn(async move {
-            let input = match &line {
-                Line::Complete(bytes) => Input::Bytes(bytes),
-                Line::TooLong { bytes } => Input::TooLong { size: *bytes },
+            let input = match line {
+                Line::Complete(bytes) => Input::Bytes(bytes.into()),
+                Line::TooLong { bytes } => Input::TooLong { size: bytes },
             };
             let caller = Caller {
                 transport: Transport::Stdio,

@@ -7,6 +7,7 @@
 //! rules the compiler asks for. Which era a message speaks is the agent
 //! edge's decision (`edge.rs`), made once.
 
+use bytes::Bytes;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -97,9 +98,9 @@ pub enum Transport {
 }
 
 /// The bytes of one message, or the size of one too long to be held.
-#[derive(Debug, Clone, Copy)]
-pub enum Input<'a> {
-    Bytes(&'a [u8]),
+#[derive(Debug, Clone)]
+pub enum Input {
+    Bytes(Bytes),
     TooLong { size: usize },
 }
 

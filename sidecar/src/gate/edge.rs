@@ -160,7 +160,7 @@ impl Edge {
     /// answered as its era and transport have it.
     pub(super) async fn serve<F, Fut>(
         &self,
-        input: Input<'_>,
+        input: Input,
         caller: Caller,
         sources: Sources<'_>,
         pipeline: F,
@@ -233,7 +233,7 @@ impl Edge {
     /// call needs on its way.
     fn admit(
         &self,
-        input: Input<'_>,
+        input: Input,
         transport: &Transport,
         sources: &Sources<'_>,
     ) -> Result<Admitted, Answer> {
@@ -251,7 +251,7 @@ impl Edge {
         // 2026-07-28 one whatever its body says, refused as one.
         let modern_header = version.is_some_and(|v| !AGENT_VERSIONS.contains(&v));
         let parsed = match input {
-            Input::Bytes(bytes) => jsonrpc::parse(bytes, self.limits),
+            Input::Bytes(bytes) => jsonrpc::parse_bytes(bytes, self.limits),
             Input::TooLong { size } => Err(Refused {
                 refusal: Refusal::TooLarge {
                     size,

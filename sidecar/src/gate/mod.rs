@@ -298,7 +298,7 @@ impl Gateway {
 
     /// The one entry: a message from the agent (its bytes, and what its
     /// transport knows of it) and what the transport sends back.
-    pub async fn handle(self: &Arc<Self>, input: Input<'_>, caller: Caller) -> Answer {
+    pub async fn handle(self: &Arc<Self>, input: Input, caller: Caller) -> Answer {
         let sources = edge::Sources {
             routes: &self.routes,
             connections: &self.connections,
@@ -394,6 +394,7 @@ impl Gateway {
         // `arguments`): what is decided and forwarded is without it.
         let undefined = aip_mcp::protocol::drop_undefined_params(&mut message.value);
         if !undefined.is_empty() {
+            message.source = None; // no longer what the value says
             let method = message.method().unwrap_or_default();
             tracing::debug!(method, keys = ?undefined, "params keys the method does not define were dropped");
         }
@@ -625,11 +626,17 @@ impl Gateway {
             && route.connection.upstream.offers_tasks(&message.value))
         .then(|| tasks::owner_of(&message));
         // The agent's message as it was checked, under a gateway id and the
-        // tool's upstream name (nothing of the envelope beyond JSON-RPC's).
+        // tool's upstream name (nothing of the envelope beyond JSON-RPC's);
+        // as text, the agent's own with those two spliced, where it can be.
+        let upstream_id = self.ids.fresh();
+        let text = message
+            .source
+            .as_deref()
+            .and_then(|source| relay::call_text(source, &upstream_id, &route.upstream_name));
         let mut upstream_call = message.value;
         if let Value::Object(envelope) = &mut upstream_call {
             envelope.retain(|k, _| matches!(k.as_str(), "jsonrpc" | "method" | "params"));
-            envelope.insert("id".into(), Value::String(self.ids.fresh()));
+            envelope.insert("id".into(), Value::String(upstream_id));
         }
         if let Some(Value::Object(params)) = upstream_call.get_mut("params") {
             params.insert("name".into(), Value::String(route.upstream_name.clone()));
@@ -637,7 +644,7 @@ impl Gateway {
         let started = Instant::now();
         // Boxed where it is made, as every upstream exchange is: it is the
         // largest future of a call, and is then moved as a pointer.
-        let sent = Box::pin(self.send(&route.connection, upstream_call, call));
+        let sent = Box::pin(self.send(&route.connection, upstream_call, text, call));
         let admitted = route.connection.admit(Some(&route.upstream_name), sent);
         let outcome = match admitted.await {
             Ok(outcome) => outcome,
@@ -706,13 +713,15 @@ impl Gateway {
         &self,
         connection: &Arc<ConnectionState>,
         request: Value,
+        text: Option<Vec<u8>>,
         call: &Call,
     ) -> Option<Result<Exchange, Failure>> {
         if Bridge::needed(call.era, connection, &request) {
+            // Rewritten for the other era: the agent's text says nothing of it.
             let bridged = self.bridge.exchange(&self.relay, connection, request, call);
             return Box::pin(bridged).await;
         }
-        self.relay.forward(connection, request, call).await
+        self.relay.forward(connection, request, text, call).await
     }
 
     /// `resources/read` (and a legacy `resources/subscribe` the gateway
@@ -746,6 +755,7 @@ impl Gateway {
         // extension for it, so its result is the task's.
         let mut message = message.clone();
         tasks::without_tasks(&mut message.value);
+        message.source = None;
         let verdict = verdict.clone();
         // The id is the task's only credential: it stays out of session
         // names and logs. The task's cancellation is the call's.
@@ -815,7 +825,7 @@ impl Gateway {
             Err(refused) => return refused,
         };
         let connection = task.1.connection.clone();
-        let sent = Box::pin(self.send(&connection, request, call));
+        let sent = Box::pin(self.send(&connection, request, None, call));
         let outcome = connection.admit(None, sent).await;
         let outcome = outcome.unwrap_or_else(|refusal| Some(Err(refusal)));
         server.answer(message, task, &call.evaluator, outcome)
@@ -844,7 +854,7 @@ impl Gateway {
         let id = message.id().cloned().unwrap_or(Value::Null);
         let name = connection.connection().name.clone();
         request["id"] = json!(self.ids.fresh());
-        let sent = Box::pin(self.send(connection, request, call));
+        let sent = Box::pin(self.send(connection, request, None, call));
         let outcome = connection.admit(None, sent).await;
         let outcome = outcome.unwrap_or_else(|refusal| Some(Err(refusal)));
         let evaluator = &*call.evaluator;

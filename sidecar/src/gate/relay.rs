@@ -12,6 +12,7 @@ use std::time::SystemTime;
 
 use aip_mcp::jsonrpc::Message;
 use aip_mcp::modern::META_CAPABILITIES;
+use aip_mcp::protocol::Outgoing;
 use aip_mcp::{Exchange, Failure};
 use aip_policy::{Direction, DlpRecord, Evaluator, codes};
 use aip_service::sync::lock;
@@ -207,10 +208,12 @@ impl Relay {
         &self,
         connection: &Arc<ConnectionState>,
         request: Value,
+        text: Option<Vec<u8>>,
         caller: &Call,
     ) -> Option<Result<Exchange, Failure>> {
         let no_room = || true;
-        match self.call(connection, request, caller, &no_room).await {
+        let sending = Sending { request, text };
+        match self.call(connection, sending, caller, &no_room).await {
             Outcome::Done(done) => done,
             Outcome::Asked { .. } => Some(Err(Failure::Malformed(
                 "a server question only the era bridge can carry".into(),
@@ -224,18 +227,19 @@ impl Relay {
     pub(super) async fn call(
         &self,
         connection: &Arc<ConnectionState>,
-        request: Value,
+        sending: impl Into<Sending>,
         caller: &Call,
         parking_full: ParkingFull<'_>,
     ) -> Outcome {
         use tracing::Instrument;
+        let sending = sending.into();
         let span = tracing::info_span!(target: aip_service::TRACE_TARGET, "mcp.upstream",
             otel.kind = "client",
-            rpc.method = request["method"].as_str().unwrap_or_default(),
+            rpc.method = sending.request["method"].as_str().unwrap_or_default(),
             aip.connection = connection.connection().name.as_str(),
             aip.outcome = tracing::field::Empty);
         let outcome = self
-            .relay_call(connection, request, caller, parking_full)
+            .relay_call(connection, sending, caller, parking_full)
             .instrument(span.clone())
             .await;
         let described = match &outcome {
@@ -250,19 +254,26 @@ impl Relay {
     async fn relay_call(
         &self,
         connection: &Arc<ConnectionState>,
-        mut request: Value,
+        sending: Sending,
         caller: &Call,
         parking_full: ParkingFull<'_>,
     ) -> Outcome {
+        let Sending {
+            mut request,
+            mut text,
+        } = sending;
         let agent_token = aip_mcp::protocol::progress_token(&request).cloned();
         let logs = caller.era.logs_unasked()
             || aip_mcp::modern::meta(&request)
                 .is_some_and(|m| m.contains_key(aip_mcp::modern::META_LOG_LEVEL));
         let upstream_token = agent_token.as_ref().map(|_| json!(self.ids.fresh()));
-        pass_trace_on(&mut request);
+        if pass_trace_on(&mut request) {
+            text = None; // the text says nothing of the trace
+        }
         let meta = request.get_mut("params").and_then(|p| p.get_mut("_meta"));
         if let (Some(token), Some(meta)) = (&upstream_token, meta) {
             meta["progressToken"] = token.clone();
+            text = None; // nor of the gateway's progress token
         }
         let answerable = Answerable::of(caller, connection, &request);
         let mut call = CallRelay {
@@ -282,9 +293,13 @@ impl Relay {
             return self.pump_detached(call, detached, heard, request).await;
         }
         let pumped = {
+            let outgoing = Outgoing {
+                message: &request,
+                text: text.as_deref(),
+            };
             let upstream = connection
                 .upstream
-                .request_related(&request, Some(&related));
+                .request_related(outgoing, Some(&related));
             tokio::pin!(upstream);
             call.pump(&mut upstream, &mut heard).await
         };
@@ -647,18 +662,111 @@ impl CallRelay<'_> {
 /// (the span this runs in): `_meta.traceparent` (and `tracestate`) name it,
 /// in the agent's trace when the agent gave one. Without an OTLP endpoint
 /// there is no exported span, and whatever the agent sent goes on as it came.
-fn pass_trace_on(request: &mut Value) {
+/// Whether it changed `request`.
+fn pass_trace_on(request: &mut Value) -> bool {
     let fields = aip_service::trace_context_of(&tracing::Span::current());
     if fields.is_empty() {
-        return;
+        return false;
     }
     let Some(Value::Object(params)) = request.get_mut("params") else {
-        return;
+        return false;
     };
     let meta = params.entry("_meta").or_insert_with(|| json!({}));
     if let Value::Object(meta) = meta {
         for (name, value) in fields {
             meta.insert(name, Value::String(value));
+        }
+    }
+    true
+}
+
+/// A request for the relay to send: the message, and the agent's text
+/// spliced to say the same ([`call_text`]), where there is one.
+pub(super) struct Sending {
+    pub(super) request: Value,
+    pub(super) text: Option<Vec<u8>>,
+}
+
+impl From<Value> for Sending {
+    fn from(request: Value) -> Self {
+        Sending {
+            request,
+            text: None,
+        }
+    }
+}
+
+/// The text of a `tools/call` to forward: the agent's `source` (accepted
+/// by the strict parser) with its top-level `id` the gateway's `id` and
+/// its `params.name` the tool's `upstream_name`, the rest byte for byte.
+/// None where that text would not say what the forwarded message says: an
+/// envelope member beyond JSON-RPC's (the message drops it), no `params`
+/// object or `name` in it, or a key not read plainly.
+pub(super) fn call_text(source: &[u8], id: &str, upstream_name: &str) -> Option<Vec<u8>> {
+    use aip_mcp::raw;
+    let (envelope, _) = raw::members(source, raw::whole(source))?;
+    let mut splice = raw::Splice::default();
+    let (mut renamed, mut identified) = (false, false);
+    for member in &envelope {
+        match &source[member.key.clone()] {
+            b"jsonrpc" | b"method" => {}
+            b"id" => {
+                splice.replace(member.value.clone(), serde_json::to_vec(id).ok()?);
+                identified = true;
+            }
+            b"params" => {
+                let name = raw::member(source, member.value.clone(), "name")?;
+                splice.replace(name, serde_json::to_vec(upstream_name).ok()?);
+                renamed = true;
+            }
+            _ => return None,
+        }
+    }
+    (renamed && identified).then(|| splice.apply(source))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::call_text;
+    use serde_json::{Value, json};
+
+    fn says(text: &[u8]) -> Value {
+        serde_json::from_slice(text).unwrap()
+    }
+
+    #[test]
+    fn a_call_text_is_the_agents_with_the_id_and_name_spliced() {
+        let source = br#" {"jsonrpc":"2.0", "params":{"arguments":{"z":1,"a":"\u00e9"}, "name":"up_echo"}, "id":7, "method":"tools/call"} "#;
+        let text = call_text(source, "aip-3", "echo").unwrap();
+        assert_eq!(
+            String::from_utf8(text.clone()).unwrap(),
+            r#" {"jsonrpc":"2.0", "params":{"arguments":{"z":1,"a":"\u00e9"}, "name":"echo"}, "id":"aip-3", "method":"tools/call"} "#
+        );
+        let mut expected = says(source);
+        expected["id"] = json!("aip-3");
+        expected["params"]["name"] = json!("echo");
+        assert_eq!(says(&text), expected);
+    }
+
+    #[test]
+    fn no_call_text_where_splicing_would_not_say_what_is_forwarded() {
+        let cases: [&[u8]; 5] = [
+            // an envelope member the forwarded message drops
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a"},"x":1}"#,
+            // a key written with an escape
+            br#"{"jsonrpc":"2.0","\u0069d":1,"method":"tools/call","params":{"name":"a"}}"#,
+            // no name to replace, no params, no id
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{}}"#,
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call"}"#,
+            br#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"a"}}"#,
+        ];
+        for source in cases {
+            assert_eq!(
+                call_text(source, "aip-1", "b"),
+                None,
+                "{}",
+                String::from_utf8_lossy(source)
+            );
         }
     }
 }

@@ -490,7 +490,17 @@ pub async fn scripted_server(
     answer: impl Fn(&Value) -> (u16, Value) + Send + Sync + 'static,
     shutdown: CancellationToken,
 ) -> String {
+    recording_server(answer, shutdown).await.0
+}
+
+/// [`scripted_server`], and the bodies it received, each as it came.
+pub async fn recording_server(
+    answer: impl Fn(&Value) -> (u16, Value) + Send + Sync + 'static,
+    shutdown: CancellationToken,
+) -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
     use http_body_util::{BodyExt, Full};
+    let received = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = received.clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/mcp", listener.local_addr().unwrap());
     let answer = Arc::new(answer);
@@ -500,13 +510,16 @@ pub async fn scripted_server(
                 a = listener.accept() => a.unwrap(),
                 () = shutdown.cancelled() => return,
             };
-            let answer = answer.clone();
+            let (answer, log) = (answer.clone(), log.clone());
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(
                     move |req: hyper::Request<hyper::body::Incoming>| {
-                        let answer = answer.clone();
+                        let (answer, log) = (answer.clone(), log.clone());
                         async move {
                             let body = req.into_body().collect().await.unwrap().to_bytes();
+                            log.lock()
+                                .unwrap()
+                                .push(String::from_utf8_lossy(&body).into_owned());
                             let message: Value =
                                 serde_json::from_slice(&body).unwrap_or(Value::Null);
                             let (status, result) = match message.get("id") {
@@ -552,5 +565,5 @@ pub async fn scripted_server(
             });
         }
     });
-    url
+    (url, received)
 }
