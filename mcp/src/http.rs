@@ -709,7 +709,11 @@ impl HttpUpstream {
         session: Option<&Session>,
         message: impl Into<Outgoing<'_>>,
     ) -> Result<Response<Incoming>, Failure> {
-        let Outgoing { message, text } = message.into();
+        let Outgoing {
+            message,
+            text,
+            meta_at,
+        } = message.into();
         let mut request = Request::builder()
             .method(Method::POST)
             .uri(self.uri.clone())
@@ -721,9 +725,9 @@ impl HttpUpstream {
                 for (name, value) in headers {
                     request = request.header(name, value);
                 }
-                match text.and_then(|text| modern::meta_spliced(text, &meta)) {
+                match text.and_then(|text| modern::meta_spliced(text, meta_at, &meta)) {
                     Some(spliced) => {
-                        debug_assert_says(&spliced, &modern::with_meta(message, meta));
+                        debug_assert_says(&spliced, || modern::with_meta(message, meta));
                         spliced
                     }
                     None => {
@@ -736,7 +740,7 @@ impl HttpUpstream {
             }
             _ => match text {
                 Some(text) => {
-                    debug_assert_says(text, message);
+                    debug_assert_says(text, || message.clone());
                     text.to_vec()
                 }
                 None => serde_json::to_vec(message).unwrap_or_default(),
@@ -1013,11 +1017,12 @@ fn check_response(message: Value) -> Result<Value, Failure> {
 /// `_meta` the modern revision reserves for itself.
 /// In a debug build (every test), that `text`, which goes instead of
 /// `message` written out, says exactly what it says.
-fn debug_assert_says(text: &[u8], message: &Value) {
+fn debug_assert_says(text: &[u8], message: impl FnOnce() -> Value) {
     if cfg!(debug_assertions) {
         let said: Value = serde_json::from_slice(text).expect("a spliced request is JSON");
         assert_eq!(
-            &said, message,
+            said,
+            message(),
             "a spliced request says what its message says"
         );
     }

@@ -537,12 +537,22 @@ pub fn with_meta(message: &Value, meta: Meta) -> Value {
 /// What [`with_meta`] makes of the message whose text is `text` (accepted
 /// by the strict parser), made by splicing the text: each of `meta`'s
 /// members replaced or added in its `params._meta`, the rest as it came.
-/// None when the text has no `params._meta` object or a key there is not
-/// read plainly (the message is then written out instead).
-pub fn meta_spliced(text: &[u8], meta: &Meta) -> Option<Vec<u8>> {
+/// `meta_at` is where that object lies, when known. None when the text has
+/// no `params._meta` object or a key there is not read plainly (the
+/// message is then written out instead).
+pub fn meta_spliced(
+    text: &[u8],
+    meta_at: Option<std::ops::Range<usize>>,
+    meta: &Meta,
+) -> Option<Vec<u8>> {
     use crate::raw;
-    let params = raw::member(text, raw::whole(text), "params")?;
-    let at = raw::member(text, params, "_meta")?;
+    let at = match meta_at {
+        Some(at) => at,
+        None => {
+            let params = raw::member(text, raw::whole(text), "params")?;
+            raw::member(text, params, "_meta")?
+        }
+    };
     let (members, close) = raw::members(text, at)?;
     let mut splice = raw::Splice::default();
     let mut added: Vec<(&str, Vec<u8>)> = Vec::new();
@@ -578,7 +588,12 @@ mod tests {
         let source = format!(
             r#"{{"id":1, "params":{{"arguments":{{"b":"caf\u00e9"}}, "_meta":{{"{META_VERSION}":"{VERSION}", "{META_CAPABILITIES}":{{"y":1}}, "k":[1.0]}}}}, "method":"tools/call","jsonrpc":"2.0"}}"#
         );
-        let spliced = meta_spliced(source.as_bytes(), &meta()).unwrap();
+        let spliced = meta_spliced(source.as_bytes(), None, &meta()).unwrap();
+        let at = source.find("{\"io.").unwrap()..source.find("]}").unwrap() + 2;
+        assert_eq!(
+            meta_spliced(source.as_bytes(), Some(at), &meta()),
+            Some(spliced.clone())
+        );
         let text = String::from_utf8(spliced.clone()).unwrap();
         assert!(
             text.contains(r#""b":"caf\u00e9""#) && text.contains(r#""k":[1.0]"#),
@@ -592,7 +607,11 @@ mod tests {
             r#"{"id":1,"method":"tools/call"}"#,
             r#"{"id":1,"params":{"name":"a"}}"#,
         ] {
-            assert_eq!(meta_spliced(source.as_bytes(), &meta()), None, "{source}");
+            assert_eq!(
+                meta_spliced(source.as_bytes(), None, &meta()),
+                None,
+                "{source}"
+            );
         }
     }
 

@@ -189,10 +189,13 @@ pub const TOOLS_LIST_CHANGED: &str = "notifications/tools/list_changed";
 /// written out again. The message stays the authority: a transport that
 /// must change the request (its era's `_meta`) splices the text the same
 /// way or writes the message.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub struct Outgoing<'a> {
     pub message: &'a Value,
     pub text: Option<&'a [u8]>,
+    /// Where in `text` the `params._meta` object lies, when its sender
+    /// found it while splicing (so that it is not looked for again).
+    pub meta_at: Option<std::ops::Range<usize>>,
 }
 
 impl<'a> From<&'a Value> for Outgoing<'a> {
@@ -200,6 +203,7 @@ impl<'a> From<&'a Value> for Outgoing<'a> {
         Outgoing {
             message,
             text: None,
+            meta_at: None,
         }
     }
 }

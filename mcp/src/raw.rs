@@ -23,15 +23,44 @@ pub struct Member {
 /// included), in order, and the position of its closing brace. None when
 /// it is not an object, or a key holds an escape.
 pub fn members(text: &[u8], object: Range<usize>) -> Option<(Vec<Member>, usize)> {
+    let mut out = Vec::new();
+    let close = each_member(text, object, |m| {
+        out.push(m);
+        false
+    })?;
+    Some((out, close))
+}
+
+/// The value of the member `key` of the object `text[object]`: read up to
+/// that member only, without collecting the others.
+pub fn member(text: &[u8], object: Range<usize>, key: &str) -> Option<Range<usize>> {
+    let mut found = None;
+    each_member(text, object, |m| {
+        let hit = &text[m.key.clone()] == key.as_bytes();
+        if hit {
+            found = Some(m.value);
+        }
+        hit
+    })?;
+    found
+}
+
+/// Hands each member of the object `text[object]` to `stop` in order until
+/// it answers true; then the position reached, else that of the closing
+/// brace. None when it is not an object, or a key holds an escape.
+fn each_member(
+    text: &[u8],
+    object: Range<usize>,
+    mut stop: impl FnMut(Member) -> bool,
+) -> Option<usize> {
     let end = object.end;
     let mut i = skip_space(text, object.start, end);
     if text.get(i) != Some(&b'{') {
         return None;
     }
     i = skip_space(text, i + 1, end);
-    let mut out = Vec::new();
     if text.get(i) == Some(&b'}') {
-        return Some((out, i));
+        return Some(i);
     }
     loop {
         if text.get(i) != Some(&b'"') {
@@ -48,26 +77,19 @@ pub fn members(text: &[u8], object: Range<usize>) -> Option<(Vec<Member>, usize)
         }
         let start = skip_space(text, i + 1, end);
         let value_end = value_end(text, start, end)?;
-        out.push(Member {
+        if stop(Member {
             key,
             value: start..value_end,
-        });
+        }) {
+            return Some(value_end);
+        }
         i = skip_space(text, value_end, end);
         match text.get(i) {
             Some(b',') => i = skip_space(text, i + 1, end),
-            Some(b'}') => return Some((out, i)),
+            Some(b'}') => return Some(i),
             _ => return None,
         }
     }
-}
-
-/// The value of the member `key` of the object `text[object]`.
-pub fn member(text: &[u8], object: Range<usize>, key: &str) -> Option<Range<usize>> {
-    let (members, _) = members(text, object)?;
-    members
-        .into_iter()
-        .find(|m| &text[m.key.clone()] == key.as_bytes())
-        .map(|m| m.value)
 }
 
 /// The whole of a text, without the white space around it.
@@ -108,6 +130,18 @@ impl Splice {
             with.extend_from_slice(value);
         }
         self.edits.push((close..close, with));
+    }
+
+    /// Where `range` of the text (which no edit touches; an insertion at
+    /// its start goes before it) lies once every edit is made.
+    pub fn moved(&self, range: Range<usize>) -> Range<usize> {
+        let mut at = range.start;
+        for (edit, with) in &self.edits {
+            if edit.end <= range.start {
+                at = at + with.len() - edit.len();
+            }
+        }
+        at..at + range.len()
     }
 
     /// The text with every edit made. Edits must not overlap; several

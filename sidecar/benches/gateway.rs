@@ -852,6 +852,9 @@ impl McpClient {
     async fn try_call(&self, id: u64, tool: &str) -> Result<(), Failed> {
         let mut call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
             "params": {"name": tool, "arguments": {"path": "/workspace/readme.md"}}});
+        if !padding().is_empty() {
+            call["params"]["arguments"]["text"] = json!(padding());
+        }
         if self.era == Era::Modern {
             call["params"]["_meta"] = json!({
                 (aip_mcp::modern::META_VERSION): aip_mcp::modern::VERSION,
@@ -868,6 +871,23 @@ impl McpClient {
             ))
         }
     }
+}
+
+/// Text of `AIP_BENCH_ARG_BYTES` bytes each call carries as an argument
+/// (none unless set): to see how a cost grows with the message.
+fn padding() -> &'static str {
+    static PADDING: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PADDING.get_or_init(|| {
+        let n: usize = std::env::var("AIP_BENCH_ARG_BYTES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        "the quick brown fox jumps over the lazy dog; "
+            .repeat(n / 45 + 1)
+            .chars()
+            .take(n)
+            .collect()
+    })
 }
 
 /// (p50, p99) in microseconds of sequential calls to each `(url, tool)`,

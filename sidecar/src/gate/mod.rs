@@ -713,7 +713,7 @@ impl Gateway {
         &self,
         connection: &Arc<ConnectionState>,
         request: Value,
-        text: Option<Vec<u8>>,
+        text: Option<relay::CallText>,
         call: &Call,
     ) -> Option<Result<Exchange, Failure>> {
         if Bridge::needed(call.era, connection, &request) {

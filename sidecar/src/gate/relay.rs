@@ -7,6 +7,7 @@
 //! an agent's reply reaches only the server that asked, once.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -208,7 +209,7 @@ impl Relay {
         &self,
         connection: &Arc<ConnectionState>,
         request: Value,
-        text: Option<Vec<u8>>,
+        text: Option<CallText>,
         caller: &Call,
     ) -> Option<Result<Exchange, Failure>> {
         let no_room = || true;
@@ -295,7 +296,8 @@ impl Relay {
         let pumped = {
             let outgoing = Outgoing {
                 message: &request,
-                text: text.as_deref(),
+                text: text.as_ref().map(|t| t.text.as_slice()),
+                meta_at: text.as_ref().and_then(|t| t.meta_at.clone()),
             };
             let upstream = connection
                 .upstream
@@ -684,7 +686,7 @@ fn pass_trace_on(request: &mut Value) -> bool {
 /// spliced to say the same ([`call_text`]), where there is one.
 pub(super) struct Sending {
     pub(super) request: Value,
-    pub(super) text: Option<Vec<u8>>,
+    pub(super) text: Option<CallText>,
 }
 
 impl From<Value> for Sending {
@@ -696,17 +698,25 @@ impl From<Value> for Sending {
     }
 }
 
+/// The text a call goes upstream as, and where its `params._meta` object
+/// lies in it (for a transport that must splice that too).
+#[derive(Debug, PartialEq)]
+pub(super) struct CallText {
+    pub(super) text: Vec<u8>,
+    pub(super) meta_at: Option<Range<usize>>,
+}
+
 /// The text of a `tools/call` to forward: the agent's `source` (accepted
 /// by the strict parser) with its top-level `id` the gateway's `id` and
 /// its `params.name` the tool's `upstream_name`, the rest byte for byte.
 /// None where that text would not say what the forwarded message says: an
 /// envelope member beyond JSON-RPC's (the message drops it), no `params`
-/// object or `name` in it, or a key not read plainly.
-pub(super) fn call_text(source: &[u8], id: &str, upstream_name: &str) -> Option<Vec<u8>> {
+/// object, `name` or `id`, or a key not read plainly.
+pub(super) fn call_text(source: &[u8], id: &str, upstream_name: &str) -> Option<CallText> {
     use aip_mcp::raw;
     let (envelope, _) = raw::members(source, raw::whole(source))?;
     let mut splice = raw::Splice::default();
-    let (mut renamed, mut identified) = (false, false);
+    let (mut renamed, mut identified, mut meta) = (false, false, None);
     for member in &envelope {
         match &source[member.key.clone()] {
             b"jsonrpc" | b"method" => {}
@@ -715,14 +725,30 @@ pub(super) fn call_text(source: &[u8], id: &str, upstream_name: &str) -> Option<
                 identified = true;
             }
             b"params" => {
-                let name = raw::member(source, member.value.clone(), "name")?;
-                splice.replace(name, serde_json::to_vec(upstream_name).ok()?);
-                renamed = true;
+                let (params, _) = raw::members(source, member.value.clone())?;
+                for param in params {
+                    match &source[param.key.clone()] {
+                        b"name" => {
+                            let name = serde_json::to_vec(upstream_name).ok()?;
+                            splice.replace(param.value, name);
+                            renamed = true;
+                        }
+                        b"_meta" => meta = Some(param.value),
+                        _ => {}
+                    }
+                }
             }
             _ => return None,
         }
     }
-    (renamed && identified).then(|| splice.apply(source))
+    if !(renamed && identified) {
+        return None;
+    }
+    let meta_at = meta.map(|at| splice.moved(at));
+    Some(CallText {
+        text: splice.apply(source),
+        meta_at,
+    })
 }
 
 #[cfg(test)]
@@ -737,7 +763,7 @@ mod tests {
     #[test]
     fn a_call_text_is_the_agents_with_the_id_and_name_spliced() {
         let source = br#" {"jsonrpc":"2.0", "params":{"arguments":{"z":1,"a":"\u00e9"}, "name":"up_echo"}, "id":7, "method":"tools/call"} "#;
-        let text = call_text(source, "aip-3", "echo").unwrap();
+        let text = call_text(source, "aip-3", "echo").unwrap().text;
         assert_eq!(
             String::from_utf8(text.clone()).unwrap(),
             r#" {"jsonrpc":"2.0", "params":{"arguments":{"z":1,"a":"\u00e9"}, "name":"echo"}, "id":"aip-3", "method":"tools/call"} "#
@@ -746,6 +772,17 @@ mod tests {
         expected["id"] = json!("aip-3");
         expected["params"]["name"] = json!("echo");
         assert_eq!(says(&text), expected);
+    }
+
+    #[test]
+    fn a_call_text_says_where_its_meta_lies() {
+        let source = br#"{"id":"a-long-agent-id","jsonrpc":"2.0","method":"tools/call","params":{"_meta":{"k":1},"name":"up_echo"}}"#;
+        let spliced = call_text(source, "aip-3", "echo").unwrap();
+        let at = spliced.meta_at.clone().unwrap();
+        assert_eq!(&spliced.text[at], br#"{"k":1}"#);
+        let source = br#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"up_echo","_meta":{"k":[]}},"id":7}"#;
+        let spliced = call_text(source, "aip-3", "echo").unwrap();
+        assert_eq!(&spliced.text[spliced.meta_at.unwrap()], br#"{"k":[]}"#);
     }
 
     #[test]
