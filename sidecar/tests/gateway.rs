@@ -798,26 +798,15 @@ async fn a_server_echoing_the_connections_credentials_never_reaches_the_agent() 
 /// the request it looks like to the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_what_mcp_defines_reaches_the_server() {
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
-    let kept = seen.clone();
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let url = common::scripted_server(
-        move |m| {
-            kept.lock().unwrap().push(m.clone());
-            match m["method"].as_str() {
-                Some("tools/call") => (200, json!({"content": [{"type": "text", "text": "ok"}]})),
-                _ => common::echo_handshake(m).unwrap_or((200, json!({}))),
-            }
-        },
-        shutdown.clone(),
-    )
-    .await;
-    let s = Stack::start(Setup {
-        url: Some(url),
-        policy: "  allowed_tools: [up_echo]\n",
-        ..Setup::default()
-    })
-    .await;
+    let (s, received, shutdown) = echo_stack().await;
+    let seen = || -> Vec<Value> {
+        let received = received.lock().unwrap();
+        // A body that is not JSON (a GET's, none) is no message.
+        received
+            .iter()
+            .filter_map(|b| serde_json::from_str(b).ok())
+            .collect()
+    };
     let session = s.session().await;
     let call = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
         "name": "up_echo", "arguments": {"path": "/tmp/x"}, "_meta": {"progressToken": "p"},
@@ -826,12 +815,9 @@ async fn only_what_mcp_defines_reaches_the_server() {
         .post(&[("mcp-session-id", &session)], &call.to_string())
         .await;
     assert_eq!(r.json()["result"]["content"][0]["text"], "ok", "{r:?}");
-    let forwarded = seen
-        .lock()
-        .unwrap()
-        .iter()
+    let forwarded = seen()
+        .into_iter()
         .find(|m| m["method"] == "tools/call")
-        .cloned()
         .unwrap();
     let mut keys: Vec<&String> = forwarded["params"].as_object().unwrap().keys().collect();
     keys.sort();
@@ -847,26 +833,29 @@ async fn only_what_mcp_defines_reaches_the_server() {
         assert_eq!(r.json()["error"]["code"], -32600, "{r:?}");
         assert_eq!(r.json()["id"], note["id"], "{r:?}");
     }
-    let notes = seen
-        .lock()
-        .unwrap()
+    // (The gateway's own notifications/initialized, of its handshake with
+    // the server, is not one of them.)
+    let notes = seen()
         .iter()
         .filter(|m| {
             m["method"]
                 .as_str()
                 .is_some_and(|m| m.starts_with("notifications/"))
+                && (m.get("id").is_some() || m["method"] == "notifications/cancelled")
         })
         .count();
     assert_eq!(notes, 0, "nothing of either reached the server");
     shutdown.cancel();
 }
 
-/// A call nothing must change in reaches the server as the agent wrote it
-/// (spacing, key order, escapes, number spellings), with only its id and
-/// the tool's name the gateway's; a call the gateway must change more (an
-/// undefined params key dropped) is written anew without it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_call_nothing_changes_in_reaches_the_server_as_the_agent_wrote_it() {
+/// The gateway allowing `up_echo` of a server that answers every call
+/// with `ok`, the bodies the server received (each as it came), and what
+/// stops the server.
+async fn echo_stack() -> (
+    Stack,
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    tokio_util::sync::CancellationToken,
+) {
     let shutdown = tokio_util::sync::CancellationToken::new();
     let (url, received) = common::recording_server(
         |m| match m["method"].as_str() {
@@ -882,6 +871,16 @@ async fn a_call_nothing_changes_in_reaches_the_server_as_the_agent_wrote_it() {
         ..Setup::default()
     })
     .await;
+    (s, received, shutdown)
+}
+
+/// A call nothing must change in reaches the server as the agent wrote it
+/// (spacing, key order, escapes, number spellings), with only its id and
+/// the tool's name the gateway's; a call the gateway must change more (an
+/// undefined params key dropped) is written anew without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_nothing_changes_in_reaches_the_server_as_the_agent_wrote_it() {
+    let (s, received, shutdown) = echo_stack().await;
     let session = s.session().await;
     let sent = |body: &str| {
         let received = received.lock().unwrap();
