@@ -41,7 +41,7 @@ pub struct AuditRecord {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub args: Option<Value>,
+    pub args: Option<RecordedArgs>,
     /// When the arguments were too large to record: their size (compact
     /// JSON, after DLP) ...
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -56,6 +56,31 @@ pub struct AuditRecord {
     pub failed_rule: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+}
+
+/// Arguments as a record holds them: compact JSON after DLP, written once
+/// (its size decides whether they are recorded) and put in the line as
+/// written.
+#[derive(Debug, Clone, Serialize)]
+#[serde(transparent)]
+pub struct RecordedArgs(Box<serde_json::value::RawValue>);
+
+impl RecordedArgs {
+    /// The arguments as JSON text.
+    pub fn text(&self) -> &str {
+        self.0.get()
+    }
+
+    /// The arguments as a value.
+    pub fn value(&self) -> Value {
+        serde_json::from_str(self.0.get()).unwrap_or(Value::Null)
+    }
+}
+
+impl PartialEq for RecordedArgs {
+    fn eq(&self, other: &Self) -> bool {
+        self.text() == other.text()
+    }
 }
 
 /// One DLP rule that fired on one message.
@@ -96,12 +121,16 @@ impl AuditRecord {
         let (args, args_bytes, args_sha256) = match arguments.map(|a| (a, redacted(evaluator, a))) {
             None => (None, None, None),
             Some((full, args)) => {
-                let bytes = compact_len(&args);
-                if bytes <= MAX_AUDIT_ARGS_BYTES {
-                    (Some(args), None, None)
-                } else {
-                    let hash = crate::hash::arguments_hash(full);
-                    (None, Some(bytes), Some(hash))
+                let text = serde_json::to_string(&args).unwrap_or_default();
+                let bytes = text.len();
+                match serde_json::value::RawValue::from_string(text) {
+                    Ok(raw) if bytes <= MAX_AUDIT_ARGS_BYTES => {
+                        (Some(RecordedArgs(raw)), None, None)
+                    }
+                    _ => {
+                        let hash = crate::hash::arguments_hash(full);
+                        (None, Some(bytes), Some(hash))
+                    }
                 }
             }
         };
@@ -148,22 +177,6 @@ fn request_is_call(request: &Request<'_>) -> bool {
 }
 
 /// The length of a value's compact JSON, counted without building it.
-fn compact_len(value: &Value) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len();
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut count = Count(0);
-    let _ = serde_json::to_writer(&mut count, value);
-    count.0
-}
-
 fn redacted(evaluator: &Evaluator, args: &Value) -> Value {
     let mut copy = args.clone();
     if let Some(r) = evaluator.redactor() {
