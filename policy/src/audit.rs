@@ -121,10 +121,12 @@ impl AuditRecord {
         let (args, args_bytes, args_sha256) = match arguments.map(|a| (a, redacted(evaluator, a))) {
             None => (None, None, None),
             Some((full, args)) => {
-                let text = serde_json::to_string(&args).unwrap_or_default();
-                let bytes = text.len();
-                match serde_json::value::RawValue::from_string(text) {
-                    Ok(raw) if bytes <= MAX_AUDIT_ARGS_BYTES => {
+                // Written once, not parsed again (serde_json checks only
+                // a text it did not write).
+                let written = serde_json::value::to_raw_value(&args).ok();
+                let bytes = written.as_ref().map_or(0, |raw| raw.get().len());
+                match written {
+                    Some(raw) if bytes <= MAX_AUDIT_ARGS_BYTES => {
                         (Some(RecordedArgs(raw)), None, None)
                     }
                     _ => {
