@@ -25,6 +25,11 @@ impl Upstream {
         })
     }
 
+    /// Whether requests go as HTTP bodies (so a caller's text is used).
+    pub fn is_http(&self) -> bool {
+        matches!(self, Upstream::Http(_))
+    }
+
     pub fn connection(&self) -> &Connection {
         match self {
             Upstream::Http(u) => u.connection(),

@@ -627,12 +627,9 @@ impl Gateway {
         .then(|| tasks::owner_of(&message));
         // The agent's message as it was checked, under a gateway id and the
         // tool's upstream name (nothing of the envelope beyond JSON-RPC's);
-        // as text, the agent's own with those two spliced, where it can be.
+        // the agent's text goes along for the relay to splice those two into.
         let upstream_id = self.ids.fresh();
-        let text = message
-            .source
-            .as_deref()
-            .and_then(|source| relay::call_text(source, &upstream_id, &route.upstream_name));
+        let source = message.source;
         let mut upstream_call = message.value;
         if let Value::Object(envelope) = &mut upstream_call {
             envelope.retain(|k, _| matches!(k.as_str(), "jsonrpc" | "method" | "params"));
@@ -644,7 +641,7 @@ impl Gateway {
         let started = Instant::now();
         // Boxed where it is made, as every upstream exchange is: it is the
         // largest future of a call, and is then moved as a pointer.
-        let sent = Box::pin(self.send(&route.connection, upstream_call, text, call));
+        let sent = Box::pin(self.send(&route.connection, upstream_call, source, call));
         let admitted = route.connection.admit(Some(&route.upstream_name), sent);
         let outcome = match admitted.await {
             Ok(outcome) => outcome,
@@ -713,7 +710,7 @@ impl Gateway {
         &self,
         connection: &Arc<ConnectionState>,
         request: Value,
-        text: Option<relay::CallText>,
+        source: Option<bytes::Bytes>,
         call: &Call,
     ) -> Option<Result<Exchange, Failure>> {
         if Bridge::needed(call.era, connection, &request) {
@@ -721,7 +718,7 @@ impl Gateway {
             let bridged = self.bridge.exchange(&self.relay, connection, request, call);
             return Box::pin(bridged).await;
         }
-        self.relay.forward(connection, request, text, call).await
+        self.relay.forward(connection, request, source, call).await
     }
 
     /// `resources/read` (and a legacy `resources/subscribe` the gateway

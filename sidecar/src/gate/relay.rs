@@ -17,6 +17,7 @@ use aip_mcp::protocol::Outgoing;
 use aip_mcp::{Exchange, Failure};
 use aip_policy::{Direction, DlpRecord, Evaluator, codes};
 use aip_service::sync::lock;
+use bytes::Bytes;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
@@ -209,11 +210,11 @@ impl Relay {
         &self,
         connection: &Arc<ConnectionState>,
         request: Value,
-        text: Option<CallText>,
+        source: Option<Bytes>,
         caller: &Call,
     ) -> Option<Result<Exchange, Failure>> {
         let no_room = || true;
-        let sending = Sending { request, text };
+        let sending = Sending { request, source };
         match self.call(connection, sending, caller, &no_room).await {
             Outcome::Done(done) => done,
             Outcome::Asked { .. } => Some(Err(Failure::Malformed(
@@ -261,7 +262,7 @@ impl Relay {
     ) -> Outcome {
         let Sending {
             mut request,
-            mut text,
+            mut source,
         } = sending;
         let agent_token = aip_mcp::protocol::progress_token(&request).cloned();
         let logs = caller.era.logs_unasked()
@@ -269,12 +270,12 @@ impl Relay {
                 .is_some_and(|m| m.contains_key(aip_mcp::modern::META_LOG_LEVEL));
         let upstream_token = agent_token.as_ref().map(|_| json!(self.ids.fresh()));
         if pass_trace_on(&mut request) {
-            text = None; // the text says nothing of the trace
+            source = None; // the agent's text says nothing of the trace
         }
         let meta = request.get_mut("params").and_then(|p| p.get_mut("_meta"));
         if let (Some(token), Some(meta)) = (&upstream_token, meta) {
             meta["progressToken"] = token.clone();
-            text = None; // nor of the gateway's progress token
+            source = None; // nor of the gateway's progress token
         }
         let answerable = Answerable::of(caller, connection, &request);
         let mut call = CallRelay {
@@ -294,6 +295,11 @@ impl Relay {
             return self.pump_detached(call, detached, heard, request).await;
         }
         let pumped = {
+            // Spliced only here, where it is sent as text: a stdio server
+            // gets the message written as a line.
+            let text = source
+                .filter(|_| connection.upstream.is_http())
+                .and_then(|source| spliced_call(&source, &request));
             let outgoing = Outgoing {
                 message: &request,
                 text: text.as_ref().map(|t| t.text.as_slice()),
@@ -682,20 +688,29 @@ fn pass_trace_on(request: &mut Value) -> bool {
     true
 }
 
-/// A request for the relay to send: the message, and the agent's text
-/// spliced to say the same ([`call_text`]), where there is one.
+/// A request for the relay to send: the message, and the agent's text it
+/// was made from by a new id and the tool's upstream name, where there is
+/// one (spliced into [`call_text`] when it is sent).
 pub(super) struct Sending {
     pub(super) request: Value,
-    pub(super) text: Option<CallText>,
+    pub(super) source: Option<Bytes>,
 }
 
 impl From<Value> for Sending {
     fn from(request: Value) -> Self {
         Sending {
             request,
-            text: None,
+            source: None,
         }
     }
+}
+
+/// The call text of `request` (a `tools/call` under the gateway's id)
+/// from the agent's `source`.
+fn spliced_call(source: &[u8], request: &Value) -> Option<CallText> {
+    let id = request.get("id")?.as_str()?;
+    let name = request.get("params")?.get("name")?.as_str()?;
+    call_text(source, id, name)
 }
 
 /// The text a call goes upstream as, and where its `params._meta` object
