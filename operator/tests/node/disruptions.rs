@@ -73,6 +73,7 @@ async fn sidecars_keep_enforcing_while_the_operator_is_gone_and_all_converge_whe
         None,
     );
     wait_for(&operator, OPERATOR, "condition=Available", POD_PATIENCE);
+    wait_injector(&story.admin, &story.namespace, POD_PATIENCE);
     story.admin.apply(&pod);
     wait_for(&story.admin, "pod/agent-2", "condition=Ready", POD_PATIENCE);
     assert_eq!(

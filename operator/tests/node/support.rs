@@ -142,6 +142,30 @@ pub fn wait_for(kubectl: &Kubectl, object: &str, condition: &str, patience: Dura
     );
 }
 
+/// Waits until the injector answers for pods in `namespace`. A Deployment
+/// is Available once its pod is Ready, but the webhook's Service reaches
+/// that pod only after kube-proxy has written its rules (up to its minimum
+/// sync period later): until then the API server's call is refused. The
+/// probe is a server-side dry run, which calls the webhooks and creates
+/// nothing; a refusal for any other reason fails at once.
+pub fn wait_injector(kubectl: &Kubectl, namespace: &str, patience: Duration) {
+    let probe = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: injector-probe, namespace: {namespace}}}\nspec:\n  containers: [{{name: agent, image: {PAUSE}}}]\n"
+    );
+    let deadline = std::time::Instant::now() + patience;
+    loop {
+        let (ok, out, err) = kubectl.run(&["apply", "--dry-run=server", "-f", "-"], Some(&probe));
+        if ok {
+            return;
+        }
+        assert!(
+            err.contains("failed calling webhook") && std::time::Instant::now() < deadline,
+            "the injector does not answer in {namespace}: {out}{err}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// The namespace's pods and Events, for a failure report.
 pub fn describe(kubectl: &Kubectl) -> String {
     let (_, pods, _) = kubectl.run(
