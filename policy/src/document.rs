@@ -432,7 +432,7 @@ impl Checker {
         let allow_args = self.allow_args(map, path);
         let schema_hash = self.optional_string(map, path, "schema_hash");
         if let Some(h) = &schema_hash
-            && !is_schema_hash(h)
+            && !crate::tools::fingerprint::is_hash(h)
         {
             self.error(
                     &format!("{path}.schema_hash"),
@@ -634,13 +634,4 @@ impl Checker {
         }
         Some(out)
     }
-}
-
-fn is_schema_hash(s: &str) -> bool {
-    s.strip_prefix("sha256:").is_some_and(|hex| {
-        hex.len() == 64
-            && hex
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    })
 }

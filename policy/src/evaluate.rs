@@ -59,6 +59,9 @@ pub enum Cause {
     ProtectedPath,
     ApprovalDenied,
     ApprovalTimeout,
+    /// The tool's definition is not the one pinned (AIP v1alpha2
+    /// `schema_hash`, or a connection's tool pins).
+    SchemaMismatch,
 }
 
 impl Cause {
@@ -201,6 +204,33 @@ impl Verdict {
             cause: Some(cause),
             detail: Some(detail),
             ..self
+        }
+    }
+}
+
+impl Verdict {
+    /// The tool's definition is withheld for `reason` (it no longer matches
+    /// its pin): the call is refused with -32013 whatever the policy
+    /// allowed or would ask, in every mode. A call the policy already
+    /// refused keeps the policy's answer.
+    pub fn withheld(self, id: Option<&Value>, tool: &str, reason: &str) -> Verdict {
+        if !matches!(self.decision, Decision::Allow | Decision::Ask) {
+            return self;
+        }
+        let subject = Subject::Tool(tool.to_owned());
+        Verdict {
+            decision: Decision::Block,
+            violation: true,
+            mode: self.mode,
+            cause: Some(Cause::SchemaMismatch),
+            detail: Some(Box::new(Detail {
+                error: Some(RpcError::new(codes::SCHEMA_MISMATCH, subject, reason)),
+                reason: Some(reason.to_owned()),
+                failed_arg: None,
+                failed_rule: Some("schema_hash".to_owned()),
+                tool: Some(tool.to_owned()),
+                id: id.cloned(),
+            })),
         }
     }
 }

@@ -19,19 +19,9 @@ pub fn policy_hash(policy: &AgentPolicy) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(&canonical)))
 }
 
-/// A tool's schema hash (spec §6): `sha256:` + hex of the SHA-256 of the RFC
-/// 8785 canonical JSON of `{name, description, inputSchema}` from a
-/// tools/list entry (absent members stay absent).
+/// A tool's schema hash (spec §6): see [`crate::tools::fingerprint`].
 pub fn tool_schema_hash(tool: &serde_json::Value) -> String {
-    let mut view = serde_json::Map::new();
-    for key in ["name", "description", "inputSchema"] {
-        if let Some(v) = tool.get(key) {
-            view.insert(key.to_owned(), v.clone());
-        }
-    }
-    let canonical =
-        serde_json_canonicalizer::to_vec(&serde_json::Value::Object(view)).unwrap_or_default();
-    format!("sha256:{}", hex::encode(Sha256::digest(&canonical)))
+    crate::tools::fingerprint::schema_hash(tool)
 }
 
 /// The hash of a call's arguments as the agent sent them: `sha256:` + hex

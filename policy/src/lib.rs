@@ -29,6 +29,7 @@ pub mod normalize;
 pub mod paths;
 pub mod ratelimit;
 pub mod regexes;
+pub mod tools;
 
 pub use audit::{AuditRecord, Direction, DlpRecord, MAX_AUDIT_ARGS_BYTES};
 pub use compile::{CompileOptions, DEFAULT_ALLOWED_METHODS, Evaluator};

@@ -122,10 +122,15 @@ fn connections(gateway: &Gateway) -> Value {
         .connections()
         .iter()
         .map(|c| {
-            let tools: Vec<Value> = c
-                .catalog()
+            let catalog = c.catalog();
+            let tools: Vec<&str> = catalog
                 .iter()
-                .filter_map(|t| t.get("name").cloned())
+                .filter(|t| t.standing.served())
+                .map(|t| t.name())
+                .collect();
+            let withheld: Vec<Value> = catalog
+                .iter()
+                .filter_map(|t| Some(json!({"name": t.name(), "reason": t.standing.reason()?})))
                 .collect();
             let name = &c.connection().name;
             let hidden: Vec<&String> = colliding
@@ -137,6 +142,7 @@ fn connections(gateway: &Gateway) -> Value {
                 "name": name,
                 "health": c.health(),
                 "tools": tools,
+                "withheld_tools": withheld,
                 "gated_tools": c.gates(),
                 "colliding_tools": hidden,
                 "standalone_stream": c.stream_state().map(|s| *s.borrow()),

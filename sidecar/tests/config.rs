@@ -142,7 +142,7 @@ fn errors_name_document_and_field() {
             "document 1 (AgentPolicy agent): spec.allowed_toolz: unknown field; expected one of: mode, allowed_tools, allowed_methods, denied_methods, protected_paths, strict_args_default, tool_rules, dlp",
             "document 2 (ToolConnection a): spec.url: must be an http:// or https:// URL, found \"ftp://x\"",
             "document 3 (ToolConnection b): spec.timeoutSeconds: must be 1..60",
-            "document 4 (ToolConnection c): spec.retries: unknown field `retries`, expected one of `url`, `command`, `headers`, `bearerToken`, `timeoutSeconds`, `maxResponseBytes`, `healthCheck`, `toolPrefix`, `clientCapabilities`, `tls`",
+            "document 4 (ToolConnection c): spec.retries: unknown field `retries`, expected one of `url`, `command`, `headers`, `bearerToken`, `timeoutSeconds`, `maxResponseBytes`, `healthCheck`, `toolPrefix`, `clientCapabilities`, `tls`, `toolPins`, `toolTrust`, `toolScan`",
             "document 5 (ToolConnection a2): spec.headers[0].name: Mcp-Session-Id is set by the gateway itself",
             "document 6: kind: expected AgentPolicy or ToolConnection, found Some(\"Secret\")",
         ]
@@ -440,4 +440,46 @@ fn an_unusable_configuration_stops_stdio_and_run_at_start() {
             "{args:?}: {err}"
         );
     }
+}
+
+#[test]
+fn tool_pins_are_checked_and_named_by_field() {
+    let bad_hash = format!(
+        "{POLICY}{}",
+        connection(
+            "p",
+            "  url: http://x/mcp\n  toolPins:\n    read: {schemaHash: 'sha256:ABC'}\n"
+        )
+    );
+    let err = parse(&bad_hash).unwrap_err().join("\n");
+    assert!(
+        err.contains(
+            "(ToolConnection p): spec.toolPins.read.schemaHash: \"sha256:ABC\" is not a fingerprint"
+        ),
+        "{err}"
+    );
+    let hash = format!("sha256:{}", "a".repeat(64));
+    let contradiction = format!(
+        "{POLICY}{}",
+        connection(
+            "p",
+            &format!(
+                "  url: http://x/mcp\n  toolTrust: Listed\n  toolPins:\n    read: {{schemaHash: '{hash}'}}\n"
+            )
+        )
+    );
+    let err = parse(&contradiction).unwrap_err().join("\n");
+    assert!(
+        err.contains("spec.toolTrust: Listed serves every tool"),
+        "{err}"
+    );
+    let unknown = format!(
+        "{POLICY}{}",
+        connection("p", "  url: http://x/mcp\n  toolScan: Loud\n")
+    );
+    let err = parse(&unknown).unwrap_err().join("\n");
+    assert!(
+        err.contains("spec.toolScan") && err.contains("Warn"),
+        "{err}"
+    );
 }

@@ -15,47 +15,9 @@ mod common;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use common::{PATIENCE, RawResponse, Setup, Stack};
+use common::{PATIENCE, RawResponse, Setup, Stack, TASKS, meta, modern, modern_with};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
-
-const TASKS: &str = "io.modelcontextprotocol/tasks";
-
-fn meta(agent: &str, tasks: bool) -> Value {
-    let mut capabilities = json!({});
-    if tasks {
-        capabilities["extensions"] = json!({TASKS: {}});
-    }
-    json!({
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientCapabilities": capabilities,
-        "io.modelcontextprotocol/clientInfo": {"name": agent, "version": "1"},
-    })
-}
-
-/// A modern request with its mirrored headers, as a conforming client
-/// sends it; `agent` is its clientInfo name.
-async fn modern(s: &Stack, agent: &str, tasks: bool, method: &str, params: Value) -> RawResponse {
-    modern_with(s, meta(agent, tasks), method, params).await
-}
-
-/// A modern request with this `_meta`.
-async fn modern_with(s: &Stack, meta: Value, method: &str, mut params: Value) -> RawResponse {
-    params["_meta"] = meta;
-    let name = ["name", "uri", "taskId"]
-        .iter()
-        .find_map(|k| params.get(*k).and_then(Value::as_str))
-        .map(str::to_owned);
-    let body = json!({"jsonrpc": "2.0", "id": 7, "method": method, "params": params});
-    let mut headers = vec![
-        ("mcp-protocol-version", "2026-07-28"),
-        ("mcp-method", method),
-    ];
-    if let Some(name) = &name {
-        headers.push(("mcp-name", name));
-    }
-    s.post(&headers, &body.to_string()).await
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn modern_requests_are_checked_before_anything_reads_them() {

@@ -14,7 +14,10 @@ use aip_mcp::connection::{
     DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT, Endpoint, MAX_TIMEOUT, Tls,
 };
 
-use super::ConfigError;
+use aip_policy::tools::fingerprint::is_hash;
+use aip_policy::tools::{Pin, Pins, Trust};
+
+use super::{ConfigError, ScanAction, ToolRules};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -61,6 +64,27 @@ pub struct ToolConnectionSpec {
     pub client_capabilities: ClientCapabilities,
     #[serde(default)]
     pub tls: Option<TlsSpec>,
+    /// Tools pinned by fingerprint, by the name the server lists them under.
+    #[serde(default)]
+    pub tool_pins: BTreeMap<String, ToolPinSpec>,
+    /// `Listed`, `Pinned` or `FirstUse`; `Pinned` when toolPins is given,
+    /// otherwise `Listed`.
+    #[serde(default)]
+    pub tool_trust: Option<Trust>,
+    /// What a finding of the poisoning scan does: `Warn` (the default),
+    /// `Block` (the tool is withheld) or `Off`.
+    #[serde(default)]
+    pub tool_scan: Option<ScanAction>,
+}
+
+/// One tool's pin: its schema hash, and its metadata hash when the pin
+/// covers it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ToolPinSpec {
+    pub schema_hash: String,
+    #[serde(default)]
+    pub metadata_hash: Option<String>,
 }
 
 /// How an https upstream is verified.
@@ -117,8 +141,9 @@ pub struct HealthCheckSpec {
     pub timeout_seconds: Option<u64>,
 }
 
-/// A ToolConnection document, validated into the connection it describes.
-pub fn from_doc(doc: ToolConnectionDoc, at: &str) -> Result<Connection, ConfigError> {
+/// A ToolConnection document, validated into the connection it describes
+/// and what its tools are held to.
+pub fn from_doc(doc: ToolConnectionDoc, at: &str) -> Result<(Connection, ToolRules), ConfigError> {
     let fail = |field: &str, message: String| Err(ConfigError::at(at, field, message));
     if doc.api_version != aip_policy::document::API_VERSION {
         return fail(
@@ -133,6 +158,7 @@ pub fn from_doc(doc: ToolConnectionDoc, at: &str) -> Result<Connection, ConfigEr
         );
     }
     let spec = doc.spec;
+    let rules = tool_rules(&spec, at)?;
     let endpoint = match (spec.url, spec.command) {
         (Some(url), None) => {
             if let Some(problem) = url_credentials(&url) {
@@ -294,7 +320,7 @@ pub fn from_doc(doc: ToolConnectionDoc, at: &str) -> Result<Connection, ConfigEr
             ),
         );
     }
-    Ok(Connection {
+    let connection = Connection {
         tls,
         name: doc.metadata.name,
         endpoint,
@@ -305,6 +331,54 @@ pub fn from_doc(doc: ToolConnectionDoc, at: &str) -> Result<Connection, ConfigEr
         health_deadline,
         tool_prefix,
         capabilities: spec.client_capabilities,
+    };
+    Ok((connection, rules))
+}
+
+/// toolPins, toolTrust and toolScan, checked.
+fn tool_rules(spec: &ToolConnectionSpec, at: &str) -> Result<ToolRules, ConfigError> {
+    let mut tools = BTreeMap::new();
+    for (name, pin) in &spec.tool_pins {
+        let hashes = [
+            ("schemaHash", Some(&pin.schema_hash)),
+            ("metadataHash", pin.metadata_hash.as_ref()),
+        ];
+        for (field, hash) in hashes {
+            if let Some(hash) = hash
+                && !is_hash(hash)
+            {
+                return Err(ConfigError::at(
+                    at,
+                    &format!("spec.toolPins.{name}.{field}"),
+                    format!(
+                        "{hash:?} is not a fingerprint: expected \"sha256:\" and 64 lower-case hex digits (`aip tools pin` writes them)"
+                    ),
+                ));
+            }
+        }
+        tools.insert(
+            name.clone(),
+            Pin {
+                schema_hash: pin.schema_hash.clone(),
+                metadata_hash: pin.metadata_hash.clone(),
+            },
+        );
+    }
+    let trust = match spec.tool_trust {
+        Some(Trust::Listed) if !tools.is_empty() => {
+            return Err(ConfigError::at(
+                at,
+                "spec.toolTrust",
+                "Listed serves every tool as listed, so toolPins would be ignored: remove one of them",
+            ));
+        }
+        Some(trust) => trust,
+        None if tools.is_empty() => Trust::Listed,
+        None => Trust::Pinned,
+    };
+    Ok(ToolRules {
+        pins: Pins { trust, tools },
+        scan: spec.tool_scan.unwrap_or_default(),
     })
 }
 

@@ -7,10 +7,13 @@
 pub mod connection;
 pub mod file;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
+use aip_policy::tools::Pins;
 use aip_policy::{AgentPolicy, CompileOptions, Evaluator};
+use serde::Deserialize;
 use serde_json::Value;
 
 pub use aip_mcp::{ClientCapabilities, Connection, Endpoint};
@@ -22,6 +25,30 @@ pub struct Config {
     pub evaluator: Arc<Evaluator>,
     pub policy: Option<AgentPolicy>,
     pub connections: Vec<Arc<Connection>>,
+    /// What each connection's tools are held to, by connection name (a
+    /// connection not named here serves its tools as listed, with the scan
+    /// warning).
+    pub tools: BTreeMap<String, ToolRules>,
+}
+
+/// What a connection's tools are held to: their pins, and what a finding
+/// of the poisoning scan does.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ToolRules {
+    pub pins: Pins,
+    pub scan: ScanAction,
+}
+
+/// What a finding of the poisoning scan does to its tool.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub enum ScanAction {
+    /// Logged, and the tool is served.
+    #[default]
+    Warn,
+    /// The tool is withheld, as a drifted one is.
+    Block,
+    /// No scan.
+    Off,
 }
 
 impl Config {
@@ -31,7 +58,13 @@ impl Config {
             evaluator: Arc::new(Evaluator::deny_all()),
             policy: None,
             connections: Vec::new(),
+            tools: BTreeMap::new(),
         }
+    }
+
+    /// What `connection`'s tools are held to.
+    pub fn tool_rules(&self, connection: &str) -> ToolRules {
+        self.tools.get(connection).cloned().unwrap_or_default()
     }
 
     pub fn connection(&self, name: &str) -> Option<&Arc<Connection>> {
@@ -90,6 +123,7 @@ pub fn from_documents(
     let mut errors = Vec::new();
     let mut policy: Option<(String, AgentPolicy)> = None;
     let mut connections: Vec<Arc<Connection>> = Vec::new();
+    let mut tools = BTreeMap::new();
     for (i, doc) in documents.iter().enumerate() {
         let name = doc
             .pointer("/metadata/name")
@@ -120,14 +154,17 @@ pub fn from_documents(
                         e.into_inner().to_string(),
                     )),
                     Ok(parsed) => match connection::from_doc(parsed, &at) {
-                        Ok(c) if connections.iter().any(|o| o.name == c.name) => {
+                        Ok((c, _)) if connections.iter().any(|o| o.name == c.name) => {
                             errors.push(ConfigError::at(
                                 &at,
                                 "metadata.name",
                                 format!("duplicate connection {:?}", c.name),
                             ));
                         }
-                        Ok(c) => connections.push(Arc::new(c)),
+                        Ok((c, rules)) => {
+                            tools.insert(c.name.clone(), rules);
+                            connections.push(Arc::new(c));
+                        }
                         Err(e) => errors.push(e),
                     },
                 }
@@ -159,5 +196,6 @@ pub fn from_documents(
         evaluator: Arc::new(evaluator),
         policy: policy.map(|(_, p)| p),
         connections,
+        tools,
     })
 }

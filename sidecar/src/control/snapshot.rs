@@ -44,6 +44,7 @@ pub fn from_snapshot(snapshot: &v1::Snapshot, previous: &Config) -> Result<Confi
             evaluator: previous.evaluator.clone(),
             policy: previous.policy.clone(),
             connections,
+            tools: Default::default(),
         });
     }
     let Some(p) = &snapshot.policy else {
@@ -74,6 +75,7 @@ pub fn from_snapshot(snapshot: &v1::Snapshot, previous: &Config) -> Result<Confi
         evaluator,
         policy: Some(policy),
         connections,
+        tools: Default::default(),
     })
 }
 

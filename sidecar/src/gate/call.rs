@@ -123,6 +123,10 @@ pub struct Call {
     /// Whether a `tools/call` names a tool of the catalog (its metric
     /// label is then the name, else "other").
     pub known: bool,
+    /// Why a `tools/call`'s tool is withheld (its pin, the policy's
+    /// `schema_hash`, or the poisoning scan): refused with -32013 whatever
+    /// the policy says.
+    pub withheld: Option<Arc<str>>,
     /// Whether the reply may be [`Reply::Text`]: HTTP writes a body as it
     /// is given; stdio's writer and a task's record take values.
     pub text_replies: bool,

@@ -8,11 +8,13 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use aip_policy::normalize_name;
+use aip_policy::tools::{Context, Finding, Fingerprint, Scanner};
 use aip_service::sync::lock;
 use serde_json::Value;
 
 use super::call::Route;
 use super::connections::Connections;
+use crate::config::ScanAction;
 use crate::upstream::health::ConnectionState;
 
 /// The routing index of one version of the catalogs, shared by the calls
@@ -32,6 +34,12 @@ pub(super) struct CatalogEntry {
     pub connection: Arc<ConnectionState>,
     /// The upstream's definition, name byte-identical to its tools/list.
     pub definition: Value,
+    pub seen: Fingerprint,
+    /// Why it is neither listed nor called: its pin no longer matches, it
+    /// has none where pins are kept, or the scan blocks it.
+    pub withheld: Option<Arc<str>>,
+    /// What the poisoning scan found in it.
+    pub findings: Vec<Finding>,
 }
 
 /// A `tools/call`'s tool, as one lookup found it.
@@ -40,6 +48,10 @@ pub(super) struct Lookup {
     pub known: bool,
     pub route: Option<Route>,
     pub param_headers: Vec<aip_mcp::modern::ParamHeader>,
+    /// Why the tool is withheld (the call is refused with -32013).
+    pub withheld: Option<Arc<str>>,
+    /// Its schema hash, for a policy that pins one.
+    pub schema_hash: Option<String>,
 }
 
 impl CatalogEntry {
@@ -55,7 +67,7 @@ impl Catalog {
     /// Finds the one tool whose agent-facing name is exactly `name`.
     pub fn route(&self, name: &str) -> Option<Route> {
         let entry = &self.entries[*self.by_name.get(name)?];
-        if self.is_ambiguous(name) {
+        if self.is_ambiguous(name) || entry.withheld.is_some() {
             return None;
         }
         Some(Route {
@@ -72,7 +84,7 @@ impl Catalog {
             return Lookup::default();
         };
         let entry = &self.entries[i];
-        let route = (!self.is_ambiguous(name)).then(|| Route {
+        let route = (!self.is_ambiguous(name) && entry.withheld.is_none()).then(|| Route {
             upstream_name: entry.upstream_name().to_owned(),
             connection: entry.connection.clone(),
         });
@@ -88,6 +100,8 @@ impl Catalog {
             known: true,
             route,
             param_headers,
+            withheld: entry.withheld.clone(),
+            schema_hash: Some(entry.seen.schema_hash.clone()),
         }
     }
 
@@ -105,26 +119,39 @@ impl Catalog {
             .collect()
     }
 
-    fn build(version: u64, connections: &[Arc<ConnectionState>]) -> Catalog {
+    fn build(
+        version: u64,
+        connections: &[Arc<ConnectionState>],
+        previous: Option<&Catalog>,
+    ) -> Catalog {
         let mut entries = Vec::new();
         let mut seen: HashMap<String, usize> = HashMap::new();
         for state in connections {
             let prefix = &state.connection().tool_prefix;
-            for definition in state.catalog().iter() {
-                let Some(name) = definition.get("name").and_then(Value::as_str) else {
+            for listed in state.catalog().iter() {
+                if listed
+                    .definition
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .is_none()
+                {
                     continue;
-                };
-                let agent_name = format!("{prefix}{name}");
+                }
+                let agent_name = format!("{prefix}{}", listed.name());
                 *seen
                     .entry(normalize_name(&agent_name).into_owned())
                     .or_default() += 1;
                 entries.push(CatalogEntry {
                     agent_name,
                     connection: state.clone(),
-                    definition: definition.clone(),
+                    definition: listed.definition.clone(),
+                    seen: listed.seen.clone(),
+                    withheld: listed.standing.reason().map(Arc::from),
+                    findings: Vec::new(),
                 });
             }
         }
+        scan(&mut entries, previous);
         let ambiguous: HashSet<String> = seen
             .into_iter()
             .filter(|(_, n)| *n > 1)
@@ -154,6 +181,72 @@ impl Catalog {
     }
 }
 
+/// The poisoning scan of every entry, with the names of the other
+/// connections' tools as context. A finding is logged once (not again for
+/// the same tool in the next version of the catalog); on a connection that
+/// blocks on findings, the tool is withheld.
+fn scan(entries: &mut [CatalogEntry], previous: Option<&Catalog>) {
+    let scanner = match Scanner::builtin() {
+        Ok(scanner) => scanner,
+        Err(e) => {
+            tracing::error!(
+                error = e,
+                "the poisoning scan's rules do not compile; no scan"
+            );
+            return;
+        }
+    };
+    let names: Vec<(String, String)> = entries
+        .iter()
+        .map(|e| (e.connection.connection().name.clone(), e.agent_name.clone()))
+        .collect();
+    for entry in entries.iter_mut() {
+        let action = entry.connection.scan_action();
+        if action == ScanAction::Off {
+            continue;
+        }
+        let connection = &entry.connection.connection().name;
+        let others: Vec<String> = names
+            .iter()
+            .filter(|(c, _)| c != connection)
+            .map(|(_, n)| n.clone())
+            .collect();
+        let context = Context {
+            other_tools: &others,
+        };
+        entry.findings = scanner.scan(&entry.definition, &context);
+        let Some(first) = entry.findings.first() else {
+            continue;
+        };
+        let known = previous.is_some_and(|p| {
+            p.by_name.get(&entry.agent_name).is_some_and(|&i| {
+                let before = &p.entries[i];
+                before.seen == entry.seen && before.findings == entry.findings
+            })
+        });
+        if !known {
+            for finding in &entry.findings {
+                tracing::warn!(
+                    connection = %connection,
+                    tool = %entry.agent_name,
+                    rule = %finding.rule,
+                    class = %finding.class,
+                    field = %finding.field,
+                    excerpt = %finding.excerpt,
+                    blocked = action == ScanAction::Block,
+                    "poisoning scan finding"
+                );
+            }
+        }
+        if action == ScanAction::Block && entry.withheld.is_none() {
+            entry.withheld = Some(Arc::from(format!(
+                "the poisoning scan found {} ({}) at {}: {:?}",
+                first.rule, first.class, first.field, first.excerpt
+            )));
+        }
+    }
+}
+
 /// The gateway's routing state.
 #[derive(Default)]
 pub(super) struct Routes {
@@ -171,7 +264,11 @@ impl Routes {
         if let Some(current) = index.as_ref().filter(|c| c.version == version) {
             return current.clone();
         }
-        let built = Arc::new(Catalog::build(version, &connections.all()));
+        let built = Arc::new(Catalog::build(
+            version,
+            &connections.all(),
+            index.as_deref(),
+        ));
         *index = Some(built.clone());
         built
     }

@@ -100,10 +100,13 @@ impl Connections {
                 .iter()
                 .position(|(s, _)| s.connection().same_as(connection))
             {
-                running.push(old.swap_remove(i));
+                let kept = old.swap_remove(i);
+                kept.0.set_tool_rules(config.tool_rules(&connection.name));
+                running.push(kept);
                 continue;
             }
-            match ConnectionState::new(connection.clone(), self.listing.clone()) {
+            let rules = config.tool_rules(&connection.name);
+            match ConnectionState::new(connection.clone(), rules, self.listing.clone()) {
                 Ok(state) => {
                     let state = Arc::new(state);
                     let stop = shutdown.child_token();

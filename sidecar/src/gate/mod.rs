@@ -406,6 +406,13 @@ impl Gateway {
             }
         };
         let mut verdict = evaluator.evaluate(&request);
+        if let Some(why) = &call.withheld {
+            let tool = request
+                .params
+                .and_then(|p| p.get("name"))
+                .and_then(Value::as_str);
+            verdict = verdict.withheld(message.id(), tool.unwrap_or_default(), why);
+        }
         if verdict.decision == Decision::Ask
             && let Some(task) = self.ask_as_task(&message, &verdict, call)
         {

@@ -26,7 +26,10 @@ pub(super) fn tools_list(catalog: &Catalog, evaluator: &Evaluator) -> Value {
     let mut listed: Vec<Value> = Vec::new();
     for entry in &catalog.entries {
         let (agent_name, connection) = (&entry.agent_name, &entry.connection);
+        let policy_pin = evaluator.schema_hash(agent_name);
         if catalog.is_ambiguous(agent_name)
+            || entry.withheld.is_some()
+            || policy_pin.is_some_and(|pin| pin != entry.seen.schema_hash)
             || !connection.health().state.listable()
             || connection.gate(entry.upstream_name()).is_some()
         {

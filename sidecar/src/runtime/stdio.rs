@@ -106,6 +106,7 @@ fn with_wrapped(
             evaluator: config.evaluator.clone(),
             policy: config.policy.clone(),
             connections,
+            tools: config.tools.clone(),
         }))
     };
     let first = combine(&file.borrow_and_update()).map_err(anyhow::Error::msg)?;

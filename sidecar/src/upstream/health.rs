@@ -10,12 +10,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
-use serde_json::Value;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::credentials::Credentials;
-use crate::config::Connection;
+use super::tools::{Listed, Tools};
+use crate::config::{Connection, ToolRules};
 use aip_mcp::Upstream;
 use aip_mcp::http::StreamState;
 use aip_mcp::{ConnectionEffect, Failure};
@@ -60,9 +60,9 @@ pub struct ConnectionState {
     /// Publishes the state on every change, for anything that must wait
     /// for one (tests, readiness).
     state: watch::Sender<HealthState>,
-    /// Replaced whole by each successful check, so a pointer identifies a
-    /// version (the gateway caches its routing index on that).
-    catalog: Mutex<Arc<Vec<Value>>>,
+    /// The tools of the last successful check, judged against the
+    /// connection's pins.
+    tools: Mutex<Tools>,
     gates: Mutex<BTreeMap<String, Gate>>,
     /// Successful calls since the last health check: a failing probe with
     /// calls still succeeding means Degraded, not Unreachable.
@@ -104,6 +104,7 @@ impl ConnectionState {
     /// `changes` is bumped whenever what this connection lists changes.
     pub fn new(
         connection: Arc<Connection>,
+        rules: ToolRules,
         changes: Arc<watch::Sender<u64>>,
     ) -> Result<ConnectionState, String> {
         let initial = match &connection.credentials {
@@ -117,6 +118,7 @@ impl ConnectionState {
             Ok(headers) => Credentials::new(headers),
             Err(_) => Credentials::new(&[]),
         };
+        let tools = Mutex::new(Tools::new(&connection.name, rules));
         Ok(ConnectionState {
             credentials,
             state: watch::Sender::new(initial.0),
@@ -128,7 +130,7 @@ impl ConnectionState {
                 last_check: None,
                 last_transition: None,
             }),
-            catalog: Mutex::new(Arc::new(Vec::new())),
+            tools,
             gates: Mutex::new(BTreeMap::new()),
             calls_ok: AtomicU64::new(0),
             evidence_ok: AtomicU64::new(0),
@@ -212,9 +214,23 @@ impl ConnectionState {
         self.state.subscribe()
     }
 
-    /// The upstream tool definitions from the last successful check.
-    pub fn catalog(&self) -> Arc<Vec<Value>> {
-        lock(&self.catalog).clone()
+    /// The upstream's tools from the last successful check, each with its
+    /// standing against the connection's pins.
+    pub fn catalog(&self) -> Arc<Vec<Listed>> {
+        lock(&self.tools).judged()
+    }
+
+    /// What a poisoning-scan finding does on this connection.
+    pub fn scan_action(&self) -> crate::config::ScanAction {
+        lock(&self.tools).scan()
+    }
+
+    /// New pins or scan rules for the running connection (a person
+    /// accepted a tool): its tools are judged again at once.
+    pub fn set_tool_rules(&self, rules: ToolRules) {
+        if lock(&self.tools).set_rules(rules) {
+            self.changed();
+        }
     }
 
     pub fn gates(&self) -> BTreeMap<String, Gate> {
@@ -234,10 +250,8 @@ impl ConnectionState {
         let before = health.state;
         match result {
             Ok(tools) => {
-                let mut catalog = lock(&self.catalog);
                 // An unchanged catalog keeps its version.
-                if **catalog != tools {
-                    *catalog = Arc::new(tools);
+                if lock(&self.tools).listed(tools) {
                     self.changed();
                 }
                 // Leaving NeedsCredentials takes a changed credential, which

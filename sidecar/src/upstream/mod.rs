@@ -3,3 +3,4 @@
 
 pub mod credentials;
 pub mod health;
+pub mod tools;

@@ -567,3 +567,50 @@ pub async fn recording_server(
     });
     (url, received)
 }
+
+/// The tasks extension's name.
+pub const TASKS: &str = "io.modelcontextprotocol/tasks";
+
+/// A 2026-07-28 request's `_meta`: `agent` is its clientInfo name, `tasks`
+/// whether it declares the tasks extension.
+pub fn meta(agent: &str, tasks: bool) -> Value {
+    let mut capabilities = json!({});
+    if tasks {
+        capabilities["extensions"] = json!({TASKS: {}});
+    }
+    json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": capabilities,
+        "io.modelcontextprotocol/clientInfo": {"name": agent, "version": "1"},
+    })
+}
+
+/// A modern request with its mirrored headers, as a conforming client
+/// sends it; `agent` is its clientInfo name.
+pub async fn modern(
+    s: &Stack,
+    agent: &str,
+    tasks: bool,
+    method: &str,
+    params: Value,
+) -> RawResponse {
+    modern_with(s, meta(agent, tasks), method, params).await
+}
+
+/// A modern request with this `_meta`.
+pub async fn modern_with(s: &Stack, meta: Value, method: &str, mut params: Value) -> RawResponse {
+    params["_meta"] = meta;
+    let name = ["name", "uri", "taskId"]
+        .iter()
+        .find_map(|k| params.get(*k).and_then(Value::as_str))
+        .map(str::to_owned);
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": method, "params": params});
+    let mut headers = vec![
+        ("mcp-protocol-version", "2026-07-28"),
+        ("mcp-method", method),
+    ];
+    if let Some(name) = &name {
+        headers.push(("mcp-name", name));
+    }
+    s.post(&headers, &body.to_string()).await
+}
