@@ -8,6 +8,7 @@ mod cluster;
 mod conformance;
 mod load;
 mod policy_cmds;
+mod tools;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -29,6 +30,10 @@ enum Command {
     /// Work with AgentPolicy files.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// A live MCP server's tools: pin them, or check them against pins and
+    /// the poisoning scan.
+    #[command(subcommand)]
+    Tools(tools::Command),
     /// Run AIP conformance vector files (a file, or every *.yaml under a
     /// directory). The last line reads "N passed, M failed".
     Conformance {
@@ -102,6 +107,7 @@ fn main() -> ExitCode {
         }
         Command::Conformance { paths, json } => conformance::run(&paths, json),
         Command::Approvals(command) => approvals::run(command),
+        Command::Tools(command) => tools::run(command),
     };
     match outcome {
         Ok(true) => ExitCode::SUCCESS,
