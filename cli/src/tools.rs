@@ -125,7 +125,7 @@ fn check(
         if state != "served" {
             withheld += 1;
         }
-        println!("{name:width$}  {state:8}  {why}");
+        println!("{}", format!("{name:width$}  {state:8}  {why}").trim_end());
     }
     for name in pins.tools.keys() {
         if !tools.iter().any(|t| name_of(t) == name) {
