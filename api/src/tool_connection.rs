@@ -3,6 +3,8 @@
 //! standalone ToolConnection documents, with Secrets where those read
 //! environment variables and files.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -33,7 +35,8 @@ pub const DEFAULT_HEALTH_TIMEOUT_SECONDS: u32 = 5;
 )]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
-    {"rule": "!has(self.tls) || self.url.startsWith('https://')", "message": "tls applies to https:// URLs only"}
+    {"rule": "!has(self.tls) || self.url.startsWith('https://')", "message": "tls applies to https:// URLs only"},
+    {"rule": "!has(self.toolTrust) || self.toolTrust != 'Listed' || !has(self.toolPins) || size(self.toolPins) == 0", "message": "toolTrust Listed serves every tool as listed, so toolPins would be ignored: remove one of them"}
 ]))]
 pub struct ToolConnectionSpec {
     /// The server's MCP endpoint (http:// or https://). Redirects are never
@@ -78,6 +81,51 @@ pub struct ToolConnectionSpec {
     /// with one, the server's requests of that kind reach the agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_capabilities: Option<ClientCapabilities>,
+
+    /// Tools pinned by fingerprint, by the name the server lists them
+    /// under: only these are served, each while its definition still
+    /// matches (docs/tool-pins.md; `aip tools pin` writes them).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tool_pins: BTreeMap<String, ToolPin>,
+
+    /// Listed: every tool as listed (the default without toolPins);
+    /// Pinned: only pinned tools, each as pinned (the default with them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_trust: Option<ToolTrust>,
+
+    /// What a finding of the poisoning scan does: Warn (logged, the
+    /// default), Block (the tool is withheld) or Off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_scan: Option<ToolScan>,
+}
+
+/// A tool's pinned fingerprints (`sha256:` and 64 lower-case hex digits).
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolPin {
+    /// Of the tool's name, description and inputSchema (AIP's schema_hash).
+    #[schemars(regex(pattern = r"^sha256:[0-9a-f]{64}$"))]
+    pub schema_hash: String,
+    /// Of its title, outputSchema and annotations; not pinned when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^sha256:[0-9a-f]{64}$"))]
+    pub metadata_hash: Option<String>,
+}
+
+/// How a connection trusts its tools. (Trust on first use needs the
+/// operator to record what it first saw, which it does not yet.)
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ToolTrust {
+    Listed,
+    Pinned,
+}
+
+/// What a poisoning-scan finding does.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ToolScan {
+    Warn,
+    Block,
+    Off,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
+use aip_api::tool_connection::{ToolScan, ToolTrust};
 use aip_proto::v1;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{EventType, Recorder};
@@ -208,6 +209,30 @@ pub fn connection(c: &ResolvedConnection) -> v1::Connection {
             ca_pem,
             server_name: c.server_name.clone().unwrap_or_default(),
         }),
+        tool_pins: c
+            .tool_pins
+            .iter()
+            .map(|(name, pin)| {
+                let pin = v1::ToolPin {
+                    schema_hash: pin.schema_hash.clone(),
+                    metadata_hash: pin.metadata_hash.clone().unwrap_or_default(),
+                };
+                (name.clone(), pin)
+            })
+            .collect(),
+        tool_trust: match c.tool_trust {
+            None => v1::ToolTrust::Unspecified,
+            Some(ToolTrust::Listed) => v1::ToolTrust::Listed,
+            Some(ToolTrust::Pinned) => v1::ToolTrust::Pinned,
+        }
+        .into(),
+        tool_scan: match c.tool_scan {
+            None => v1::ToolScan::Unspecified,
+            Some(ToolScan::Warn) => v1::ToolScan::Warn,
+            Some(ToolScan::Block) => v1::ToolScan::Block,
+            Some(ToolScan::Off) => v1::ToolScan::Off,
+        }
+        .into(),
     }
 }
 

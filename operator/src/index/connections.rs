@@ -2,13 +2,14 @@
 //! to reach the server. Resolution is pure: the Secrets are given, not
 //! fetched.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use aip_api::tool_connection::{
     ClientCapabilities, DEFAULT_HEALTH_INTERVAL_SECONDS, DEFAULT_HEALTH_TIMEOUT_SECONDS,
-    DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT_SECONDS, ToolConnectionSpec,
+    DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT_SECONDS, ToolConnectionSpec, ToolPin, ToolScan,
+    ToolTrust,
 };
 use aip_policy::FieldError;
 use secrecy::{ExposeSecret, SecretString};
@@ -33,6 +34,10 @@ pub struct ResolvedConnection {
     pub health_deadline: Duration,
     pub tool_prefix: String,
     pub capabilities: ClientCapabilities,
+    /// What the connection's tools are held to (docs/tool-pins.md).
+    pub tool_pins: BTreeMap<String, ToolPin>,
+    pub tool_trust: Option<ToolTrust>,
+    pub tool_scan: Option<ToolScan>,
     /// The credentials wait for a Secret whose watch has not reported yet:
     /// not missing, just not read (the prober waits rather than reporting).
     pub credentials_pending: bool,
@@ -93,6 +98,9 @@ impl PartialEq for ResolvedConnection {
             && self.health_deadline == other.health_deadline
             && self.tool_prefix == other.tool_prefix
             && self.capabilities == other.capabilities
+            && self.tool_pins == other.tool_pins
+            && self.tool_trust == other.tool_trust
+            && self.tool_scan == other.tool_scan
             && self.credentials_pending == other.credentials_pending
     }
 }
@@ -248,6 +256,9 @@ fn resolve(
         health_deadline: seconds(health.timeout_seconds, DEFAULT_HEALTH_TIMEOUT_SECONDS),
         tool_prefix: spec.tool_prefix.clone().unwrap_or_default(),
         capabilities: spec.client_capabilities.unwrap_or_default(),
+        tool_pins: spec.tool_pins.clone(),
+        tool_trust: spec.tool_trust,
+        tool_scan: spec.tool_scan,
         credentials_pending,
     }
 }

@@ -21,6 +21,8 @@
 //! (the wrong audience) gets nothing. Statuses are server-side applied by
 //! the operator's field manager alone.
 
+use std::path::Path;
+
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
@@ -28,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 use aip_kube_test::User;
 
 use crate::common::Cluster;
+use crate::common::agent::Agent;
 use crate::common::kubectl::{Kubectl, tempdir};
 use crate::support::*;
 
@@ -187,6 +190,7 @@ async fn kubectl_to_sidecar_enforcement() {
     )
     .await;
     assert_eq!(deleted["result"]["content"][0]["text"], "deleted");
+    tool_pins_reach_the_sidecar(&kubectl, &agent, &fault_url, &attempts).await;
     kubectl.wait("agentpolicy/files", "{.status.synced}", "1/1");
     let second_hash = kubectl.get("agentpolicy/files", "{.status.policyHash}");
     assert_ne!(second_hash, first_hash);
@@ -681,4 +685,62 @@ async fn injection_through_the_chart(kubectl: &Kubectl) {
         err.contains("denied the request: pod host sets hostNetwork"),
         "{err}"
     );
+}
+
+/// Pins in the ToolConnection travel to the sidecar: `read_file` pinned as
+/// the operator's status shows it is served; `delete_file`, pinned to
+/// another definition, is withheld and its calls never reach the server;
+/// the API server itself refuses a malformed pin. The pins are then taken
+/// away again.
+async fn tool_pins_reach_the_sidecar(kubectl: &Kubectl, agent: &Agent, url: &str, attempts: &Path) {
+    let read = kubectl.get(
+        "toolconnection/fs",
+        "{.status.tools[?(@.name==\"read_file\")].schemaHash}",
+    );
+    assert!(read.starts_with("sha256:"), "{read}");
+    let stale = format!("sha256:{}", "0".repeat(64));
+    let pinned = format!(
+        "{}  toolPins:\n    read_file: {{schemaHash: '{read}'}}\n    delete_file: {{schemaHash: '{stale}'}}\n",
+        connection(url)
+    );
+    kubectl.apply(&pinned);
+    let before = deletes(attempts);
+    let refused = eventually("the pins are enforced", || {
+        let mut agent = clone_agent(agent);
+        async move {
+            let r = agent.call("fs_delete_file", json!({"path": "a"})).await;
+            (error_code(&r) == Some(-32013)).then_some(r)
+        }
+    })
+    .await;
+    let reason = refused["error"]["data"]["reason"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(reason.contains(&stale), "{refused}");
+    assert_eq!(
+        deletes(attempts),
+        before,
+        "a withheld tool's call reached the server"
+    );
+    lists(agent, "fs_read_file").await;
+    let read = clone_agent(agent)
+        .call("fs_read_file", json!({"path": "a"}))
+        .await;
+    assert_eq!(read["result"]["content"][0]["text"], "contents", "{read}");
+
+    let malformed = pinned.replace(&stale, "sha256:ABC");
+    let (ok, _, err) = kubectl.run(&["apply", "-f", "-"], Some(&malformed));
+    assert!(
+        !ok && err.contains("spec.toolPins.delete_file.schemaHash"),
+        "{err}"
+    );
+
+    kubectl.apply(&connection(url));
+    succeeds(
+        agent,
+        "the pins are taken away",
+        "fs_delete_file",
+        json!({"path": "a"}),
+    )
+    .await;
 }

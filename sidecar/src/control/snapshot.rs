@@ -1,14 +1,17 @@
 //! A snapshot from the operator, in the gateway's terms.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use aip_mcp::{ClientCapabilities, Connection, Endpoint, Tls};
+use aip_policy::tools::fingerprint::is_hash;
+use aip_policy::tools::{Pin, Pins, Trust};
 use aip_policy::{AgentPolicy, CompileOptions, Evaluator};
 use aip_proto::v1;
 use secrecy::SecretString;
 
-use crate::config::Config;
+use crate::config::{Config, ScanAction, ToolRules};
 
 /// The gateway's Config for a snapshot. The policy is validated and
 /// compiled here as well: the sidecar trusts no one to have done it. A
@@ -20,6 +23,11 @@ pub fn from_snapshot(snapshot: &v1::Snapshot, previous: &Config) -> Result<Confi
         .iter()
         .map(connection)
         .collect::<Result<Vec<_>, _>>()?;
+    let tools = snapshot
+        .connections
+        .iter()
+        .map(|c| Ok((c.name.clone(), tool_rules(c)?)))
+        .collect::<Result<BTreeMap<_, _>, String>>()?;
     if snapshot.keep_previous && previous.policy.is_some() {
         tracing::warn!(reason = %snapshot.deny_reason, "the policy is invalid upstream; keeping the one in force");
         // The same connections as before, with whatever fresh credentials
@@ -44,7 +52,7 @@ pub fn from_snapshot(snapshot: &v1::Snapshot, previous: &Config) -> Result<Confi
             evaluator: previous.evaluator.clone(),
             policy: previous.policy.clone(),
             connections,
-            tools: Default::default(),
+            tools,
         });
     }
     let Some(p) = &snapshot.policy else {
@@ -53,6 +61,7 @@ pub fn from_snapshot(snapshot: &v1::Snapshot, previous: &Config) -> Result<Confi
         }
         return Ok(Config {
             connections,
+            tools,
             ..Config::empty()
         });
     };
@@ -75,7 +84,57 @@ pub fn from_snapshot(snapshot: &v1::Snapshot, previous: &Config) -> Result<Confi
         evaluator,
         policy: Some(policy),
         connections,
-        tools: Default::default(),
+        tools,
+    })
+}
+
+/// What a connection's tools are held to, as the operator sends it; the
+/// hashes are checked here as well.
+pub fn tool_rules(c: &v1::Connection) -> Result<ToolRules, String> {
+    let mut tools = BTreeMap::new();
+    for (name, pin) in &c.tool_pins {
+        let metadata = (!pin.metadata_hash.is_empty()).then(|| pin.metadata_hash.clone());
+        for hash in [Some(&pin.schema_hash), metadata.as_ref()]
+            .into_iter()
+            .flatten()
+        {
+            if !is_hash(hash) {
+                return Err(format!(
+                    "connection {}: tool pin {name}: {hash:?} is not a fingerprint",
+                    c.name
+                ));
+            }
+        }
+        tools.insert(
+            name.clone(),
+            Pin {
+                schema_hash: pin.schema_hash.clone(),
+                metadata_hash: metadata,
+            },
+        );
+    }
+    let trust = match v1::ToolTrust::try_from(c.tool_trust) {
+        Ok(v1::ToolTrust::Listed) if tools.is_empty() => Trust::Listed,
+        Ok(v1::ToolTrust::Listed) => {
+            return Err(format!(
+                "connection {}: trust Listed with tool pins",
+                c.name
+            ));
+        }
+        Ok(v1::ToolTrust::Pinned) => Trust::Pinned,
+        Ok(v1::ToolTrust::Unspecified) if tools.is_empty() => Trust::Listed,
+        Ok(v1::ToolTrust::Unspecified) => Trust::Pinned,
+        // A trust this sidecar does not know: the strictest it does.
+        Err(_) => Trust::Pinned,
+    };
+    let scan = match v1::ToolScan::try_from(c.tool_scan) {
+        Ok(v1::ToolScan::Unspecified | v1::ToolScan::Warn) => ScanAction::Warn,
+        Ok(v1::ToolScan::Off) => ScanAction::Off,
+        Ok(v1::ToolScan::Block) | Err(_) => ScanAction::Block,
+    };
+    Ok(ToolRules {
+        pins: Pins { trust, tools },
+        scan,
     })
 }
 
@@ -121,4 +180,42 @@ pub fn connection(c: &v1::Connection) -> Result<Arc<Connection>, String> {
             server_name: (!tls.server_name.is_empty()).then_some(tls.server_name),
         },
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pinned(schema_hash: &str, trust: v1::ToolTrust, scan: i32) -> v1::Connection {
+        let pin = v1::ToolPin {
+            schema_hash: schema_hash.to_owned(),
+            metadata_hash: String::new(),
+        };
+        v1::Connection {
+            name: "fs".into(),
+            tool_pins: [("read".to_owned(), pin)].into(),
+            tool_trust: trust.into(),
+            tool_scan: scan,
+            ..v1::Connection::default()
+        }
+    }
+
+    #[test]
+    fn pins_arrive_as_the_connection_wrote_them_and_are_checked_again() {
+        let hash = format!("sha256:{}", "a".repeat(64));
+        let rules = tool_rules(&pinned(&hash, v1::ToolTrust::Unspecified, 0)).unwrap_or_default();
+        assert_eq!(rules.pins.trust, Trust::Pinned);
+        assert_eq!(rules.pins.tools["read"].schema_hash, hash);
+        assert_eq!(rules.pins.tools["read"].metadata_hash, None);
+        assert_eq!(rules.scan, ScanAction::Warn);
+        let err = tool_rules(&pinned("sha256:zz", v1::ToolTrust::Pinned, 0)).unwrap_err();
+        assert_eq!(
+            err,
+            "connection fs: tool pin read: \"sha256:zz\" is not a fingerprint"
+        );
+        assert!(tool_rules(&pinned(&hash, v1::ToolTrust::Listed, 0)).is_err());
+        // A scan action from a newer operator: the strictest this one knows.
+        let rules = tool_rules(&pinned(&hash, v1::ToolTrust::Pinned, 99)).unwrap_or_default();
+        assert_eq!(rules.scan, ScanAction::Block);
+    }
 }
