@@ -2,38 +2,11 @@
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+use std::path::PathBuf;
 
-fn aip(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_aip"))
-        .args(args)
-        .current_dir(repo())
-        .env("HOME", "/home/agent")
-        .output()
-        .expect("aip runs")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// A directory of the test's own under cargo's target/tmp (so that a run
-/// that is killed leaves nothing outside target/), removed when it drops.
-fn scratch(name: &str) -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix(&format!("aip-cli-{name}-"))
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .unwrap()
-}
+use common::{aip, repo, scratch, stderr, stdout};
 
 #[test]
 fn basic_conformance_vectors_all_pass() {

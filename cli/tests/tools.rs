@@ -6,31 +6,12 @@
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+use std::path::Path;
+use std::process::Command;
 
-fn aip(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_aip"))
-        .args(args)
-        .current_dir(repo())
-        .output()
-        .expect("aip runs")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn scratch(name: &str) -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix(&format!("aip-tools-{name}-"))
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .unwrap()
-}
+use common::{aip, repo, scratch, stdout};
 
 fn fault_server() -> String {
     let bin = repo().join("target/debug/aip-fault-server");
