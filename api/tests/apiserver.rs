@@ -158,6 +158,7 @@ fn every_cel_rule_has_its_test() {
         rules,
         [
             "ToolConnection .spec: !has(self.tls) || self.url.startsWith('https://') (tls applies to https:// URLs only)",
+            "ToolConnection .spec: !has(self.toolTrust) || self.toolTrust != 'Listed' || !has(self.toolPins) || size(self.toolPins) == 0 (toolTrust Listed serves every tool as listed, so toolPins would be ignored: remove one of them)",
             "ApprovalRequest .spec: self == oldSelf (spec is immutable)",
         ]
     );
@@ -224,6 +225,58 @@ async fn a_tls_block_on_an_http_url_is_refused_by_its_cel_rule() {
         .patch("secure", &PatchParams::default(), &Patch::Merge(&patch))
         .await;
     assert!(refusal(refused).ends_with("spec: Invalid value: tls applies to https:// URLs only"));
+}
+
+#[tokio::test]
+async fn tool_pins_beside_trust_listed_are_refused_by_their_cel_rule() {
+    crds().await;
+    let ns = fresh_namespace("cel-pins").await;
+    let api = api("ToolConnection", &ns).await;
+    let pins = json!({"read": {"schemaHash": format!("sha256:{}", "a".repeat(64))}});
+    let url = "https://mcp.example.com/mcp";
+    let refused = api
+        .create(
+            &PostParams::default(),
+            &object(
+                "ToolConnection",
+                "listed",
+                json!({"url": url, "toolTrust": "Listed", "toolPins": pins}),
+            ),
+        )
+        .await;
+    assert_eq!(
+        refusal(refused),
+        "ToolConnection.aip.io \"listed\" is invalid: spec: Invalid value: toolTrust Listed serves every tool as listed, so toolPins would be ignored: remove one of them"
+    );
+    // Pinned with pins, Listed without, and pins alone are accepted; a
+    // hash spelled otherwise is refused by its pattern.
+    for (name, spec) in [
+        (
+            "pinned",
+            json!({"url": url, "toolTrust": "Pinned", "toolPins": pins}),
+        ),
+        ("listed", json!({"url": url, "toolTrust": "Listed"})),
+        ("pins", json!({"url": url, "toolPins": pins})),
+    ] {
+        api.create(
+            &PostParams::default(),
+            &object("ToolConnection", name, spec),
+        )
+        .await
+        .unwrap();
+    }
+    let upper = json!({"read": {"schemaHash": format!("sha256:{}", "A".repeat(64))}});
+    let refused = api
+        .create(
+            &PostParams::default(),
+            &object(
+                "ToolConnection",
+                "upper",
+                json!({"url": url, "toolPins": upper}),
+            ),
+        )
+        .await;
+    assert!(refusal(refused).contains("spec.toolPins.read.schemaHash"));
 }
 
 #[tokio::test]
