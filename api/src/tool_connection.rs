@@ -273,8 +273,12 @@ pub struct Health {
 pub struct DiscoveredTool {
     /// The name as the server lists it.
     pub name: String,
-    /// sha256:... of its input schema (what a rule's schema_hash pins).
+    /// sha256:... of its name, description and inputSchema (what a
+    /// rule's schema_hash and toolPins pin).
     pub schema_hash: String,
+    /// sha256:... of its title, outputSchema and annotations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata_hash: Option<String>,
 }
 
 /// What the operator last saw of the server: its health and its tools.

@@ -26,8 +26,15 @@ pub struct KindErrorLabel {
     pub error: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConnectionLabel {
+    pub namespace: String,
+    pub connection: String,
+}
+
 pub struct Metrics {
     registry: Registry,
+    tools_drifted: Family<ConnectionLabel, Counter>,
     connected: Gauge<i64, std::sync::atomic::AtomicI64>,
     pushes: Counter<u64, AtomicU64>,
     propagation: Histogram,
@@ -94,7 +101,14 @@ impl Metrics {
             "From an ApprovalRequest's creation to its final state",
             approval_decisions.clone(),
         );
+        let tools_drifted = Family::default();
+        registry.register(
+            "tools_drifted",
+            "Times a ToolConnection's probe found a tool withheld by its pins (drifted or unpinned), by connection",
+            tools_drifted.clone(),
+        );
         Metrics {
+            tools_drifted,
             approvals_pending,
             approval_decisions,
             registry,
@@ -133,6 +147,17 @@ impl Metrics {
         self.reconciles
             .get_or_create(&KindLabel {
                 kind: kind.to_owned(),
+            })
+            .inc();
+    }
+
+    /// A connection's probe found a tool its pins withhold (counted once
+    /// per change of what is withheld).
+    pub fn tools_drifted(&self, namespace: &str, connection: &str) {
+        self.tools_drifted
+            .get_or_create(&ConnectionLabel {
+                namespace: namespace.to_owned(),
+                connection: connection.to_owned(),
             })
             .inc();
     }

@@ -12,9 +12,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aip_api::ToolConnection;
-use aip_api::tool_connection::{DiscoveredTool, Health, HealthState, ToolConnectionStatus};
+use aip_api::tool_connection::{
+    DiscoveredTool, Health, HealthState, ToolConnectionStatus, ToolTrust,
+};
 use aip_mcp::Upstream;
 use aip_mcp::failure::{ConnectionEffect, Failure};
+use aip_policy::tools::{Fingerprint, Pin, Pins, Standing, Trust};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
@@ -33,7 +36,7 @@ use super::conditions::{Conditions, ours};
 use super::{Context, FIELD_MANAGER};
 
 /// The condition types this writer owns.
-const CONDITIONS: &[&str] = &["CredentialsResolved", "Healthy"];
+const CONDITIONS: &[&str] = &["CredentialsResolved", "Healthy", "ToolsDrifted"];
 
 /// Network failures reported since the last probe that bring the next one
 /// forward.
@@ -356,11 +359,33 @@ async fn write(ctx: &Context, key: &ObjectKey, resolved: &ResolvedConnection, ou
             .clone()
             .unwrap_or_else(|| "the last health check succeeded".to_owned()),
     );
+    let (drifted, why) = drift(resolved, &tools);
+    let tools_drifted = match (&why, pins_of(resolved).kept()) {
+        (Some(why), _) => condition("ToolsDrifted", true, "Drifted", why.clone()),
+        (None, true) => condition(
+            "ToolsDrifted",
+            false,
+            "Pinned",
+            "every listed tool matches its pin".to_owned(),
+        ),
+        (None, false) => condition(
+            "ToolsDrifted",
+            false,
+            "NotPinned",
+            "no tools are pinned: every tool is served as listed".to_owned(),
+        ),
+    };
+    let was_drifted = before
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "ToolsDrifted")
+        .filter(|c| c.status == "True")
+        .map(|c| c.message.clone());
     let desired = ToolConnectionStatus {
         health: Some(health),
         tool_count: Some(u32::try_from(tools.len()).unwrap_or(u32::MAX)),
         tools,
-        conditions: vec![credentials, healthy],
+        conditions: vec![credentials, healthy, tools_drifted],
         observed_generation: current.metadata.generation,
     };
     let ours_before = ToolConnectionStatus {
@@ -387,6 +412,18 @@ async fn write(ctx: &Context, key: &ObjectKey, resolved: &ResolvedConnection, ou
             return;
         }
     }
+    if drifted && was_drifted != why {
+        ctx.metrics.tools_drifted(&key.namespace, &key.name);
+        publish(
+            &ctx.recorder,
+            EventType::Warning,
+            "ToolsDrifted",
+            "ToolCheck",
+            why,
+            &current.object_ref(&()),
+        )
+        .await;
+    }
     if changed_state && !listable && state != HealthState::Unchecked {
         publish(
             &ctx.recorder,
@@ -400,13 +437,80 @@ async fn write(ctx: &Context, key: &ObjectKey, resolved: &ResolvedConnection, ou
     }
 }
 
+/// The connection's pins, as its sidecars hold them.
+fn pins_of(resolved: &ResolvedConnection) -> Pins {
+    let tools: std::collections::BTreeMap<String, Pin> = resolved
+        .tool_pins
+        .iter()
+        .map(|(name, pin)| {
+            let pin = Pin {
+                schema_hash: pin.schema_hash.clone(),
+                metadata_hash: pin.metadata_hash.clone(),
+            };
+            (name.clone(), pin)
+        })
+        .collect();
+    let trust = match resolved.tool_trust {
+        Some(ToolTrust::Listed) => Trust::Listed,
+        Some(ToolTrust::Pinned) => Trust::Pinned,
+        None if tools.is_empty() => Trust::Listed,
+        None => Trust::Pinned,
+    };
+    Pins { trust, tools }
+}
+
+/// Whether a listed tool is withheld by its pin (drifted, or unpinned
+/// where pins are kept), and which, with the hashes: the ToolsDrifted
+/// condition's message and its Event's note.
+fn drift(resolved: &ResolvedConnection, tools: &[DiscoveredTool]) -> (bool, Option<String>) {
+    let pins = pins_of(resolved);
+    let mut lines = Vec::new();
+    for tool in tools {
+        let seen = Fingerprint {
+            schema_hash: tool.schema_hash.clone(),
+            metadata_hash: tool.metadata_hash.clone().unwrap_or_default(),
+        };
+        match pins.judge(&tool.name, &seen) {
+            Standing::Served => {}
+            Standing::Unpinned => lines.push(format!("{}: not pinned", tool.name)),
+            Standing::Drifted(d) => {
+                let mut what = Vec::new();
+                if d.schema_changed() {
+                    what.push(format!(
+                        "schema hash {} is now {}",
+                        d.pinned.schema_hash, d.seen.schema_hash
+                    ));
+                }
+                if d.metadata_changed() {
+                    let pinned = d.pinned.metadata_hash.clone().unwrap_or_default();
+                    what.push(format!(
+                        "metadata hash {pinned} is now {}",
+                        d.seen.metadata_hash
+                    ));
+                }
+                lines.push(format!("{}: {}", tool.name, what.join("; ")));
+            }
+        }
+    }
+    if lines.is_empty() {
+        return (false, None);
+    }
+    let message = format!(
+        "withheld from agents until pinned again: {}",
+        lines.join("; ")
+    );
+    (true, Some(message))
+}
+
 /// The tools a probe listed, with their schema hashes.
 fn discovered(list: &[Value]) -> Vec<DiscoveredTool> {
     list.iter()
         .filter_map(|t| {
+            let seen = Fingerprint::of(t);
             Some(DiscoveredTool {
                 name: t.get("name")?.as_str()?.to_owned(),
-                schema_hash: aip_policy::hash::tool_schema_hash(t),
+                schema_hash: seen.schema_hash,
+                metadata_hash: Some(seen.metadata_hash),
             })
         })
         .collect()

@@ -406,21 +406,6 @@ fn pending(kubectl: &Kubectl) -> Vec<String> {
         .collect()
 }
 
-/// Every Event in namespace agents as "reason Kind/name: note" lines.
-fn events(kubectl: &Kubectl) -> String {
-    kubectl.ok(
-        &[
-            "get",
-            "events.events.k8s.io",
-            "-n",
-            "agents",
-            "-o",
-            "jsonpath={range .items[*]}{.reason} {.regarding.kind}/{.regarding.name}: {.note}{\"\\n\"}{end}",
-        ],
-        None,
-    )
-}
-
 /// A merge PATCH of `name`'s status decision as the user of `kubeconfig`,
 /// without reading it first; the server's refusal, or "" when accepted.
 async fn patch_status_as(kubeconfig: &std::path::Path, name: &str, decision: &str) -> String {

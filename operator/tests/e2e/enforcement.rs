@@ -704,7 +704,6 @@ async fn tool_pins_reach_the_sidecar(kubectl: &Kubectl, agent: &Agent, url: &str
         connection(url)
     );
     kubectl.apply(&pinned);
-    let before = deletes(attempts);
     let refused = eventually("the pins are enforced", || {
         let mut agent = clone_agent(agent);
         async move {
@@ -717,11 +716,39 @@ async fn tool_pins_reach_the_sidecar(kubectl: &Kubectl, agent: &Agent, url: &str
         .as_str()
         .unwrap_or_default();
     assert!(reason.contains(&stale), "{refused}");
+    // (Calls made before the pins arrived reached it; from now on none does.)
+    let before = deletes(attempts);
+    let again = clone_agent(agent)
+        .call("fs_delete_file", json!({"path": "a"}))
+        .await;
+    assert_eq!(error_code(&again), Some(-32013), "{again}");
     assert_eq!(
         deletes(attempts),
         before,
         "a withheld tool's call reached the server"
     );
+    // The operator's own probe sees the same drift: a condition, an Event.
+    let drifted = "{.status.conditions[?(@.type==\"ToolsDrifted\")]}";
+    let condition = eventually("the ToolsDrifted condition", || {
+        let kubectl = kubectl.clone();
+        async move {
+            let c = kubectl.get("toolconnection/fs", drifted);
+            c.contains("\"status\":\"True\"").then_some(c)
+        }
+    })
+    .await;
+    assert!(
+        condition.contains(&format!("delete_file: schema hash {stale} is now sha256:")),
+        "{condition}"
+    );
+    assert!(!condition.contains("read_file"), "{condition}");
+    let note =
+        "ToolsDrifted ToolConnection/fs: withheld from agents until pinned again: delete_file";
+    eventually("the ToolsDrifted Event", || {
+        let kubectl = kubectl.clone();
+        async move { events(&kubectl).contains(note).then_some(()) }
+    })
+    .await;
     lists(agent, "fs_read_file").await;
     let read = clone_agent(agent)
         .call("fs_read_file", json!({"path": "a"}))
@@ -743,4 +770,9 @@ async fn tool_pins_reach_the_sidecar(kubectl: &Kubectl, agent: &Agent, url: &str
         json!({"path": "a"}),
     )
     .await;
+    kubectl.wait(
+        "toolconnection/fs",
+        "{.status.conditions[?(@.type==\"ToolsDrifted\")].reason}",
+        "NotPinned",
+    );
 }

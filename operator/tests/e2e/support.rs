@@ -527,3 +527,18 @@ pub async fn sidecar_token(
     std::fs::write(&path, token).unwrap();
     path
 }
+
+/// Every Event in namespace agents as "reason Kind/name: note" lines.
+pub fn events(kubectl: &Kubectl) -> String {
+    kubectl.ok(
+        &[
+            "get",
+            "events.events.k8s.io",
+            "-n",
+            "agents",
+            "-o",
+            "jsonpath={range .items[*]}{.reason} {.regarding.kind}/{.regarding.name}: {.note}{\"\\n\"}{end}",
+        ],
+        None,
+    )
+}
