@@ -8,6 +8,9 @@ use tokio::time::Instant;
 
 use super::{Backoff, Retry, UnlessRefused, authorize, read_token};
 
+/// The longest wait between attempts to resume an ask's stream.
+const APPROVAL_RETRY_MAX: Duration = Duration::from_secs(2);
+
 /// Asks in Kubernetes mode: each becomes an ApprovalRequest the operator
 /// creates; the decision comes back on the same stream. A broken stream is
 /// resumed by the request's name, so an operator restart loses nothing;
@@ -36,7 +39,11 @@ impl OperatorApprovals {
         // operator that never comes back.
         let give_up = Instant::now() + timeout + Duration::from_secs(30);
         let mut name = String::new();
-        let mut backoff = Backoff::new();
+        // A person may decide while the operator is away: once it is back,
+        // the decision should reach the held call within moments, not
+        // after the configuration stream's 15 s. A sidecar holds few asks,
+        // so retrying every 2 s at most costs the operator little.
+        let mut backoff = Backoff::up_to(APPROVAL_RETRY_MAX);
         loop {
             let mut client = self.link.client();
             let mut request = tonic::Request::new(v1::ApprovalRequest {

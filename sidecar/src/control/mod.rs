@@ -130,6 +130,7 @@ impl Retry for UnlessRefused {
 /// so that sidecars restarted together do not reconnect in lockstep.
 pub struct Backoff {
     next: Duration,
+    max: Duration,
 }
 
 impl Backoff {
@@ -137,7 +138,15 @@ impl Backoff {
     const MAX: Duration = Duration::from_secs(15);
 
     pub fn new() -> Backoff {
-        Backoff { next: Self::FIRST }
+        Backoff::up_to(Self::MAX)
+    }
+
+    /// The same, waiting at most `max` (plus jitter) between attempts.
+    pub fn up_to(max: Duration) -> Backoff {
+        Backoff {
+            next: Self::FIRST,
+            max: max.max(Self::FIRST),
+        }
     }
 
     /// After a success: the next failure waits the least again.
@@ -148,7 +157,7 @@ impl Backoff {
     /// The wait before the next attempt (and doubles the one after).
     pub fn next_wait(&mut self) -> Duration {
         let wait = self.next + self.next.mul_f64(rand::random::<f64>() / 4.0);
-        self.next = (self.next * 2).min(Self::MAX);
+        self.next = (self.next * 2).min(self.max);
         wait
     }
 
@@ -190,5 +199,23 @@ fn read_token(path: &Path) -> Result<SecretString, tonic::Status> {
             path.display(),
             e.kind()
         ))),
+    }
+}
+
+#[cfg(test)]
+mod backoff_tests {
+    use super::*;
+
+    #[test]
+    fn a_capped_backoff_never_waits_past_its_cap_and_its_jitter() {
+        let mut backoff = Backoff::up_to(Duration::from_secs(2));
+        let waits: Vec<Duration> = (0..10).map(|_| backoff.next_wait()).collect();
+        assert!(waits[0] >= Duration::from_millis(200), "{waits:?}");
+        assert!(
+            waits.iter().all(|w| *w <= Duration::from_millis(2500)),
+            "{waits:?}"
+        );
+        assert_eq!(backoff.peek(), Duration::from_secs(2));
+        assert_eq!(Backoff::new().peek(), Duration::from_millis(200));
     }
 }
