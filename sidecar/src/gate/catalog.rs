@@ -50,8 +50,6 @@ pub(super) struct Lookup {
     pub param_headers: Vec<aip_mcp::modern::ParamHeader>,
     /// Why the tool is withheld (the call is refused with -32013).
     pub withheld: Option<Arc<str>>,
-    /// Its schema hash, for a policy that pins one.
-    pub schema_hash: Option<String>,
 }
 
 impl CatalogEntry {
@@ -78,13 +76,22 @@ impl Catalog {
 
     /// What a `tools/call` of `name` needs of the catalog, in one lookup:
     /// whether the name is catalogued, its route, and (for a 2026-07-28
-    /// agent) the `x-mcp-header` annotations of its arguments.
-    pub fn lookup(&self, name: &str, annotations: bool) -> Lookup {
+    /// agent) the `x-mcp-header` annotations of its arguments; and why it
+    /// is withheld, by its pin or by the `schema_hash` the policy pins
+    /// (`pinned`: AIP v1alpha2) when its definition no longer has it.
+    pub fn lookup(&self, name: &str, annotations: bool, pinned: Option<&str>) -> Lookup {
         let Some(&i) = self.by_name.get(name) else {
             return Lookup::default();
         };
         let entry = &self.entries[i];
-        let route = (!self.is_ambiguous(name) && entry.withheld.is_none()).then(|| Route {
+        let withheld = entry.withheld.clone().or_else(|| {
+            let listed = &entry.seen.schema_hash;
+            let pinned = pinned.filter(|p| p != listed)?;
+            Some(Arc::from(format!(
+                "the policy pins schema_hash {pinned}; the server's definition now hashes to {listed}"
+            )))
+        });
+        let route = (!self.is_ambiguous(name) && withheld.is_none()).then(|| Route {
             upstream_name: entry.upstream_name().to_owned(),
             connection: entry.connection.clone(),
         });
@@ -100,8 +107,7 @@ impl Catalog {
             known: true,
             route,
             param_headers,
-            withheld: entry.withheld.clone(),
-            schema_hash: Some(entry.seen.schema_hash.clone()),
+            withheld,
         }
     }
 
@@ -214,7 +220,12 @@ fn scan(entries: &mut [CatalogEntry], previous: Option<&Catalog>) {
         let context = Context {
             other_tools: &others,
         };
-        entry.findings = scanner.scan(&entry.definition, &context);
+        // What the agent would be shown: a credential the server echoed
+        // in a description is redacted before any excerpt is taken, so no
+        // finding (logged, or a withheld tool's reason) can carry one.
+        let mut shown = entry.definition.clone();
+        entry.connection.credentials.redact(&mut shown);
+        entry.findings = scanner.scan(&shown, &context);
         let Some(first) = entry.findings.first() else {
             continue;
         };

@@ -180,7 +180,6 @@ impl Edge {
             }
         };
         let Admitted { message, era, .. } = admitted;
-        let withheld = withheld(&message, &admitted.lookup, &sources.evaluator);
         let (tracked, cancel) = self.calls.track(&admitted.session, message.id());
         let call = Call {
             session: admitted.session,
@@ -190,7 +189,7 @@ impl Edge {
             cancel,
             route: admitted.lookup.route,
             known: admitted.lookup.known,
-            withheld,
+            withheld: admitted.lookup.withheld,
             text_replies: matches!(transport, Transport::Http(_)),
         };
         let session = admitted.opens.then(|| call.session.clone());
@@ -302,7 +301,8 @@ impl Edge {
                     .and_then(Value::as_str)
                     .unwrap_or_default();
                 let catalog = sources.routes.catalog(sources.connections);
-                catalog.lookup(name, headers.is_some() && era == Era::Modern)
+                let pinned = sources.evaluator.schema_hash(name);
+                catalog.lookup(name, headers.is_some() && era == Era::Modern, pinned)
             }
             _ => Lookup::default(),
         };
@@ -691,23 +691,6 @@ fn era_of(message: &Value) -> Era {
     } else {
         Era::Legacy
     }
-}
-
-/// Why a `tools/call`'s tool may not be called, whatever the policy
-/// allows: the catalog withholds it, or the policy pins a `schema_hash`
-/// (AIP v1alpha2) the server's definition no longer has.
-fn withheld(message: &Message, lookup: &Lookup, evaluator: &Evaluator) -> Option<Arc<str>> {
-    if let Some(why) = &lookup.withheld {
-        return Some(why.clone());
-    }
-    let name = message.params()?.get("name")?.as_str()?;
-    let pinned = evaluator.schema_hash(name)?;
-    let listed = lookup.schema_hash.as_deref()?;
-    (pinned != listed).then(|| {
-        Arc::from(format!(
-            "the policy pins schema_hash {pinned}; the server's definition now hashes to {listed}"
-        ))
-    })
 }
 
 #[cfg(test)]
