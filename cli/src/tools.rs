@@ -14,7 +14,7 @@ use aip_policy::tools::fingerprint::is_hash;
 use aip_policy::tools::{Context, Finding, Fingerprint, Pin, Pins, Scanner, Standing, Trust};
 use anyhow::{Context as _, anyhow, bail};
 use clap::{Args, Subcommand};
-use secrecy::SecretString;
+use secrecy::{ExposeSecret, SecretString};
 use serde_json::Value;
 
 #[derive(Subcommand)]
@@ -160,15 +160,23 @@ fn list(target: &Target) -> anyhow::Result<Vec<Value>> {
     let mut connection = Connection::new("aip-tools", endpoint);
     connection.timeout = Duration::from_secs(target.timeout.max(1));
     connection.health_deadline = connection.timeout;
-    connection.credentials = Ok(target
+    let headers: Vec<(String, SecretString)> = target
         .headers
         .iter()
         .map(|h| header(h))
-        .collect::<anyhow::Result<_>>()?);
+        .collect::<anyhow::Result<_>>()?;
+    // A value the server echoes in its tools is not printed (as written;
+    // the gateway also finds its encodings).
+    let secrets: Vec<String> = headers
+        .iter()
+        .map(|(_, v)| v.expose_secret().to_owned())
+        .filter(|v| v.len() >= 8)
+        .collect();
+    connection.credentials = Ok(headers);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(async move {
+    let listed = runtime.block_on(async move {
         let upstream = aip_mcp::Upstream::new(Arc::new(connection)).map_err(|e| anyhow!(e))?;
         let listed = upstream.health_check().await;
         upstream.close().await;
@@ -185,7 +193,23 @@ fn list(target: &Target) -> anyhow::Result<Vec<Value>> {
                 failure.reason()
             )
         })
-    })
+    })?;
+    Ok(listed
+        .into_iter()
+        .map(|tool| redacted(tool, &secrets))
+        .collect())
+}
+
+/// `tool` with every raw occurrence of `secrets` replaced.
+fn redacted(tool: Value, secrets: &[String]) -> Value {
+    let text = tool.to_string();
+    if !secrets.iter().any(|s| text.contains(s.as_str())) {
+        return tool;
+    }
+    let text = secrets
+        .iter()
+        .fold(text, |t, s| t.replace(s.as_str(), "[REDACTED:credential]"));
+    serde_json::from_str(&text).unwrap_or(Value::Null)
 }
 
 /// `NAME: VALUE`, the value kept secret.
