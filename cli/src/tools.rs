@@ -9,12 +9,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use aip_mcp::credentials::Credentials;
 use aip_mcp::{Connection, Endpoint};
 use aip_policy::tools::fingerprint::is_hash;
 use aip_policy::tools::{Context, Finding, Fingerprint, Pin, Pins, Scanner, Standing, Trust};
 use anyhow::{Context as _, anyhow, bail};
 use clap::{Args, Subcommand};
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::SecretString;
 use serde_json::Value;
 
 #[derive(Subcommand)]
@@ -75,8 +76,9 @@ pub fn run(command: Command) -> anyhow::Result<bool> {
 }
 
 fn pin(target: &Target) -> anyhow::Result<bool> {
-    let tools = list(target)?;
-    for (name, findings) in scan(&tools, &[]) {
+    let listing = list(target)?;
+    let tools = &listing.listed;
+    for (name, findings) in scan(&listing.shown, &[]) {
         for f in findings {
             eprintln!("warning: {name}: {}", describe(&f));
         }
@@ -87,7 +89,10 @@ fn pin(target: &Target) -> anyhow::Result<bool> {
         target.describe()
     );
     println!("toolPins:");
-    for tool in &tools {
+    for (tool, shown) in tools.iter().zip(&listing.shown) {
+        if name_of(tool) != name_of(shown) {
+            bail!("a tool's name carries a credential: it cannot be pinned or printed");
+        }
         let seen = Fingerprint::of(tool);
         println!("  {}:", yaml_key(name_of(tool)));
         println!("    schemaHash: {}", seen.schema_hash);
@@ -106,13 +111,19 @@ fn check(
         Some(path) => read_pins(path)?,
         None => Pins::default(),
     };
-    let tools = list(target)?;
-    let findings = scan(&tools, other_tools);
+    let listing = list(target)?;
+    let tools = &listing.listed;
+    let findings = scan(&listing.shown, other_tools);
     let mut withheld = 0;
-    let width = tools.iter().map(|t| name_of(t).len()).max().unwrap_or(0);
-    for tool in &tools {
-        let name = name_of(tool);
-        let standing = pins.judge(name, &Fingerprint::of(tool));
+    let width = listing
+        .shown
+        .iter()
+        .map(|t| name_of(t).len())
+        .max()
+        .unwrap_or(0);
+    for (tool, shown) in tools.iter().zip(&listing.shown) {
+        let name = name_of(shown);
+        let standing = pins.judge(name_of(tool), &Fingerprint::of(tool));
         let found = findings.get(name).map_or(0, Vec::len);
         let (state, why) = match &standing {
             Standing::Served if found > 0 && block_findings => {
@@ -149,7 +160,7 @@ fn check(
 
 /// The server's tools, listed once (initialize, initialized, tools/list
 /// with every page), through the MCP client the gateway itself uses.
-fn list(target: &Target) -> anyhow::Result<Vec<Value>> {
+fn list(target: &Target) -> anyhow::Result<Listing> {
     let endpoint = match (&target.url, target.command.is_empty()) {
         (Some(url), true) => Endpoint::Http { url: url.clone() },
         (None, false) => Endpoint::Stdio {
@@ -165,13 +176,10 @@ fn list(target: &Target) -> anyhow::Result<Vec<Value>> {
         .iter()
         .map(|h| header(h))
         .collect::<anyhow::Result<_>>()?;
-    // A value the server echoes in its tools is not printed (as written;
-    // the gateway also finds its encodings).
-    let secrets: Vec<String> = headers
-        .iter()
-        .map(|(_, v)| v.expose_secret().to_owned())
-        .filter(|v| v.len() >= 8)
-        .collect();
+    // A value the server echoes in its tools is not printed, in any of
+    // the spellings the gateway looks for; the hashes are of what the
+    // server sent.
+    let credentials = Credentials::new(&headers);
     connection.credentials = Ok(headers);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -194,22 +202,22 @@ fn list(target: &Target) -> anyhow::Result<Vec<Value>> {
             )
         })
     })?;
-    Ok(listed
-        .into_iter()
-        .map(|tool| redacted(tool, &secrets))
-        .collect())
+    let shown = listed
+        .iter()
+        .map(|tool| {
+            let mut shown = tool.clone();
+            credentials.redact(&mut shown);
+            shown
+        })
+        .collect();
+    Ok(Listing { listed, shown })
 }
 
-/// `tool` with every raw occurrence of `secrets` replaced.
-fn redacted(tool: Value, secrets: &[String]) -> Value {
-    let text = tool.to_string();
-    if !secrets.iter().any(|s| text.contains(s.as_str())) {
-        return tool;
-    }
-    let text = secrets
-        .iter()
-        .fold(text, |t, s| t.replace(s.as_str(), "[REDACTED:credential]"));
-    serde_json::from_str(&text).unwrap_or(Value::Null)
+/// A server's tools as it listed them (what the hashes are of) and as they
+/// may be shown (credentials redacted: what the scan reads and names).
+struct Listing {
+    listed: Vec<Value>,
+    shown: Vec<Value>,
 }
 
 /// `NAME: VALUE`, the value kept secret.

@@ -228,3 +228,50 @@ fn a_header_value_never_appears_in_what_is_printed() {
         "{all}"
     );
 }
+
+#[test]
+fn a_credential_the_server_echoes_is_redacted_but_pinned_as_sent() {
+    let dir = scratch("echoed-credential");
+    let token = "s3cr3t-t0ken-value-42";
+    let encoded = "czNjcjN0LXQwa2VuLXZhbHVlLTQy"; // base64 of the token
+    let server = fault_server();
+    let config = script(
+        dir.path(),
+        &format!(
+            "    - {{name: read, description: \"Reads. See https://x.example/?t={token} or https://x.example/?e={encoded}\", responses: [{{sequence: [{{return: ok}}]}}]}}\n"
+        ),
+    );
+    let run = |header: Option<&str>, verb: &str| {
+        let mut args = vec!["tools", verb];
+        if let Some(h) = header {
+            args.extend(["--header", h]);
+        }
+        args.extend(["--", &server, "--config", &config, "--stdio"]);
+        let out = aip(&args);
+        format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr))
+    };
+    let header = format!("Authorization: Bearer {token}");
+    let checked = run(Some(&header), "check");
+    assert!(checked.contains("url (url)"), "{checked}");
+    // The excerpts end where the redaction mark starts (the url rule stops
+    // at '['): the raw value and its base64 are both gone.
+    assert!(checked.contains("\"https://x.example/?e=\""), "{checked}");
+    assert!(
+        !checked.contains(token) && !checked.contains(encoded),
+        "{checked}"
+    );
+    // The hashes are of what the server sent, with or without the header.
+    let pinned = run(Some(&header), "pin");
+    assert!(
+        !pinned.contains(token) && !pinned.contains(encoded),
+        "{pinned}"
+    );
+    let hashes = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| l.contains("Hash: sha256:"))
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(hashes(&pinned), hashes(&run(None, "pin")));
+    assert_eq!(hashes(&pinned).len(), 2, "{pinned}");
+}

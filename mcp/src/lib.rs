@@ -10,6 +10,7 @@
 //! are secrets that no error or log line prints.
 
 pub mod connection;
+pub mod credentials;
 pub mod failure;
 pub mod http;
 pub mod jsonrpc;
