@@ -36,7 +36,8 @@ pub const DEFAULT_HEALTH_TIMEOUT_SECONDS: u32 = 5;
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
     {"rule": "!has(self.tls) || self.url.startsWith('https://')", "message": "tls applies to https:// URLs only"},
-    {"rule": "!has(self.toolTrust) || self.toolTrust != 'Listed' || !has(self.toolPins) || size(self.toolPins) == 0", "message": "toolTrust Listed serves every tool as listed, so toolPins would be ignored: remove one of them"}
+    {"rule": "!has(self.toolTrust) || self.toolTrust != 'Listed' || !has(self.toolPins) || size(self.toolPins) == 0", "message": "toolTrust Listed serves every tool as listed, so toolPins would be ignored: remove one of them"},
+    {"rule": "!has(self.toolTrust) || self.toolTrust != 'FirstUse' || !has(self.toolPins) || size(self.toolPins) == 0", "message": "toolTrust FirstUse pins what the server first lists and keeps the pins in status, so toolPins would compete with them: remove one of them"}
 ]))]
 pub struct ToolConnectionSpec {
     /// The server's MCP endpoint (http:// or https://). Redirects are never
@@ -89,7 +90,10 @@ pub struct ToolConnectionSpec {
     pub tool_pins: BTreeMap<String, ToolPin>,
 
     /// Listed: every tool as listed (the default without toolPins);
-    /// Pinned: only pinned tools, each as pinned (the default with them).
+    /// Pinned: only pinned tools, each as pinned (the default with them);
+    /// FirstUse: the first tools the operator lists are accepted and kept
+    /// in status.tools; a later change or a new tool is withheld until a
+    /// person accepts it (`kubectl aip tools accept`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_trust: Option<ToolTrust>,
 
@@ -112,12 +116,12 @@ pub struct ToolPin {
     pub metadata_hash: Option<String>,
 }
 
-/// How a connection trusts its tools. (Trust on first use needs the
-/// operator to record what it first saw, which it does not yet.)
+/// How a connection trusts its tools.
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum ToolTrust {
     Listed,
     Pinned,
+    FirstUse,
 }
 
 /// What a poisoning-scan finding does.
@@ -268,17 +272,91 @@ pub struct Health {
     pub last_transition_time: Option<Time>,
 }
 
+/// One tool of the server, as the operator last listed it and as it is
+/// judged: by its pin, by the acceptance recorded here (toolTrust
+/// FirstUse), and by the poisoning scan.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DiscoveredTool {
     /// The name as the server lists it.
     pub name: String,
     /// sha256:... of its name, description and inputSchema (what a
-    /// rule's schema_hash and toolPins pin).
+    /// rule's schema_hash and toolPins pin). Empty when the server no
+    /// longer lists the tool.
     pub schema_hash: String,
     /// sha256:... of its title, outputSchema and annotations.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata_hash: Option<String>,
+    /// Served, or why agents do not see it: Drifted, New, Unpinned,
+    /// Flagged (the scan found something and toolScan is Block) or
+    /// Unlisted (accepted once, no longer listed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<ToolState>,
+    /// Why a withheld tool is withheld.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// When the operator first listed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_seen: Option<Time>,
+    /// The definition as listed (canonical JSON, credentials redacted),
+    /// kept while the tool is withheld: what `kubectl aip tools` compares
+    /// with the accepted one. Absent when larger than 16 KiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub definition: Option<String>,
+    /// The definition a person (or first use) accepted; under toolTrust
+    /// FirstUse the tool is served while it matches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepted: Option<AcceptedTool>,
+    /// What the poisoning scan found in the listed definition.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub findings: Vec<ToolFinding>,
+}
+
+/// The state of one tool, as agents are served it.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ToolState {
+    Served,
+    Drifted,
+    New,
+    Unpinned,
+    Flagged,
+    Unlisted,
+}
+
+/// An accepted definition: its fingerprints, who accepted it and when
+/// (stamped by the operator's webhook), and its text for later diffs.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AcceptedTool {
+    #[schemars(regex(pattern = r"^sha256:[0-9a-f]{64}$"))]
+    pub schema_hash: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^sha256:[0-9a-f]{64}$"))]
+    pub metadata_hash: Option<String>,
+    /// The user who accepted, or the operator's service account for the
+    /// first listing under toolTrust FirstUse.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<Time>,
+    /// The accepted definition (canonical JSON, credentials redacted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub definition: Option<String>,
+}
+
+/// One finding of the poisoning scan.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolFinding {
+    /// The rule (policy/src/tools/poisoning.yaml).
+    pub rule: String,
+    /// Its class: instructions, hidden_text, comment, encoded, url,
+    /// secrets or tool_reference.
+    pub class: String,
+    /// A JSON pointer into the definition.
+    pub field: String,
+    /// The matched text (invisible characters written <U+XXXX>).
+    pub excerpt: String,
 }
 
 /// What the operator last saw of the server: its health and its tools.
@@ -288,7 +366,8 @@ pub struct ToolConnectionStatus {
     /// What the operator's probes and the sidecars' calls show.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<Health>,
-    /// The tools the last successful probe listed.
+    /// The tools the last successful probe listed (and, under toolTrust
+    /// FirstUse, accepted ones it no longer lists).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<DiscoveredTool>,
     /// How many tools the last successful probe listed.

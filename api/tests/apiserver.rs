@@ -159,6 +159,7 @@ fn every_cel_rule_has_its_test() {
         [
             "ToolConnection .spec: !has(self.tls) || self.url.startsWith('https://') (tls applies to https:// URLs only)",
             "ToolConnection .spec: !has(self.toolTrust) || self.toolTrust != 'Listed' || !has(self.toolPins) || size(self.toolPins) == 0 (toolTrust Listed serves every tool as listed, so toolPins would be ignored: remove one of them)",
+            "ToolConnection .spec: !has(self.toolTrust) || self.toolTrust != 'FirstUse' || !has(self.toolPins) || size(self.toolPins) == 0 (toolTrust FirstUse pins what the server first lists and keeps the pins in status, so toolPins would compete with them: remove one of them)",
             "ApprovalRequest .spec: self == oldSelf (spec is immutable)",
         ]
     );
@@ -228,7 +229,7 @@ async fn a_tls_block_on_an_http_url_is_refused_by_its_cel_rule() {
 }
 
 #[tokio::test]
-async fn tool_pins_beside_trust_listed_are_refused_by_their_cel_rule() {
+async fn tool_pins_beside_trust_listed_or_first_use_are_refused_by_their_cel_rules() {
     crds().await;
     let ns = fresh_namespace("cel-pins").await;
     let api = api("ToolConnection", &ns).await;
@@ -248,9 +249,24 @@ async fn tool_pins_beside_trust_listed_are_refused_by_their_cel_rule() {
         refusal(refused),
         "ToolConnection.aip.io \"listed\" is invalid: spec: Invalid value: toolTrust Listed serves every tool as listed, so toolPins would be ignored: remove one of them"
     );
-    // Pinned with pins, Listed without, and pins alone are accepted; a
-    // hash spelled otherwise is refused by its pattern.
+    let refused = api
+        .create(
+            &PostParams::default(),
+            &object(
+                "ToolConnection",
+                "first-use",
+                json!({"url": url, "toolTrust": "FirstUse", "toolPins": pins}),
+            ),
+        )
+        .await;
+    assert_eq!(
+        refusal(refused),
+        "ToolConnection.aip.io \"first-use\" is invalid: spec: Invalid value: toolTrust FirstUse pins what the server first lists and keeps the pins in status, so toolPins would compete with them: remove one of them"
+    );
+    // Pinned with pins, Listed and FirstUse without, and pins alone are
+    // accepted; a hash spelled otherwise is refused by its pattern.
     for (name, spec) in [
+        ("first-use", json!({"url": url, "toolTrust": "FirstUse"})),
         (
             "pinned",
             json!({"url": url, "toolTrust": "Pinned", "toolPins": pins}),

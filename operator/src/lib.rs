@@ -7,6 +7,7 @@
 
 pub mod admin;
 pub mod approvals;
+pub mod audit;
 pub mod certs;
 pub mod controllers;
 pub mod events;

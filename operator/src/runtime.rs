@@ -291,6 +291,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         leader: leader.clone(),
         recorder: recorder.clone(),
         metrics: metrics.clone(),
+        operator: args.operator_username.clone(),
     });
     let status_ctx = Arc::new(crate::controllers::Context {
         client: client.clone(),
@@ -298,6 +299,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         leader: leader.clone(),
         recorder,
         metrics: metrics.clone(),
+        operator: args.operator_username.clone(),
     });
     let lease_config = LeaseConfig {
         namespace: args.namespace.clone(),

@@ -12,17 +12,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aip_api::ToolConnection;
-use aip_api::tool_connection::{
-    DiscoveredTool, Health, HealthState, ToolConnectionStatus, ToolTrust,
-};
+use aip_api::tool_connection::{Health, HealthState, ToolConnectionStatus, ToolTrust};
 use aip_mcp::Upstream;
+use aip_mcp::credentials::Credentials;
 use aip_mcp::failure::{ConnectionEffect, Failure};
-use aip_policy::tools::{Fingerprint, Pin, Pins, Standing, Trust};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -33,6 +31,7 @@ use crate::grpc::Evidence;
 use crate::index::{ObjectKey, ResolvedConnection};
 
 use super::conditions::{Conditions, ours};
+use super::tool_ledger;
 use super::{Context, FIELD_MANAGER};
 
 /// The condition types this writer owns.
@@ -289,27 +288,109 @@ enum Outcome {
     Evidence(String),
 }
 
-/// Writes the status an outcome calls for, if it differs from what is there.
+/// How often a status write that lost a race (someone else wrote the
+/// status in between: a person accepting a tool) is tried again at once.
+const WRITE_ATTEMPTS: usize = 3;
+
+/// Writes the status an outcome calls for, if it differs from what is
+/// there. The write names the resourceVersion it was computed from, so an
+/// acceptance written in between is never overwritten: the write is
+/// computed again from the new status.
 async fn write(ctx: &Context, key: &ObjectKey, resolved: &ResolvedConnection, outcome: Outcome) {
     let api: Api<ToolConnection> = Api::namespaced(ctx.client.clone(), &key.namespace);
-    let current = match api.get_opt(&key.name).await {
-        Ok(Some(c)) => c,
-        Ok(None) => return,
-        Err(e) => {
-            tracing::warn!(connection = %key.name, error = %e, "cannot read the ToolConnection");
+    for _ in 0..WRITE_ATTEMPTS {
+        let current = match api.get_opt(&key.name).await {
+            Ok(Some(c)) => c,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(connection = %key.name, error = %e, "cannot read the ToolConnection");
+                return;
+            }
+        };
+        let Some(desired) = desired(ctx, &current, resolved, &outcome) else {
             return;
+        };
+        let patch = json!({
+            "apiVersion": "aip.io/v1alpha1",
+            "kind": "ToolConnection",
+            "metadata": {"resourceVersion": current.resource_version()},
+            "status": desired.status,
+        });
+        match api
+            .patch_status(
+                &key.name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(patch),
+            )
+            .await
+        {
+            Ok(_) => {
+                ctx.metrics.reconciled("ToolConnection");
+                announce(ctx, key, &current, &desired).await;
+                return;
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => {
+                ctx.metrics.reconcile_failed("ToolConnection", "patch");
+                tracing::warn!(connection = %key.name, error = %e, "ToolConnection status not written");
+                return;
+            }
         }
-    };
+    }
+    ctx.metrics.reconcile_failed("ToolConnection", "conflict");
+    tracing::warn!(connection = %key.name, "ToolConnection status changed under every write; the next check writes it");
+}
+
+/// A status to write, and what it changes.
+struct Desired {
+    status: ToolConnectionStatus,
+    before: ToolConnectionStatus,
+    /// The ToolsDrifted message, when a tool is withheld by its pin or
+    /// acceptance.
+    withheld: Option<String>,
+    /// The health state changed to one agents cannot list in.
+    fell_to: Option<(HealthState, Option<String>)>,
+}
+
+/// The status `outcome` calls for; None when only a recent check time
+/// would change.
+fn desired(
+    ctx: &Context,
+    current: &ToolConnection,
+    resolved: &ResolvedConnection,
+    outcome: &Outcome,
+) -> Option<Desired> {
     let before = current.status.clone().unwrap_or_default();
     let now = Time(Timestamp::now());
-    let (state, reason, http_status, scope, tools) = match &outcome {
+    let spec = &current.spec;
+    let rules = tool_ledger::Rules {
+        trust: spec.tool_trust,
+        pins: &spec.tool_pins,
+        scan: spec.tool_scan,
+    };
+    let (state, reason, http_status, scope, tools, listed) = match outcome {
         Outcome::Probe(result, successes) => {
             let (state, reason, status, scope) = health_of(result, *successes);
-            let tools = match result {
-                Ok(list) => discovered(list),
-                Err(_) => before.tools.clone(),
+            let (tools, listed) = match result {
+                Ok(list) => {
+                    let credentials = match &resolved.credentials {
+                        Ok(c) => Credentials::new(&c.headers),
+                        Err(_) => Credentials::new(&[]),
+                    };
+                    let recorder = tool_ledger::Recorder {
+                        operator: &ctx.operator,
+                        now: &now,
+                    };
+                    let judged =
+                        tool_ledger::judge(&rules, &before.tools, list, &credentials, &recorder);
+                    (judged.tools, judged.listed)
+                }
+                Err(_) => (
+                    before.tools.clone(),
+                    before.tool_count.unwrap_or(0) as usize,
+                ),
             };
-            (state, reason, status, scope, tools)
+            (state, reason, status, scope, tools, listed)
         }
         Outcome::Evidence(why) => (
             HealthState::NeedsCredentials,
@@ -317,6 +398,7 @@ async fn write(ctx: &Context, key: &ObjectKey, resolved: &ResolvedConnection, ou
             Some(401),
             None,
             before.tools.clone(),
+            before.tool_count.unwrap_or(0) as usize,
         ),
     };
     let previous = before.health.clone().unwrap_or_default();
@@ -359,31 +441,31 @@ async fn write(ctx: &Context, key: &ObjectKey, resolved: &ResolvedConnection, ou
             .clone()
             .unwrap_or_else(|| "the last health check succeeded".to_owned()),
     );
-    let (drifted, why) = drift(resolved, &tools);
-    let tools_drifted = match (&why, pins_of(resolved).kept()) {
+    let withheld = tool_ledger::withheld_message(spec.tool_trust, &tools);
+    let tools_drifted = match (&withheld, rules_keep_pins(&rules)) {
         (Some(why), _) => condition("ToolsDrifted", true, "Drifted", why.clone()),
-        (None, true) => condition(
+        (None, Some(ToolTrust::FirstUse)) => condition(
+            "ToolsDrifted",
+            false,
+            "Accepted",
+            "every listed tool matches what was accepted".to_owned(),
+        ),
+        (None, Some(_)) => condition(
             "ToolsDrifted",
             false,
             "Pinned",
             "every listed tool matches its pin".to_owned(),
         ),
-        (None, false) => condition(
+        (None, None) => condition(
             "ToolsDrifted",
             false,
             "NotPinned",
             "no tools are pinned: every tool is served as listed".to_owned(),
         ),
     };
-    let was_drifted = before
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "ToolsDrifted")
-        .filter(|c| c.status == "True")
-        .map(|c| c.message.clone());
-    let desired = ToolConnectionStatus {
+    let status = ToolConnectionStatus {
         health: Some(health),
-        tool_count: Some(u32::try_from(tools.len()).unwrap_or(u32::MAX)),
+        tool_count: Some(u32::try_from(listed).unwrap_or(u32::MAX)),
         tools,
         conditions: vec![credentials, healthy, tools_drifted],
         observed_generation: current.metadata.generation,
@@ -392,128 +474,122 @@ async fn write(ctx: &Context, key: &ObjectKey, resolved: &ResolvedConnection, ou
         conditions: ours(&before.conditions, CONDITIONS),
         ..before.clone()
     };
-    if same_but_check_time(&ours_before, &desired) {
-        return;
+    if same_but_check_time(&ours_before, &status) {
+        return None;
     }
-    let patch =
-        json!({"apiVersion": "aip.io/v1alpha1", "kind": "ToolConnection", "status": desired});
-    match api
-        .patch_status(
-            &key.name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(patch),
-        )
-        .await
-    {
-        Ok(_) => ctx.metrics.reconciled("ToolConnection"),
-        Err(e) => {
-            ctx.metrics.reconcile_failed("ToolConnection", "patch");
-            tracing::warn!(connection = %key.name, error = %e, "ToolConnection status not written");
-            return;
-        }
+    Some(Desired {
+        status,
+        before,
+        withheld,
+        fell_to: (changed_state && !listable && state != HealthState::Unchecked)
+            .then_some((state, reason)),
+    })
+}
+
+/// The trust a connection keeps pins under; None when every tool is served
+/// as listed.
+fn rules_keep_pins(rules: &tool_ledger::Rules<'_>) -> Option<ToolTrust> {
+    match rules.trust {
+        Some(ToolTrust::Listed) => None,
+        Some(trust) => Some(trust),
+        None if rules.pins.is_empty() => None,
+        None => Some(ToolTrust::Pinned),
     }
-    if drifted && was_drifted != why {
+}
+
+/// The Events, metric and audit records a written status calls for: a
+/// changed set of withheld tools, each tool newly withheld or accepted, a
+/// fall out of health.
+async fn announce(ctx: &Context, key: &ObjectKey, current: &ToolConnection, desired: &Desired) {
+    let reference = current.object_ref(&());
+    let was_withheld = desired
+        .before
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "ToolsDrifted")
+        .filter(|c| c.status == "True")
+        .map(|c| c.message.clone());
+    if desired.withheld.is_some() && was_withheld != desired.withheld {
         ctx.metrics.tools_drifted(&key.namespace, &key.name);
         publish(
             &ctx.recorder,
             EventType::Warning,
             "ToolsDrifted",
             "ToolCheck",
-            why,
-            &current.object_ref(&()),
+            desired.withheld.clone(),
+            &reference,
         )
         .await;
     }
-    if changed_state && !listable && state != HealthState::Unchecked {
+    let timestamp = crate::audit::now();
+    for tool in &desired.status.tools {
+        let before = desired.before.tools.iter().find(|t| t.name == tool.name);
+        let record = |event, by, reason| crate::audit::ToolRecord {
+            timestamp: timestamp.clone(),
+            event,
+            namespace: &key.namespace,
+            connection: &key.name,
+            tool: &tool.name,
+            schema_hash: &tool.schema_hash,
+            accepted_schema_hash: tool.accepted.as_ref().map(|a| a.schema_hash.as_str()),
+            by,
+            reason,
+        };
+        let newly_withheld = tool_ledger::drifted(tool.state)
+            && before.is_none_or(|b| {
+                !tool_ledger::drifted(b.state) || b.schema_hash != tool.schema_hash
+            });
+        if newly_withheld {
+            crate::audit::record(&record(
+                crate::audit::ToolEvent::ToolWithheld,
+                None,
+                tool.reason.as_deref(),
+            ));
+        }
+        let accepted = tool.accepted.as_ref();
+        let newly_accepted = accepted.is_some_and(|a| {
+            before
+                .and_then(|b| b.accepted.as_ref())
+                .map(|b| &b.schema_hash)
+                != Some(&a.schema_hash)
+                || before
+                    .and_then(|b| b.accepted.as_ref())
+                    .map(|b| &b.metadata_hash)
+                    != Some(&a.metadata_hash)
+        });
+        if let (true, Some(a)) = (newly_accepted, accepted) {
+            let by = a.by.as_deref();
+            crate::audit::record(&record(crate::audit::ToolEvent::ToolAccepted, by, None));
+            if by != Some(ctx.operator.as_str()) {
+                let note = format!(
+                    "{} accepted by {} (schema hash {})",
+                    tool.name,
+                    by.unwrap_or("an unknown user"),
+                    a.schema_hash
+                );
+                publish(
+                    &ctx.recorder,
+                    EventType::Normal,
+                    "ToolAccepted",
+                    "ToolCheck",
+                    Some(note),
+                    &reference,
+                )
+                .await;
+            }
+        }
+    }
+    if let Some((state, reason)) = &desired.fell_to {
         publish(
             &ctx.recorder,
             EventType::Warning,
             &format!("{state:?}"),
             "HealthCheck",
-            reason,
-            &current.object_ref(&()),
+            reason.clone(),
+            &reference,
         )
         .await;
     }
-}
-
-/// The connection's pins, as its sidecars hold them.
-fn pins_of(resolved: &ResolvedConnection) -> Pins {
-    let tools: std::collections::BTreeMap<String, Pin> = resolved
-        .tool_pins
-        .iter()
-        .map(|(name, pin)| {
-            let pin = Pin {
-                schema_hash: pin.schema_hash.clone(),
-                metadata_hash: pin.metadata_hash.clone(),
-            };
-            (name.clone(), pin)
-        })
-        .collect();
-    let trust = match resolved.tool_trust {
-        Some(ToolTrust::Listed) => Trust::Listed,
-        Some(ToolTrust::Pinned) => Trust::Pinned,
-        None if tools.is_empty() => Trust::Listed,
-        None => Trust::Pinned,
-    };
-    Pins { trust, tools }
-}
-
-/// Whether a listed tool is withheld by its pin (drifted, or unpinned
-/// where pins are kept), and which, with the hashes: the ToolsDrifted
-/// condition's message and its Event's note.
-fn drift(resolved: &ResolvedConnection, tools: &[DiscoveredTool]) -> (bool, Option<String>) {
-    let pins = pins_of(resolved);
-    let mut lines = Vec::new();
-    for tool in tools {
-        let seen = Fingerprint {
-            schema_hash: tool.schema_hash.clone(),
-            metadata_hash: tool.metadata_hash.clone().unwrap_or_default(),
-        };
-        match pins.judge(&tool.name, &seen) {
-            Standing::Served => {}
-            Standing::Unpinned => lines.push(format!("{}: not pinned", tool.name)),
-            Standing::Drifted(d) => {
-                let mut what = Vec::new();
-                if d.schema_changed() {
-                    what.push(format!(
-                        "schema hash {} is now {}",
-                        d.pinned.schema_hash, d.seen.schema_hash
-                    ));
-                }
-                if d.metadata_changed() {
-                    let pinned = d.pinned.metadata_hash.clone().unwrap_or_default();
-                    what.push(format!(
-                        "metadata hash {pinned} is now {}",
-                        d.seen.metadata_hash
-                    ));
-                }
-                lines.push(format!("{}: {}", tool.name, what.join("; ")));
-            }
-        }
-    }
-    if lines.is_empty() {
-        return (false, None);
-    }
-    let message = format!(
-        "withheld from agents until pinned again: {}",
-        lines.join("; ")
-    );
-    (true, Some(message))
-}
-
-/// The tools a probe listed, with their schema hashes.
-fn discovered(list: &[Value]) -> Vec<DiscoveredTool> {
-    list.iter()
-        .filter_map(|t| {
-            let seen = Fingerprint::of(t);
-            Some(DiscoveredTool {
-                name: t.get("name")?.as_str()?.to_owned(),
-                schema_hash: seen.schema_hash,
-                metadata_hash: Some(seen.metadata_hash),
-            })
-        })
-        .collect()
 }
 
 /// Whether only lastCheckTime would change, and it is recent enough.
@@ -574,19 +650,6 @@ mod tests {
         assert_eq!(
             reason.as_deref(),
             Some("spec.bearerToken: Secret t not found")
-        );
-    }
-
-    #[test]
-    fn listed_tools_carry_their_schema_hash() {
-        let tools =
-            discovered(&[serde_json::json!({"name": "read", "inputSchema": {"type": "object"}})]);
-        assert_eq!(tools[0].name, "read");
-        assert_eq!(
-            tools[0].schema_hash,
-            aip_policy::hash::tool_schema_hash(
-                &serde_json::json!({"name": "read", "inputSchema": {"type": "object"}})
-            )
         );
     }
 }

@@ -8,6 +8,7 @@ pub mod connection_health;
 pub mod feed;
 pub mod policy_status;
 pub mod sync_report;
+pub mod tool_ledger;
 
 use std::sync::{Arc, Mutex};
 
@@ -33,4 +34,6 @@ pub struct Context {
     pub leader: watch::Receiver<bool>,
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
+    /// The operator's own user name (what first-use acceptances name).
+    pub operator: String,
 }

@@ -224,6 +224,10 @@ pub fn connection(c: &ResolvedConnection) -> v1::Connection {
             None => v1::ToolTrust::Unspecified,
             Some(ToolTrust::Listed) => v1::ToolTrust::Listed,
             Some(ToolTrust::Pinned) => v1::ToolTrust::Pinned,
+            // Once the operator recorded the first listing, its acceptances
+            // are the pins; before, each sidecar pins what it first sees.
+            Some(ToolTrust::FirstUse) if c.tool_pins.is_empty() => v1::ToolTrust::FirstUse,
+            Some(ToolTrust::FirstUse) => v1::ToolTrust::Pinned,
         }
         .into(),
         tool_scan: match c.tool_scan {

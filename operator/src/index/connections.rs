@@ -34,7 +34,9 @@ pub struct ResolvedConnection {
     pub health_deadline: Duration,
     pub tool_prefix: String,
     pub capabilities: ClientCapabilities,
-    /// What the connection's tools are held to (docs/tool-pins.md).
+    /// What the connection's tools are held to (docs/tool-pins.md): the
+    /// spec's pins, or under toolTrust FirstUse the acceptances its status
+    /// records.
     pub tool_pins: BTreeMap<String, ToolPin>,
     pub tool_trust: Option<ToolTrust>,
     pub tool_scan: Option<ToolScan>,
@@ -107,6 +109,8 @@ impl PartialEq for ResolvedConnection {
 
 pub(super) struct ConnectionEntry {
     pub(super) spec: ToolConnectionSpec,
+    /// The acceptances in its status (toolTrust FirstUse).
+    accepted: BTreeMap<String, ToolPin>,
     resolved: Arc<ResolvedConnection>,
 }
 
@@ -126,13 +130,23 @@ impl Index {
         namespace: &str,
         name: &str,
         spec: &ToolConnectionSpec,
+        accepted: BTreeMap<String, ToolPin>,
     ) -> BTreeSet<ObjectKey> {
         let ns = self.namespace(namespace);
-        let resolved = Arc::new(resolve(namespace, name, spec, &ns.secrets));
+        let resolved = Arc::new(resolve(namespace, name, spec, &accepted, &ns.secrets));
+        if ns
+            .connections
+            .get(name)
+            .is_some_and(|c| c.spec == *spec && *c.resolved == *resolved)
+        {
+            // A status write of its own (a health check): nothing changed.
+            return BTreeSet::new();
+        }
         ns.connections.insert(
             name.to_owned(),
             ConnectionEntry {
                 spec: spec.clone(),
+                accepted,
                 resolved,
             },
         );
@@ -167,7 +181,7 @@ impl Index {
         let mut changed = Vec::new();
         for (name, c) in &mut ns.connections {
             if c.reads(secret) {
-                let resolved = resolve(namespace, name, &c.spec, &ns.secrets);
+                let resolved = resolve(namespace, name, &c.spec, &c.accepted, &ns.secrets);
                 if *c.resolved != resolved {
                     c.resolved = Arc::new(resolved);
                     changed.push(name.clone());
@@ -230,6 +244,7 @@ fn resolve(
     namespace: &str,
     name: &str,
     spec: &ToolConnectionSpec,
+    accepted: &BTreeMap<String, ToolPin>,
     secrets: &Secrets,
 ) -> ResolvedConnection {
     let health = spec.health_check.clone().unwrap_or_default();
@@ -256,7 +271,11 @@ fn resolve(
         health_deadline: seconds(health.timeout_seconds, DEFAULT_HEALTH_TIMEOUT_SECONDS),
         tool_prefix: spec.tool_prefix.clone().unwrap_or_default(),
         capabilities: spec.client_capabilities.unwrap_or_default(),
-        tool_pins: spec.tool_pins.clone(),
+        tool_pins: if spec.tool_trust == Some(ToolTrust::FirstUse) {
+            accepted.clone()
+        } else {
+            spec.tool_pins.clone()
+        },
         tool_trust: spec.tool_trust,
         tool_scan: spec.tool_scan,
         credentials_pending,

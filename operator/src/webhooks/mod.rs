@@ -7,6 +7,7 @@
 
 pub mod approvals;
 pub mod inject;
+pub mod tool_acceptance;
 pub mod validate;
 
 use std::convert::Infallible;
@@ -157,7 +158,7 @@ async fn route(
         }
     };
     let response = match (review.try_into(), hook) {
-        (Ok(request), Hook::Mutate) => mutation(&request),
+        (Ok(request), Hook::Mutate) => mutation(&webhooks.operator, &request),
         (Ok(request), Hook::Validate) => validate::review(&webhooks, &request).await,
         (Ok(request), Hook::Inject) => match &webhooks.injection {
             Some(injection) => inject::review(injection, &request),
@@ -192,10 +193,18 @@ fn wire_review(response: AdmissionResponse) -> serde_json::Value {
     review
 }
 
-/// `/mutate`: stamps who decided an ApprovalRequest.
-fn mutation(request: &kube::core::admission::AdmissionRequest<DynamicObject>) -> AdmissionResponse {
+/// `/mutate`: stamps who decided an ApprovalRequest, and who accepted a
+/// tool of a ToolConnection.
+fn mutation(
+    operator: &str,
+    request: &kube::core::admission::AdmissionRequest<DynamicObject>,
+) -> AdmissionResponse {
     let response = AdmissionResponse::from(request);
-    match approvals::stamp(request) {
+    let stamp = match request.kind.kind.as_str() {
+        "ToolConnection" => tool_acceptance::stamp(operator, request),
+        _ => approvals::stamp(request),
+    };
+    match stamp {
         None => response,
         Some(patch) => response
             .with_patch(patch)

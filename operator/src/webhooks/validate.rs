@@ -41,6 +41,8 @@ pub enum Refusal {
     },
     #[error(transparent)]
     Approval(#[from] super::approvals::Refusal),
+    #[error(transparent)]
+    Acceptance(#[from] super::tool_acceptance::Refusal),
     #[error("this webhook does not validate {0}")]
     UnknownKind(String),
 }
@@ -82,6 +84,9 @@ pub async fn review(
                 }),
             Err(e) => Err(e),
         },
+        "ToolConnection" if request.sub_resource.as_deref() == Some("status") => {
+            super::tool_acceptance::validate(&webhooks.operator, request).map_err(Refusal::from)
+        }
         "ToolConnection" => match spec::<ToolConnectionSpec>(object) {
             Ok(spec) => tool_connection(webhooks, request, &namespace, &name, &spec).await,
             Err(e) => Err(e),

@@ -57,6 +57,12 @@ fn hash_members(tool: &Value, members: &[&str]) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(&canonical)))
 }
 
+/// A whole tool definition as RFC 8785 JSON text: how it is recorded for a
+/// later comparison (the operator's status.tools), one text per definition.
+pub fn canonical(tool: &Value) -> String {
+    serde_json_canonicalizer::to_string(tool).unwrap_or_default()
+}
+
 /// Whether `s` is spelled as a fingerprint hash: `sha256:` and 64 lower-case
 /// hex digits.
 pub fn is_hash(s: &str) -> bool {

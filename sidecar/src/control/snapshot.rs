@@ -122,6 +122,9 @@ pub fn tool_rules(c: &v1::Connection) -> Result<ToolRules, String> {
             ));
         }
         Ok(v1::ToolTrust::Pinned) => Trust::Pinned,
+        // The operator sends FirstUse until it has recorded a first
+        // listing, and the recorded acceptances as Pinned after.
+        Ok(v1::ToolTrust::FirstUse) => Trust::FirstUse,
         Ok(v1::ToolTrust::Unspecified) if tools.is_empty() => Trust::Listed,
         Ok(v1::ToolTrust::Unspecified) => Trust::Pinned,
         // A trust this sidecar does not know: the strictest it does.

@@ -31,7 +31,12 @@ pub(super) async fn run(
             for (_, r) in c.spec.secret_refs() {
                 touched.policies(index.expect_secret(&ns, &r.name));
             }
-            touched.policies(index.apply_connection(&ns, &name, &c.spec));
+            let accepted = c
+                .status
+                .as_ref()
+                .map(|s| crate::controllers::tool_ledger::accepted_pins(&s.tools))
+                .unwrap_or_default();
+            touched.policies(index.apply_connection(&ns, &name, &c.spec, accepted));
             drop(index);
             let _ = touched.connections.send(ObjectKey::new(&ns, &name));
             // The Secret feed watches what connections reference.

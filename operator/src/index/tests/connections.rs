@@ -15,7 +15,12 @@ fn granted_connections_carry_resolved_credentials_and_follow_rotation() {
         Some(1),
         &policy("a", &["read_file"], &["gh"]),
     );
-    index.apply_connection("agents", "gh", &connection("gh-token", "token"));
+    index.apply_connection(
+        "agents",
+        "gh",
+        &connection("gh-token", "token"),
+        BTreeMap::new(),
+    );
     let missing = current(&index, "agents", "a-1", "u1");
     assert_eq!(
         bearer(&missing, "gh"),
@@ -89,7 +94,7 @@ fn credentials_never_show_in_debug_output() {
             },
         },
     });
-    index.apply_connection("agents", "gh", &spec);
+    index.apply_connection("agents", "gh", &spec, BTreeMap::new());
     let data = secret(&[("token", "tok-SECRET-1"), ("key", "key-SECRET-2")]);
     assert!(!format!("{data:?}").contains("SECRET"));
     index.apply_secret("agents", "gh-token", data);
@@ -104,7 +109,12 @@ fn a_header_secret_with_a_line_break_is_refused_by_name() {
     let mut index = Index::new();
     index.apply_pod(pod("agents", "a-1", "u1", &[("app", "a")]));
     index.apply_policy("agents", "p", Some(1), &policy("a", &[], &["gh"]));
-    index.apply_connection("agents", "gh", &connection("gh-token", "token"));
+    index.apply_connection(
+        "agents",
+        "gh",
+        &connection("gh-token", "token"),
+        BTreeMap::new(),
+    );
     index.apply_secret(
         "agents",
         "gh-token",
@@ -120,7 +130,7 @@ fn a_header_secret_with_a_line_break_is_refused_by_name() {
 fn connections_are_granted_only_from_the_policys_own_namespace() {
     let mut index = Index::new();
     index.apply_pod(pod("agents", "a-1", "u1", &[("app", "a")]));
-    index.apply_connection("other", "gh", &connection("s", "k"));
+    index.apply_connection("other", "gh", &connection("s", "k"), BTreeMap::new());
     index.apply_policy("agents", "p", Some(1), &policy("a", &[], &["gh"]));
     assert!(
         current(&index, "agents", "a-1", "u1")
@@ -134,7 +144,7 @@ fn connections_are_granted_only_from_the_policys_own_namespace() {
             .missing_connections,
         ["gh"]
     );
-    index.apply_connection("agents", "gh", &connection("s", "k"));
+    index.apply_connection("agents", "gh", &connection("s", "k"), BTreeMap::new());
     assert_eq!(current(&index, "agents", "a-1", "u1").connections.len(), 1);
     assert!(
         index
