@@ -271,6 +271,12 @@ fn table(requests: &[ApprovalRequest], namespaces: bool, all: bool, now: Timesta
             row
         })
         .collect();
+    columns(&header, &rows)
+}
+
+/// Rows under a header, each column as wide as its widest cell, three
+/// spaces apart (as kubectl prints tables).
+pub fn columns(header: &[&str], rows: &[Vec<String>]) -> String {
     let widths: Vec<usize> = (0..header.len())
         .map(|i| {
             rows.iter()
@@ -302,7 +308,7 @@ fn shorten(arguments: &str) -> String {
 }
 
 /// kubectl's short age: 45s, 12m, 3h, 2d.
-fn age(from: Timestamp, to: Timestamp) -> String {
+pub fn age(from: Timestamp, to: Timestamp) -> String {
     let secs = to.duration_since(from).as_secs().max(0);
     match secs {
         s if s < 120 => format!("{s}s"),

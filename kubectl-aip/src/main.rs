@@ -3,12 +3,14 @@
 //! status, exactly as `kubectl patch --subresource=status` would: the
 //! operator's webhooks stamp who decided and refuse whoever may not.
 //! For platform teams, `grant` lets the operator read exactly the Secrets
-//! one ToolConnection names.
+//! one ToolConnection names; `tools` shows a connection's tools and what
+//! changed in the withheld ones, and `tools accept` serves one again.
 
 #![forbid(unsafe_code)]
 
 mod approvals;
 mod grant;
+mod tools;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -20,7 +22,7 @@ use clap::{Parser, Subcommand};
     name = "kubectl aip",
     bin_name = "kubectl aip",
     version,
-    about = "Decide the tool calls AI agents wait on (ApprovalRequests); grant the operator the Secrets a ToolConnection names"
+    about = "Decide the tool calls AI agents wait on (ApprovalRequests); review and accept changed tools; grant the operator the Secrets a ToolConnection names"
 )]
 struct Cli {
     /// Path to the kubeconfig file (default: $KUBECONFIG, then ~/.kube/config).
@@ -65,6 +67,17 @@ enum Command {
         #[arg(long)]
         reason: String,
     },
+    /// A ToolConnection's tools: state, who accepted each, scan findings,
+    /// and for each withheld tool a diff of the accepted definition against
+    /// the listed one.
+    #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+    Tools {
+        /// The ToolConnection.
+        #[arg(required = true)]
+        connection: Option<String>,
+        #[command(subcommand)]
+        command: Option<ToolsCommand>,
+    },
     /// Let the operator read exactly the Secrets a ToolConnection names (a
     /// Role with resourceNames, bound to the operator's service account).
     Grant {
@@ -73,6 +86,22 @@ enum Command {
         /// The operator's service account, NAMESPACE/NAME.
         #[arg(long, default_value = "aip-system/aip-operator")]
         operator: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum ToolsCommand {
+    /// Serve a withheld tool (Drifted or New, toolTrust FirstUse) as the
+    /// operator listed it: recorded in the status with who accepted it.
+    Accept {
+        /// The ToolConnection.
+        connection: String,
+        /// The tool, by the name its server lists it under.
+        tool: String,
+        /// Accept only if the tool is still listed with this schema hash
+        /// (what `kubectl aip tools` showed).
+        #[arg(long)]
+        schema_hash: Option<String>,
     },
 }
 
@@ -119,6 +148,23 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .await?;
             println!("{said}");
         }
+        Command::Tools {
+            connection: Some(connection),
+            command: None,
+        } => print!("{}", tools::show(&target, &connection).await?),
+        Command::Tools {
+            command:
+                Some(ToolsCommand::Accept {
+                    connection,
+                    tool,
+                    schema_hash,
+                }),
+            ..
+        } => println!(
+            "{}",
+            tools::accept(&target, &connection, &tool, schema_hash.as_deref()).await?
+        ),
+        Command::Tools { .. } => unreachable!("clap requires a connection or a subcommand"),
         Command::Grant {
             connection,
             operator,

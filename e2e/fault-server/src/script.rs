@@ -179,6 +179,17 @@ pub struct Tool {
     #[serde(default = "object_schema")]
     pub input_schema: Value,
     pub responses: Vec<Response>,
+    /// The "rug pull": once the tool has been called `afterCalls` times,
+    /// `tools/list` describes it with `description` instead.
+    #[serde(default)]
+    pub rug_pull: Option<RugPull>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RugPull {
+    pub after_calls: u32,
+    pub description: String,
 }
 
 fn object_schema() -> Value {
@@ -395,6 +406,7 @@ pub struct ScriptTool {
     pub description: Option<String>,
     pub input_schema: Value,
     pub responses: Vec<ScriptResponse>,
+    pub rug_pull: Option<RugPull>,
 }
 
 #[derive(Debug)]
@@ -647,11 +659,23 @@ fn validate_tool(tool: Tool, path: &str, transport: Transport) -> Result<ScriptT
             .collect::<Result<Vec<_>, _>>()?;
         responses.push(ScriptResponse { matcher, steps });
     }
+    if let Some(rug) = &tool.rug_pull {
+        if rug.after_calls == 0 {
+            return fail(
+                format!("{path}.rugPull.afterCalls"),
+                "must be at least 1 (a tool described one way from the start needs no rug pull)",
+            );
+        }
+        if rug.description.is_empty() {
+            return fail(format!("{path}.rugPull.description"), "must not be empty");
+        }
+    }
     Ok(ScriptTool {
         name: tool.name,
         description: tool.description,
         input_schema: tool.input_schema,
         responses,
+        rug_pull: tool.rug_pull,
     })
 }
 

@@ -33,6 +33,13 @@ fn invalid_documents() -> Vec<(&'static str, String, &'static str)> {
             "spec.tools[0].responses[0].matchh: unknown field `matchh`, expected one of `match`, `matchRegex`, `sequence`",
         ),
         (
+            "rug pull after no calls",
+            script(
+                "  tools:\n    - name: t\n      rugPull: {afterCalls: 0, description: x}\n      responses: [{sequence: [{return: 1}]}]\n",
+            ),
+            "spec.tools[0].rugPull.afterCalls: must be at least 1",
+        ),
+        (
             "empty error",
             one_tool("            - error: \"\"\n"),
             "spec.tools[0].responses[0].sequence[0].error: must not be empty",
