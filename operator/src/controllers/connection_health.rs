@@ -547,15 +547,15 @@ async fn announce(ctx: &Context, key: &ObjectKey, current: &ToolConnection, desi
             ));
         }
         let accepted = tool.accepted.as_ref();
+        let was_accepted = before.and_then(|b| b.accepted.as_ref());
+        // A new acceptance: first use, or a person's (written into the
+        // status this write was computed from, while the tool was still
+        // withheld).
         let newly_accepted = accepted.is_some_and(|a| {
-            before
-                .and_then(|b| b.accepted.as_ref())
-                .map(|b| &b.schema_hash)
-                != Some(&a.schema_hash)
-                || before
-                    .and_then(|b| b.accepted.as_ref())
-                    .map(|b| &b.metadata_hash)
-                    != Some(&a.metadata_hash)
+            was_accepted.map(|w| (&w.schema_hash, &w.metadata_hash))
+                != Some((&a.schema_hash, &a.metadata_hash))
+                || (before.is_some_and(|b| tool_ledger::drifted(b.state))
+                    && tool.state == Some(aip_api::tool_connection::ToolState::Served))
         });
         if let (true, Some(a)) = (newly_accepted, accepted) {
             let by = a.by.as_deref();

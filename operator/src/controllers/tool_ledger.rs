@@ -155,6 +155,12 @@ pub fn judge(
                 (ToolState::Flagged, Some(why))
             }
             Standing::Served => (ToolState::Served, None),
+            Standing::Drifted(_) if trust == Trust::FirstUse => (
+                ToolState::Drifted,
+                standing
+                    .reason()
+                    .map(|r| r.replace("since it was pinned", "since it was accepted")),
+            ),
             Standing::Drifted(_) => (ToolState::Drifted, standing.reason()),
             Standing::Unpinned if trust == Trust::FirstUse => (
                 ToolState::New,

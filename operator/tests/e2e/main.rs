@@ -15,3 +15,4 @@ mod enforcement;
 mod examples;
 mod rotation;
 mod support;
+mod tool_acceptance;

@@ -21,29 +21,61 @@ use crate::common::kubectl::Kubectl;
 
 pub const PATIENCE: Duration = Duration::from_secs(30);
 
-/// A child process killed on drop, its stderr collected line by line.
+/// A child process killed on drop, its stderr and stdout (audit records)
+/// collected line by line.
 pub struct Proc {
     child: Child,
     /// Every stderr line so far; a new line bumps the version.
     lines: tokio::sync::watch::Receiver<Vec<String>>,
+    /// Every stdout line so far, likewise.
+    out: tokio::sync::watch::Receiver<Vec<String>>,
     name: &'static str,
+}
+
+/// Lines of `stream` collected as they come, on a thread of their own.
+fn collect(
+    stream: impl std::io::Read + Send + 'static,
+) -> tokio::sync::watch::Receiver<Vec<String>> {
+    let (sink, lines) = tokio::sync::watch::channel(Vec::new());
+    std::thread::spawn(move || {
+        for line in BufReader::new(stream).lines().map_while(Result::ok) {
+            sink.send_modify(|all| all.push(line));
+        }
+    });
+    lines
 }
 
 impl Proc {
     pub fn start(name: &'static str, mut command: Command) -> Proc {
         let mut child = command
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
-        let (sink, lines) = tokio::sync::watch::channel(Vec::new());
-        let stderr = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                sink.send_modify(|all| all.push(line));
-            }
-        });
-        Proc { child, lines, name }
+        let lines = collect(child.stderr.take().unwrap());
+        let out = collect(child.stdout.take().unwrap());
+        Proc {
+            child,
+            lines,
+            out,
+            name,
+        }
+    }
+
+    /// Waits for a stdout line (an audit record) containing every one of
+    /// `needles`; returns it.
+    pub async fn record(&self, needles: &[&str]) -> String {
+        let mut out = self.out.clone();
+        let has = |l: &String| needles.iter().all(|n| l.contains(n));
+        let found = tokio::time::timeout(PATIENCE, out.wait_for(|all| all.iter().any(has))).await;
+        let all = self.out.borrow().clone();
+        assert!(
+            matches!(found, Ok(Ok(_))),
+            "{} never wrote a record with {needles:?}:\n{}",
+            self.name,
+            all.join("\n")
+        );
+        all.into_iter().find(|l| has(l)).unwrap()
     }
 
     /// Waits until `count` stderr lines contain `needle`.
