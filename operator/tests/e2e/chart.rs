@@ -161,6 +161,7 @@ async fn helm_installs_upgrades_and_uninstalls_the_chart() {
         aggregated(&cluster, role, "list", "agentpolicies", true).await;
     }
     aggregated(&cluster, "admin", "patch", "approvalrequests/status", false).await;
+    aggregated(&cluster, "admin", "patch", "toolconnections/status", false).await;
     let victor = cluster.kubectl(User::Victor, "agents");
     let bob = cluster.kubectl(User::Bob, "agents");
     let carol = cluster.kubectl(User::Carol, "agents");
@@ -215,6 +216,7 @@ async fn helm_installs_upgrades_and_uninstalls_the_chart() {
     );
     assert_eq!(label, "true");
     aggregated(&cluster, "admin", "patch", "approvalrequests/status", true).await;
+    aggregated(&cluster, "admin", "patch", "toolconnections/status", true).await;
     assert!(
         can(&carol, "patch", "approvalrequests.aip.io/status"),
         "a namespace admin decides"
