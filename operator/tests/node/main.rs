@@ -21,3 +21,4 @@ mod enforcement;
 mod example;
 mod faults;
 mod support;
+mod tool_drift;

@@ -350,8 +350,14 @@ impl Story {
     /// `secret_token` in its Secret, granted; returns once the server's pod
     /// is Ready.
     pub fn tools(&self, server_token: &str, secret_token: &str) {
+        self.tools_scripted(&upstream_script(server_token), secret_token, "");
+    }
+
+    /// The same with the tool server playing `script`, and `extra` (spec
+    /// lines, indented) added to the connection.
+    pub fn tools_scripted(&self, script: &str, secret_token: &str, extra: &str) {
         let ns = &self.namespace;
-        let script = upstream_script(server_token).replace('\n', "\n    ");
+        let script = script.replace('\n', "\n    ");
         self.admin.apply(&format!(
             "apiVersion: v1
 kind: ConfigMap
@@ -398,7 +404,7 @@ spec:
   toolPrefix: fs_
   bearerToken: {{valueFrom: {{secretKeyRef: {{name: fs-token, key: token}}}}}}
   healthCheck: {{intervalSeconds: 5}}
-"
+{extra}"
         ));
         let (ok, out, err) = self.admin.aip(&["grant", "fs", "-n", ns]);
         assert!(ok, "{out}{err}");
