@@ -355,6 +355,9 @@ pub struct ToolFinding {
     pub class: String,
     /// A JSON pointer into the definition.
     pub field: String,
+    /// Where in that text the match starts (a byte offset).
+    #[serde(default)]
+    pub at: u64,
     /// The matched text (invisible characters written <U+XXXX>).
     pub excerpt: String,
 }

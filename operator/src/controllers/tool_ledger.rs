@@ -140,6 +140,7 @@ pub fn judge(
                 rule: f.rule,
                 class: f.class.to_string(),
                 field: f.field,
+                at: u64::try_from(f.at).unwrap_or(u64::MAX),
                 excerpt: f.excerpt,
             })
             .collect();
@@ -457,6 +458,7 @@ mod tests {
         // The scan still flags the URL, and Block withholds it.
         assert_eq!(judged.tools[0].state, Some(ToolState::Flagged));
         assert_eq!(judged.tools[0].findings[0].rule, "url");
+        assert_eq!(judged.tools[0].findings[0].at, "Reads. See ".len() as u64);
     }
 
     #[test]

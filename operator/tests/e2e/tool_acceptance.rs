@@ -213,7 +213,9 @@ async fn a_rug_pull_waits_for_a_person_to_accept_it() {
         "{shown}"
     );
     assert!(
-        shown.contains("finding: directive-tags (instructions)"),
+        shown.contains(
+            "finding: directive-tags (instructions) at /description byte 14: \"<IMPORTANT>\""
+        ),
         "{shown}"
     );
     let listed_hash = admin.get(
