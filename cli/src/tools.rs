@@ -202,14 +202,7 @@ fn list(target: &Target) -> anyhow::Result<Listing> {
             )
         })
     })?;
-    let shown = listed
-        .iter()
-        .map(|tool| {
-            let mut shown = tool.clone();
-            credentials.redact(&mut shown);
-            shown
-        })
-        .collect();
+    let shown = listed.iter().map(|t| credentials.redacted(t)).collect();
     Ok(Listing { listed, shown })
 }
 

@@ -119,6 +119,16 @@ impl Credentials {
     }
 }
 
+impl Credentials {
+    /// A copy of `value` with every credential redacted (what may be shown
+    /// of something a server sent).
+    pub fn redacted(&self, value: &Value) -> Value {
+        let mut shown = value.clone();
+        self.redact(&mut shown);
+        shown
+    }
+}
+
 /// Every spelling of one value looked for (matched without regard to ASCII
 /// case).
 fn spellings_of(secret: &str) -> Vec<String> {

@@ -108,14 +108,7 @@ pub fn judge(
     let listing = &listing[..listing.len().min(MAX_TOOLS)];
     // What may be shown: a server that echoes the connection's credential
     // in a tool does not get it into status.
-    let shown: Vec<Value> = listing
-        .iter()
-        .map(|tool| {
-            let mut shown = tool.clone();
-            credentials.redact(&mut shown);
-            shown
-        })
-        .collect();
+    let shown: Vec<Value> = listing.iter().map(|t| credentials.redacted(t)).collect();
     let seen: Vec<Fingerprint> = listing.iter().map(Fingerprint::of).collect();
     let names: Vec<&str> = shown.iter().map(name_of).collect();
     let first_use = pins.first_use(names.iter().copied().zip(seen.iter()));

@@ -272,9 +272,20 @@ pub struct Ports {
 /// presenting `Bearer tok-A`; its URL and attempt log. It stops with
 /// `shutdown`.
 pub async fn start_fault_server(dir: &Path, shutdown: &CancellationToken) -> (String, PathBuf) {
+    start_fault_server_with(dir, shutdown, "", "").await
+}
+
+/// The same, with `read_extra` and `delete_extra` (tool members, as YAML
+/// flow entries ending in a comma) added to the two tools.
+pub async fn start_fault_server_with(
+    dir: &Path,
+    shutdown: &CancellationToken,
+    read_extra: &str,
+    delete_extra: &str,
+) -> (String, PathBuf) {
     let attempts = dir.join("attempts.jsonl");
     let script = format!(
-        "apiVersion: aip.io/v1alpha1\nkind: FaultServer\nmetadata: {{name: files}}\nspec:\n  requireBearer: {{sha256: {}}}\n  tools:\n    - name: read_file\n      responses: [{{sequence: [{}]}}]\n    - name: delete_file\n      responses: [{{sequence: [{}]}}]\n",
+        "apiVersion: aip.io/v1alpha1\nkind: FaultServer\nmetadata: {{name: files}}\nspec:\n  requireBearer: {{sha256: {}}}\n  tools:\n    - {{name: read_file, {read_extra} responses: [{{sequence: [{}]}}]}}\n    - {{name: delete_file, {delete_extra} responses: [{{sequence: [{}]}}]}}\n",
         hex::encode(Sha256::digest(b"tok-A")),
         vec!["{return: contents}"; 50].join(", "),
         vec!["{return: deleted}"; 50].join(", "),
