@@ -328,8 +328,10 @@ pub enum ToolState {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AcceptedTool {
+    /// The schema hash accepted: the tool is served while it lists so.
     #[schemars(regex(pattern = r"^sha256:[0-9a-f]{64}$"))]
     pub schema_hash: String,
+    /// The metadata hash accepted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^sha256:[0-9a-f]{64}$"))]
     pub metadata_hash: Option<String>,
@@ -337,6 +339,7 @@ pub struct AcceptedTool {
     /// first listing under toolTrust FirstUse.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
+    /// When it was accepted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at: Option<Time>,
     /// The accepted definition (canonical JSON, credentials redacted).
