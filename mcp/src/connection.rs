@@ -50,6 +50,9 @@ pub struct Connection {
     pub tool_prefix: String,
     pub capabilities: ClientCapabilities,
     pub tls: Tls,
+    /// Access tokens from an authorization server, beside (or instead of)
+    /// the static credentials.
+    pub oauth: Option<crate::oauth::OAuth>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,6 +81,7 @@ impl Connection {
             tool_prefix: String::new(),
             capabilities: ClientCapabilities::default(),
             tls: Tls::default(),
+            oauth: None,
         }
     }
 
@@ -105,5 +109,10 @@ impl Connection {
             && self.capabilities == other.capabilities
             && self.tls == other.tls
             && same_credentials
+            && match (&self.oauth, &other.oauth) {
+                (None, None) => true,
+                (Some(a), Some(b)) => a.same_as(b),
+                _ => false,
+            }
     }
 }

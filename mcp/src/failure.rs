@@ -34,6 +34,9 @@ pub enum Failure {
     InitFailed(Box<Failure>),
     /// A credential could not be resolved: nothing was sent.
     CredentialsMissing(String),
+    /// No access token could be had from the authorization server (its
+    /// error code, never a credential): nothing was sent.
+    TokenUnavailable(String),
 }
 
 /// What a failure does to the upstream session it used.
@@ -68,7 +71,19 @@ impl Failure {
             | Failure::CheckAuthFailed(_)
             | Failure::CredentialsMissing(_) => "upstream_auth_failed",
             Failure::Forbidden { .. } => "upstream_forbidden",
+            Failure::TokenUnavailable(_) => "upstream_token_unavailable",
             Failure::InitFailed(inner) => inner.reason(),
+        }
+    }
+
+    /// The reason with what it knows beyond its code (for health and
+    /// status, which show why a connection needs credentials): a token
+    /// failure's authorization-server error.
+    pub fn explained(&self) -> String {
+        match self {
+            Failure::TokenUnavailable(why) => format!("{}: {why}", self.reason()),
+            Failure::InitFailed(inner) => inner.explained(),
+            other => other.reason().to_owned(),
         }
     }
 
@@ -86,6 +101,7 @@ impl Failure {
             Failure::CheckAuthFailed(_) => "check_auth",
             Failure::InitFailed(_) => "init",
             Failure::CredentialsMissing(_) => "credentials",
+            Failure::TokenUnavailable(_) => "token",
         }
     }
 
@@ -118,7 +134,8 @@ impl Failure {
             Failure::AuthFailed
             | Failure::InitAuthFailed(_)
             | Failure::CheckAuthFailed(_)
-            | Failure::CredentialsMissing(_) => ConnectionEffect::NeedsCredentials,
+            | Failure::CredentialsMissing(_)
+            | Failure::TokenUnavailable(_) => ConnectionEffect::NeedsCredentials,
             Failure::Forbidden { scope } => ConnectionEffect::GateTool {
                 scope: scope.clone(),
             },
@@ -158,6 +175,9 @@ impl Failure {
             }
             Failure::Forbidden { .. } => {
                 "Upstream server forbids this tool with the connection's credentials"
+            }
+            Failure::TokenUnavailable(_) => {
+                "No access token for the upstream server: the authorization server refused or cannot be reached"
             }
             Failure::InitFailed(_) => "Upstream server could not be initialized",
         }

@@ -26,7 +26,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Value, json};
 use tokio::sync::{Mutex, Notify, watch};
 
-use crate::connection::{Connection, Endpoint};
+use crate::connection::{Connection, Endpoint, Tls};
 use crate::failure::{Failure, insufficient_scope};
 use crate::jsonrpc::{self, Limits};
 use crate::modern::{self, ParamHeader};
@@ -72,6 +72,9 @@ pub struct HttpUpstream {
     /// One per lane, each with its own pool, so a pooled connection is
     /// driven by the lane whose requests use it (`aip_service::lanes`).
     clients: Vec<Client<HttpsConnector<HttpConnector>, Full<Bytes>>>,
+    /// Access tokens, for a connection that gets them from an
+    /// authorization server (`Connection::oauth`).
+    tokens: Option<crate::oauth::TokenSource>,
     session: Mutex<Option<Session>>,
     /// The era the last probe found (true: 2026-07-28), until a failure
     /// says to probe again.
@@ -113,10 +116,16 @@ impl HttpUpstream {
         let clients = (0..aip_service::lanes::count())
             .map(|_| Ok(Client::builder(TokioExecutor::new()).build(connector(&connection)?)))
             .collect::<Result<_, String>>()?;
+        let tokens = connection
+            .oauth
+            .clone()
+            .map(crate::oauth::TokenSource::new)
+            .transpose()?;
         Ok(HttpUpstream {
             connection,
             uri,
             clients,
+            tokens,
             session: Mutex::new(None),
             era: std::sync::Mutex::new(None),
             annotations: std::sync::Mutex::default(),
@@ -446,9 +455,9 @@ impl HttpUpstream {
         let Ok(request) = request.body(Full::new(Bytes::new())) else {
             return;
         };
-        let sent = tokio::time::timeout(self.connection.timeout, self.client().request(request));
+        let sent = tokio::time::timeout(self.connection.timeout, self.send(request));
         if let Ok(Err(e)) = sent.await {
-            tracing::debug!(connection = %self.connection.name, error = %network_text(&e), "session DELETE failed");
+            tracing::debug!(connection = %self.connection.name, error = %e.reason(), "session DELETE failed");
         }
     }
 
@@ -698,10 +707,7 @@ impl HttpUpstream {
         let request = request
             .body(Full::new(Bytes::new()))
             .map_err(|e| Failure::Network(e.to_string()))?;
-        self.client()
-            .request(request)
-            .await
-            .map_err(|e| Failure::Network(network_text(&e)))
+        self.send(request).await
     }
 
     pub(super) async fn post(
@@ -756,10 +762,55 @@ impl HttpUpstream {
         let request = request
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| Failure::Network(e.to_string()))?;
-        self.client()
-            .request(request)
+        self.send(request).await
+    }
+
+    /// Sends `request` on this lane's pool, with an access token when the
+    /// connection gets them from an authorization server. A 401 to a token
+    /// drops it and the request goes again once with a new one: the server
+    /// refused the token before acting on the request (RFC 6750 §3.1), so
+    /// nothing is done twice; a second 401 stands.
+    async fn send(&self, request: Request<Full<Bytes>>) -> Result<Response<Incoming>, Failure> {
+        let network = |e: hyper_util::client::legacy::Error| Failure::Network(network_text(&e));
+        let Some(tokens) = &self.tokens else {
+            return self.client().request(request).await.map_err(network);
+        };
+        let (parts, body) = request.into_parts();
+        let with = |token: &SecretString| -> Result<Request<Full<Bytes>>, Failure> {
+            let mut r = Request::new(body.clone());
+            *r.method_mut() = parts.method.clone();
+            *r.uri_mut() = parts.uri.clone();
+            *r.headers_mut() = parts.headers.clone();
+            let bearer = SecretString::from(format!("Bearer {}", token.expose_secret()));
+            r.headers_mut()
+                .insert(hyper::header::AUTHORIZATION, sensitive(&bearer)?);
+            Ok(r)
+        };
+        let refused = |e: crate::oauth::TokenError| Failure::TokenUnavailable(e.to_string());
+        let token = tokens.bearer().await.map_err(refused)?;
+        let response = self
+            .client()
+            .request(with(&token)?)
             .await
-            .map_err(|e| Failure::Network(network_text(&e)))
+            .map_err(network)?;
+        if response.status() != StatusCode::UNAUTHORIZED {
+            return Ok(response);
+        }
+        tokens.refused(&token).await;
+        let fresh = tokens.bearer().await.map_err(refused)?;
+        if fresh.expose_secret() == token.expose_secret() {
+            return Ok(response);
+        }
+        drop(response);
+        self.client().request(with(&fresh)?).await.map_err(network)
+    }
+
+    /// The token requests made so far (tests and benchmarks count them).
+    pub async fn token_requests(&self) -> u64 {
+        match &self.tokens {
+            Some(t) => t.requests().await,
+            None => 0,
+        }
     }
 
     /// What a modern server expects in a request's `_meta`: the version,
@@ -851,37 +902,45 @@ fn replace_if_changed<T: PartialEq>(sender: &watch::Sender<T>, value: T) {
 /// web roots, its server name or the URL's host), without Nagle's delay for
 /// small JSON-RPC messages.
 fn connector(connection: &Connection) -> Result<HttpsConnector<HttpConnector>, String> {
+    connector_for(&connection.name, &connection.tls)
+}
+
+/// The same for any server named `name` (in errors), verified as `tls`
+/// says (an authorization server's token endpoint, say).
+pub(crate) fn connector_for(
+    name: &str,
+    tls: &Tls,
+) -> Result<HttpsConnector<HttpConnector>, String> {
     let mut http = HttpConnector::new();
     http.set_nodelay(true);
     http.enforce_http(false);
     let builder = hyper_rustls::HttpsConnectorBuilder::new();
-    let builder = match &connection.tls.ca_pem {
+    let builder = match &tls.ca_pem {
         None => builder.with_webpki_roots(),
         Some(pem) => {
             use rustls_pki_types::pem::PemObject;
             let mut roots = rustls::RootCertStore::empty();
             for cert in rustls_pki_types::CertificateDer::pem_slice_iter(pem.as_bytes()) {
-                let cert =
-                    cert.map_err(|e| format!("connection {}: bad CA PEM: {e}", connection.name))?;
-                roots.add(cert).map_err(|e| {
-                    format!("connection {}: bad CA certificate: {e}", connection.name)
-                })?;
+                let cert = cert.map_err(|e| format!("connection {}: bad CA PEM: {e}", name))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| format!("connection {}: bad CA certificate: {e}", name))?;
             }
             let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
             let config = rustls::ClientConfig::builder_with_provider(provider)
                 .with_safe_default_protocol_versions()
-                .map_err(|e| format!("connection {}: {e}", connection.name))?
+                .map_err(|e| format!("connection {}: {e}", name))?
                 .with_root_certificates(roots)
                 .with_no_client_auth();
             builder.with_tls_config(config)
         }
     };
     let builder = builder.https_or_http();
-    let builder = match &connection.tls.server_name {
+    let builder = match &tls.server_name {
         None => builder,
         Some(name) => {
             let name = rustls_pki_types::ServerName::try_from(name.clone())
-                .map_err(|e| format!("connection {}: server name: {e}", connection.name))?;
+                .map_err(|e| format!("connection {}: server name: {e}", name))?;
             builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name))
         }
     };
@@ -944,6 +1003,7 @@ fn init_failure(failure: Failure) -> Failure {
         Failure::AuthFailed => Failure::InitAuthFailed(401),
         Failure::Forbidden { .. } => Failure::InitAuthFailed(403),
         Failure::CredentialsMissing(e) => Failure::CredentialsMissing(e),
+        Failure::TokenUnavailable(e) => Failure::TokenUnavailable(e),
         Failure::InitFailed(inner) => Failure::InitFailed(inner),
         other => Failure::InitFailed(Box::new(other)),
     }

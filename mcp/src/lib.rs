@@ -17,6 +17,7 @@ pub mod jsonrpc;
 pub mod lines;
 pub mod listen;
 pub mod modern;
+pub mod oauth;
 pub mod protocol;
 pub mod raw;
 pub mod sse;

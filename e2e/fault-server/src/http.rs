@@ -70,6 +70,8 @@ struct State {
     /// (`modern-N` in the attempt log), so that request ids of different
     /// clients never collide.
     exchanges: AtomicU64,
+    /// The issuer's keys (requireJwt), and when they were fetched.
+    jwks: Mutex<Option<(std::time::Instant, jsonwebtoken::jwk::JwkSet)>>,
     shutdown: CancellationToken,
 }
 
@@ -100,6 +102,7 @@ pub async fn serve(
         resumable: Mutex::new(HashMap::new()),
         stalled: Mutex::new(Vec::new()),
         exchanges: AtomicU64::new(0),
+        jwks: Mutex::new(None),
         shutdown: shutdown.clone(),
     });
     let limits = Limits::default();
@@ -128,6 +131,9 @@ async fn route(
     let path = req.uri().path();
     match (req.method(), path) {
         (&Method::GET, "/healthz" | "/readyz") => Ok(text(StatusCode::OK, "ok\n")),
+        (&Method::GET, PROTECTED_RESOURCE) if state.core.script.require_jwt.is_some() => {
+            Ok(protected_resource(&state, &req))
+        }
         (&Method::GET, "/metrics") => Ok(metrics(&state)),
         (&Method::GET, "/_fault/attempts") => {
             let mut body = state.core.log.lines().join("\n");
@@ -478,21 +484,123 @@ fn known_session(state: &State, req: &Request<Incoming>) -> Option<String> {
 
 /// 401 with a Bearer challenge unless the token's SHA-256 matches.
 fn check_bearer(state: &State, req: &Request<Incoming>) -> Option<Response<HttpBody>> {
-    let expected = state.core.script.require_bearer.as_deref()?;
     let presented = req
         .headers()
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    let challenge = match presented {
-        Some(token) if sha256_hex(token) == expected => return None,
-        Some(_) => "Bearer error=\"invalid_token\"",
-        None => "Bearer",
+    let challenge = if let Some(jwt) = &state.core.script.require_jwt {
+        let metadata = format!(
+            "resource_metadata=\"http://{}{PROTECTED_RESOURCE}\"",
+            host(req)
+        );
+        match presented.map(|token| verify_jwt(state, jwt, token)) {
+            Some(Ok(())) => return None,
+            Some(Err(why)) => {
+                tracing::info!(reason = %why, "access token refused");
+                format!("Bearer error=\"invalid_token\", {metadata}")
+            }
+            None => format!("Bearer {metadata}"),
+        }
+    } else {
+        let expected = state.core.script.require_bearer.as_deref()?;
+        match presented {
+            Some(token) if sha256_hex(token) == expected => return None,
+            Some(_) => "Bearer error=\"invalid_token\"".to_owned(),
+            None => "Bearer".to_owned(),
+        }
     };
     let mut r = text(StatusCode::UNAUTHORIZED, "unauthorized\n");
-    r.headers_mut()
-        .insert("www-authenticate", HeaderValue::from_static(challenge));
+    if let Ok(v) = HeaderValue::from_str(&challenge) {
+        r.headers_mut().insert("www-authenticate", v);
+    }
     Some(r)
+}
+
+/// Where RFC 9728 protected resource metadata is served (requireJwt).
+const PROTECTED_RESOURCE: &str = "/.well-known/oauth-protected-resource";
+
+/// How often the issuer's keys may be fetched again for a token signed by
+/// a key not among them.
+const JWKS_REFETCH: std::time::Duration = std::time::Duration::from_secs(2);
+
+fn host(req: &Request<Incoming>) -> String {
+    req.headers()
+        .get("host")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("localhost")
+        .to_owned()
+}
+
+/// The resource this server is, and who issues its tokens.
+fn protected_resource(state: &State, req: &Request<Incoming>) -> Response<HttpBody> {
+    let jwt = state.core.script.require_jwt.as_ref();
+    let body = serde_json::json!({
+        "resource": format!("http://{}{MCP_PATH}", host(req)),
+        "authorization_servers": jwt.map(|j| vec![j.issuer.clone()]).unwrap_or_default(),
+        "bearer_methods_supported": ["header"],
+    });
+    with_type(Response::new(full(body.to_string())), "application/json")
+}
+
+/// Checks an access token: a key of the issuer's JWKS signed it (RS256 or
+/// ES256), for `audience`, by `issuer`, not expired. The keys are fetched
+/// when a token names one not yet seen (at most every [`JWKS_REFETCH`]).
+fn verify_jwt(state: &State, jwt: &crate::script::RequireJwt, token: &str) -> Result<(), String> {
+    use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+    let header = jsonwebtoken::decode_header(token).map_err(|e| format!("not a JWT: {e}"))?;
+    let kid = header.kid.clone().ok_or("the token names no key (kid)")?;
+    let key = {
+        let mut jwks = lock(&state.jwks);
+        let known = jwks.as_ref().and_then(|(_, set)| set.find(&kid).cloned());
+        match known {
+            Some(k) => k,
+            None => {
+                let stale = jwks
+                    .as_ref()
+                    .is_none_or(|(at, _)| at.elapsed() >= JWKS_REFETCH);
+                if !stale {
+                    return Err(format!("no key {kid} in the issuer's JWKS"));
+                }
+                let set = fetch_jwks(&jwt.jwks_url)?;
+                let found = set.find(&kid).cloned();
+                *jwks = Some((std::time::Instant::now(), set));
+                found.ok_or_else(|| format!("no key {kid} in the issuer's JWKS"))?
+            }
+        }
+    };
+    let key = DecodingKey::from_jwk(&key).map_err(|e| format!("key {kid}: {e}"))?;
+    let algorithm = match header.alg {
+        a @ (Algorithm::RS256 | Algorithm::ES256 | Algorithm::PS256) => a,
+        other => return Err(format!("algorithm {other:?} is not accepted")),
+    };
+    let mut validation = Validation::new(algorithm);
+    validation.set_issuer(&[&jwt.issuer]);
+    validation.set_audience(&[&jwt.audience]);
+    validation.leeway = 0;
+    validation.set_required_spec_claims(&["exp", "iss", "aud"]);
+    jsonwebtoken::decode::<serde_json::Value>(token, &key, &validation)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// The issuer's JWKS, fetched on a thread of its own (a test peer may run
+/// on a current-thread runtime).
+fn fetch_jwks(url: &str) -> Result<jsonwebtoken::jwk::JwkSet, String> {
+    let url = url.to_owned();
+    std::thread::spawn(move || {
+        let mut response = ureq::get(&url)
+            .call()
+            .map_err(|e| format!("cannot fetch the JWKS {url}: {e}"))?;
+        response
+            .body_mut()
+            .with_config()
+            .limit(256 * 1024)
+            .read_json::<jsonwebtoken::jwk::JwkSet>()
+            .map_err(|e| format!("the JWKS {url}: {e}"))
+    })
+    .join()
+    .map_err(|_| "the JWKS fetch panicked".to_owned())?
 }
 
 fn wants_sse(req: &Request<Incoming>, prefer_sse: bool) -> bool {

@@ -47,6 +47,10 @@ pub struct Spec {
     pub tools: Vec<Tool>,
     #[serde(default)]
     pub require_bearer: Option<RequireBearer>,
+    /// Requests must carry an access token (a JWT) this issuer signed for
+    /// this audience, checked against the issuer's keys (JWKS).
+    #[serde(default)]
+    pub require_jwt: Option<RequireJwt>,
     /// Lists (tools, resources, prompts) are served this many items a page.
     #[serde(default)]
     pub page_size: Option<usize>,
@@ -168,6 +172,16 @@ pub enum OnExhausted {
 #[serde(deny_unknown_fields)]
 pub struct RequireBearer {
     pub sha256: String,
+}
+
+/// An OAuth resource server's check of its access tokens: signature by a
+/// key of `jwksUrl`, `iss`, `aud` containing `audience`, `exp`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RequireJwt {
+    pub issuer: String,
+    pub audience: String,
+    pub jwks_url: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -389,6 +403,7 @@ pub struct Script {
     pub tools: Vec<ScriptTool>,
     /// Lowercase hex SHA-256 of the bearer token required, if any.
     pub require_bearer: Option<String>,
+    pub require_jwt: Option<RequireJwt>,
     /// Items per list page; None serves every list whole.
     pub page_size: Option<usize>,
     pub resources: Vec<Resource>,
@@ -526,6 +541,25 @@ impl Script {
                 Some(b.sha256.to_ascii_lowercase())
             }
         };
+        if let Some(jwt) = &spec.require_jwt {
+            if require_bearer.is_some() {
+                return fail(
+                    "spec.requireJwt",
+                    "give requireBearer or requireJwt, not both",
+                );
+            }
+            for (field, value) in [("issuer", &jwt.issuer), ("jwksUrl", &jwt.jwks_url)] {
+                if !value.starts_with("http://") && !value.starts_with("https://") {
+                    return fail(
+                        format!("spec.requireJwt.{field}"),
+                        "must be an http:// or https:// URL",
+                    );
+                }
+            }
+            if jwt.audience.is_empty() {
+                return fail("spec.requireJwt.audience", "must not be empty");
+            }
+        }
         let mut names = BTreeSet::new();
         let mut tools = Vec::with_capacity(spec.tools.len());
         for (i, tool) in spec.tools.into_iter().enumerate() {
@@ -570,6 +604,7 @@ impl Script {
             on_exhausted: spec.on_exhausted,
             tools,
             require_bearer,
+            require_jwt: spec.require_jwt,
             page_size: spec.page_size,
             resources: spec.resources,
             prompts: spec.prompts,

@@ -73,6 +73,10 @@ pub enum Error {
         source: kube::runtime::wait::Error,
     },
 
+    /// Something a peer (Keycloak) needs before it starts.
+    #[error("{0}")]
+    Setup(String),
+
     #[error("{what} did not happen within {waited:?}")]
     Timeout { what: String, waited: Duration },
 

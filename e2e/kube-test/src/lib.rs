@@ -16,6 +16,7 @@
 mod error;
 mod external;
 mod identity;
+pub mod keycloak;
 mod kubeconfig;
 mod local;
 pub mod node;

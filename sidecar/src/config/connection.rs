@@ -75,6 +75,56 @@ pub struct ToolConnectionSpec {
     /// `Block` (the tool is withheld) or `Off`.
     #[serde(default)]
     pub tool_scan: Option<ScanAction>,
+    /// Access tokens from an authorization server instead of a static
+    /// credential (docs/upstream-auth.md).
+    #[serde(default)]
+    pub auth: Option<AuthSpec>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct AuthSpec {
+    pub client_credentials: ClientCredentialsSpec,
+}
+
+/// The OAuth client credentials grant (RFC 6749 §4.4), the gateway the
+/// client.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ClientCredentialsSpec {
+    /// The authorization server, its token endpoint found from its
+    /// metadata (RFC 8414, then OpenID Connect discovery)...
+    #[serde(default)]
+    pub issuer: Option<String>,
+    /// ...or its token endpoint, given.
+    #[serde(default)]
+    pub token_endpoint: Option<String>,
+    pub client_id: String,
+    /// One way to authenticate: a secret...
+    #[serde(default)]
+    pub client_secret: Option<ValueSpec>,
+    /// ...sent as `client_secret_basic` (the default) or
+    /// `client_secret_post`...
+    #[serde(default)]
+    pub client_auth_method: Option<String>,
+    /// ...or a PEM private key the gateway signs assertions with
+    /// (`private_key_jwt`)...
+    #[serde(default)]
+    pub private_key: Option<ValueSpec>,
+    #[serde(default)]
+    pub key_id: Option<String>,
+    /// ...or a JWT in a file someone else issues (a projected
+    /// ServiceAccount token): federated client authentication.
+    #[serde(default)]
+    pub assertion_file: Option<String>,
+    #[serde(default)]
+    pub scopes: Vec<String>,
+    /// RFC 8707 `resource` (default: the connection's url).
+    #[serde(default)]
+    pub resource: Option<String>,
+    /// PEM CAs for an https authorization server.
+    #[serde(default)]
+    pub ca_file: Option<String>,
 }
 
 /// One tool's pin: its schema hash, and its metadata hash when the pin
@@ -320,7 +370,36 @@ pub fn from_doc(doc: ToolConnectionDoc, at: &str) -> Result<(Connection, ToolRul
             ),
         );
     }
+    let oauth = match &spec.auth {
+        None => None,
+        Some(auth) => {
+            let Endpoint::Http { url } = &endpoint else {
+                return fail("spec.auth", "applies to url connections only".to_owned());
+            };
+            if !spec.headers.is_empty() || spec.bearer_token.is_some() {
+                // Both would send an Authorization header.
+                if spec.bearer_token.is_some()
+                    || spec
+                        .headers
+                        .iter()
+                        .any(|h| h.name.eq_ignore_ascii_case("authorization"))
+                {
+                    return fail(
+                        "spec.auth",
+                        "the token goes in the Authorization header, which bearerToken or a header already sets: remove one of them".to_owned(),
+                    );
+                }
+            }
+            match client_credentials(&auth.client_credentials, url, timeout) {
+                Ok(oauth) => Some(oauth),
+                Err((field, message)) => {
+                    return fail(&format!("spec.auth.clientCredentials{field}"), message);
+                }
+            }
+        }
+    };
     let connection = Connection {
+        oauth,
         tls,
         name: doc.metadata.name,
         endpoint,
@@ -333,6 +412,109 @@ pub fn from_doc(doc: ToolConnectionDoc, at: &str) -> Result<(Connection, ToolRul
         capabilities: spec.client_capabilities,
     };
     Ok((connection, rules))
+}
+
+/// `auth.clientCredentials`, checked: the field at fault (after
+/// `spec.auth.clientCredentials`) and why.
+fn client_credentials(
+    cc: &ClientCredentialsSpec,
+    url: &str,
+    timeout: Duration,
+) -> Result<aip_mcp::oauth::OAuth, (String, String)> {
+    use aip_mcp::oauth::{AuthorizationServer, ClientAuth, OAuth};
+    let http_url = |field: &str, value: &str| -> Result<(), (String, String)> {
+        if value.starts_with("https://") || value.starts_with("http://") {
+            Ok(())
+        } else {
+            Err((
+                format!(".{field}"),
+                format!("{value:?} is not an http:// or https:// URL"),
+            ))
+        }
+    };
+    let server = match (&cc.issuer, &cc.token_endpoint) {
+        (Some(issuer), None) => {
+            http_url("issuer", issuer)?;
+            AuthorizationServer::Issuer(issuer.clone())
+        }
+        (None, Some(endpoint)) => {
+            http_url("tokenEndpoint", endpoint)?;
+            AuthorizationServer::TokenEndpoint(endpoint.clone())
+        }
+        _ => {
+            return Err((
+                String::new(),
+                "give either issuer (its token endpoint is discovered) or tokenEndpoint".to_owned(),
+            ));
+        }
+    };
+    if cc.client_id.is_empty() {
+        return Err((".clientId".to_owned(), "must not be empty".to_owned()));
+    }
+    let secret =
+        |v: &ValueSpec, field: &str| resolve(&v.value_from).map_err(|e| (format!(".{field}"), e));
+    let client_auth = match (&cc.client_secret, &cc.private_key, &cc.assertion_file) {
+        (Some(s), None, None) => {
+            let s = secret(s, "clientSecret")?;
+            match cc.client_auth_method.as_deref() {
+                None | Some("client_secret_basic") => ClientAuth::SecretBasic(s),
+                Some("client_secret_post") => ClientAuth::SecretPost(s),
+                Some(other) => {
+                    return Err((
+                        ".clientAuthMethod".to_owned(),
+                        format!("{other:?}: expected client_secret_basic or client_secret_post"),
+                    ));
+                }
+            }
+        }
+        (None, Some(k), None) => ClientAuth::PrivateKeyJwt {
+            key_pem: secret(k, "privateKey")?,
+            key_id: cc.key_id.clone(),
+        },
+        (None, None, Some(path)) => ClientAuth::AssertionFile(path.into()),
+        _ => {
+            return Err((
+                String::new(),
+                "give exactly one of clientSecret, privateKey and assertionFile".to_owned(),
+            ));
+        }
+    };
+    if cc.client_auth_method.is_some() && cc.client_secret.is_none() {
+        return Err((
+            ".clientAuthMethod".to_owned(),
+            "applies to clientSecret only".to_owned(),
+        ));
+    }
+    let tls = match &cc.ca_file {
+        None => Tls::default(),
+        Some(path) => match std::fs::read_to_string(path) {
+            Ok(pem) if pem.contains("-----BEGIN CERTIFICATE-----") => Tls {
+                ca_pem: Some(pem),
+                server_name: None,
+            },
+            Ok(_) => {
+                return Err((
+                    ".caFile".to_owned(),
+                    format!("{path} holds no PEM certificate"),
+                ));
+            }
+            Err(e) => {
+                return Err((
+                    ".caFile".to_owned(),
+                    format!("cannot read {path}: {}", e.kind()),
+                ));
+            }
+        },
+    };
+    Ok(OAuth {
+        server,
+        client_id: cc.client_id.clone(),
+        client_auth,
+        scopes: cc.scopes.clone(),
+        resource: cc.resource.clone().unwrap_or_else(|| url.to_owned()),
+        timeout,
+        tls,
+    })
 }
 
 /// toolPins, toolTrust and toolScan, checked.

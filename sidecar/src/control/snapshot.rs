@@ -182,6 +182,8 @@ pub fn connection(c: &v1::Connection) -> Result<Arc<Connection>, String> {
             ca_pem: (!tls.ca_pem.is_empty()).then_some(tls.ca_pem),
             server_name: (!tls.server_name.is_empty()).then_some(tls.server_name),
         },
+        // (The operator does not send token settings yet.)
+        oauth: None,
     }))
 }
 

@@ -417,6 +417,6 @@ fn set_failed(
     state: HealthState,
     failure: &Failure,
 ) {
-    let reason = Some(failure.reason());
-    set(publish, health, state, reason, failure.http_status());
+    let reason = failure.explained();
+    set(publish, health, state, Some(&reason), failure.http_status());
 }

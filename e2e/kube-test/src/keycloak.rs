@@ -1,0 +1,287 @@
+//! Keycloak, the authorization server of the upstream-identity tests
+//! (docs/upstream-auth.md): `scripts/ensure-keycloak.sh` puts the pinned
+//! `keycloak-quarkus-dist` in `target/keycloak` once; each test binary
+//! starts its own copy in dev mode (an in-memory database) on free
+//! loopback ports, under the same watchdog as the control plane, so it
+//! stops when the test process does. Tests configure realms and clients
+//! through the admin REST API ([`Admin`]).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokio::sync::OnceCell;
+
+use crate::Error;
+use crate::process::Supervised;
+
+/// How long a start may take on the loaded 2-core machine (the first start
+/// of a copy also runs Quarkus's build step).
+const READY_WITHIN: Duration = Duration::from_secs(240);
+/// The experimental features the tests use (RFC 8707 resource indicators;
+/// federated client authentication, the Kubernetes identity provider and
+/// the JWT authorization grant are on by default in 26.7).
+pub const FEATURES: &str = "resource-indicators";
+
+pub struct Keycloak {
+    url: String,
+    admin_password: String,
+    started_in: Duration,
+    process: std::sync::Mutex<Supervised>,
+}
+
+static SHARED: OnceCell<Result<Keycloak, Error>> = OnceCell::const_new();
+
+/// The test binary's Keycloak, started on first use and shared by its
+/// tests (each in realms of its own).
+///
+/// # Panics
+///
+/// If it cannot be started; every later call panics with the same error.
+pub async fn shared() -> &'static Keycloak {
+    let started = SHARED
+        .get_or_init(|| async {
+            let started = tokio::task::spawn_blocking(Keycloak::start)
+                .await
+                .unwrap_or_else(|e| Err(Error::Setup(format!("the start panicked: {e}"))));
+            if let Ok(k) = &started {
+                eprintln!(
+                    "aip-kube-test: keycloak {} ready in {:.1} s",
+                    k.url,
+                    k.started_in.as_secs_f64()
+                );
+            }
+            started
+        })
+        .await;
+    match started {
+        Ok(k) => k,
+        Err(e) => panic!("Keycloak is not available: {e}"),
+    }
+}
+
+impl Keycloak {
+    fn start() -> Result<Keycloak, Error> {
+        let root = crate::local::workspace_root();
+        let ensure = root.join("scripts/ensure-keycloak.sh");
+        let out = Command::new(&ensure)
+            .output()
+            .map_err(Error::io("cannot run", &ensure))?;
+        if !out.status.success() {
+            return Err(Error::Setup(format!(
+                "{} failed: {}",
+                ensure.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        let cache = root.join("target/keycloak");
+        let java_home = std::fs::read_to_string(cache.join("java-home"))
+            .map_err(Error::io("cannot read", cache.join("java-home")))?;
+        let home = std::fs::read_dir(&cache)
+            .map_err(Error::io("cannot read", &cache))?
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .find(|p| p.join("bin/kc.sh").exists())
+            .ok_or_else(|| Error::Setup(format!("no Keycloak in {}", cache.display())))?;
+        let dir = crate::local::fresh_dir()?;
+        // A copy of its own: Keycloak writes its build and data under its
+        // home, and test binaries run side by side.
+        let copy = dir.join("keycloak");
+        let status = Command::new("cp")
+            .arg("-a")
+            .arg(&home)
+            .arg(&copy)
+            .status()
+            .map_err(Error::io("cannot copy", &home))?;
+        if !status.success() {
+            return Err(Error::Setup(format!(
+                "cannot copy {} to {}",
+                home.display(),
+                copy.display()
+            )));
+        }
+        let (port, management) = two_free_ports()?;
+        let url = format!("http://127.0.0.1:{port}");
+        let admin_password = format!("{:032x}", rand::random::<u128>());
+        let args: Vec<String> = vec![
+            format!("JAVA_HOME={}", java_home.trim()),
+            "KC_BOOTSTRAP_ADMIN_USERNAME=admin".to_owned(),
+            format!("KC_BOOTSTRAP_ADMIN_PASSWORD={admin_password}"),
+            copy.join("bin/kc.sh").display().to_string(),
+            "start-dev".to_owned(),
+            "--db=dev-mem".to_owned(),
+            "--http-host=127.0.0.1".to_owned(),
+            format!("--http-port={port}"),
+            format!("--http-management-port={management}"),
+            "--health-enabled=true".to_owned(),
+            format!("--hostname={url}"),
+            format!("--features={FEATURES}"),
+        ];
+        let started = Instant::now();
+        let mut process = Supervised::spawn(
+            "keycloak",
+            Path::new("/usr/bin/env"),
+            &args,
+            &dir,
+            Some(&dir),
+        )?;
+        let ready = format!("http://127.0.0.1:{management}/health/ready");
+        let mut last;
+        loop {
+            if let Some(status) = process.exit_status() {
+                return Err(process.exited_error(status));
+            }
+            match ureq::get(&ready).call() {
+                Ok(_) => break,
+                Err(e) => last = e.to_string(),
+            }
+            if started.elapsed() > READY_WITHIN {
+                return Err(Error::NotReady {
+                    process: "keycloak",
+                    waited: READY_WITHIN,
+                    last,
+                    log: process.log.clone(),
+                    tail: process.tail(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        Ok(Keycloak {
+            url,
+            admin_password,
+            started_in: started.elapsed(),
+            process: std::sync::Mutex::new(process),
+        })
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The issuer of realm `realm`'s tokens.
+    pub fn issuer(&self, realm: &str) -> String {
+        format!("{}/realms/{realm}", self.url)
+    }
+
+    /// How long it took to be ready.
+    pub fn started_in(&self) -> Duration {
+        self.started_in
+    }
+
+    /// The log file of the process.
+    pub fn log(&self) -> PathBuf {
+        self.process
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .log
+            .clone()
+    }
+
+    /// The admin REST API, as the bootstrap administrator (a token of its
+    /// own, good for a minute).
+    pub fn admin(&self) -> Result<Admin, String> {
+        let token: Value = ureq::post(format!(
+            "{}/realms/master/protocol/openid-connect/token",
+            self.url
+        ))
+        .send_form([
+            ("grant_type", "password"),
+            ("client_id", "admin-cli"),
+            ("username", "admin"),
+            ("password", self.admin_password.as_str()),
+        ])
+        .map_err(|e| format!("admin token: {e}"))?
+        .body_mut()
+        .read_json()
+        .map_err(|e| format!("admin token: {e}"))?;
+        let token = token["access_token"]
+            .as_str()
+            .ok_or("admin token: no access_token")?
+            .to_owned();
+        Ok(Admin {
+            base: format!("{}/admin/realms", self.url),
+            token,
+        })
+    }
+}
+
+/// Keycloak's admin REST API (`/admin/realms/...`).
+pub struct Admin {
+    base: String,
+    token: String,
+}
+
+impl Admin {
+    /// POST `body` to `path` (under /admin/realms); the id the answer's
+    /// Location names, if any.
+    pub fn post(&self, path: &str, body: &Value) -> Result<Option<String>, String> {
+        let url = format!("{}{path}", self.base);
+        let response = ureq::post(&url)
+            .header("authorization", &format!("Bearer {}", self.token))
+            .send_json(body)
+            .map_err(|e| format!("POST {url}: {e}"))?;
+        Ok(response
+            .headers()
+            .get("location")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|l| l.rsplit('/').next())
+            .map(str::to_owned))
+    }
+
+    /// PUT `body` to `path`.
+    pub fn put(&self, path: &str, body: &Value) -> Result<(), String> {
+        let url = format!("{}{path}", self.base);
+        ureq::put(&url)
+            .header("authorization", &format!("Bearer {}", self.token))
+            .send_json(body)
+            .map_err(|e| format!("PUT {url}: {e}"))?;
+        Ok(())
+    }
+
+    /// GET `path` as JSON.
+    pub fn get(&self, path: &str) -> Result<Value, String> {
+        let url = format!("{}{path}", self.base);
+        ureq::get(&url)
+            .header("authorization", &format!("Bearer {}", self.token))
+            .call()
+            .map_err(|e| format!("GET {url}: {e}"))?
+            .body_mut()
+            .read_json()
+            .map_err(|e| format!("GET {url}: {e}"))
+    }
+
+    /// DELETE `path`.
+    pub fn delete(&self, path: &str) -> Result<(), String> {
+        let url = format!("{}{path}", self.base);
+        ureq::delete(&url)
+            .header("authorization", &format!("Bearer {}", self.token))
+            .call()
+            .map_err(|e| format!("DELETE {url}: {e}"))?;
+        Ok(())
+    }
+
+    /// A realm of its own for one test.
+    pub fn realm(&self, name: &str) -> Result<(), String> {
+        let body = serde_json::json!({"realm": name, "enabled": true});
+        self.post("", &body).map(|_| ())
+    }
+
+    /// Creates client `body` in `realm`; its internal id.
+    pub fn client(&self, realm: &str, body: &Value) -> Result<String, String> {
+        self.post(&format!("/{realm}/clients"), body)?
+            .ok_or_else(|| "the new client has no Location".to_owned())
+    }
+}
+
+fn two_free_ports() -> Result<(u16, u16), Error> {
+    let bind = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| Ok((l.local_addr()?.port(), l)))
+            .map_err(Error::io("cannot bind", "127.0.0.1:0"))
+    };
+    let (a, _la) = bind()?;
+    let (b, _lb) = bind()?;
+    Ok((a, b))
+}

@@ -1,0 +1,610 @@
+//! Access tokens for an upstream that is an OAuth 2.1 resource server
+//! (docs/upstream-auth.md): the gateway is the OAuth client. It asks the
+//! authorization server's token endpoint for a token (client credentials,
+//! RFC 6749 §4.4; authenticated with a secret, with a key, RFC 7523 §2.2,
+//! or with an assertion from a file such as the pod's projected
+//! ServiceAccount token), names the upstream as the `resource` (RFC 8707)
+//! on every request, caches the token and asks again before it expires.
+//!
+//! One token request at a time per connection: callers that find no fresh
+//! token wait for the one request in flight and share its answer. A token
+//! the upstream refused (401) is dropped once; the next caller asks anew.
+//! Tokens, secrets, keys and assertions are [`SecretString`]s: they are
+//! never printed, and an authorization server's error is reported by its
+//! code and description with them redacted.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use base64::Engine;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::{Method, Request, StatusCode};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::connection::Tls;
+use crate::credentials::Credentials;
+
+/// The largest token or metadata response read.
+const MAX_RESPONSE_BYTES: usize = 64 * 1024;
+/// A token is asked for again when this little of its life is left (or a
+/// fifth of it, if that is less).
+const REFRESH_AHEAD: Duration = Duration::from_secs(60);
+/// The lifetime assumed when the server gives no `expires_in`.
+const DEFAULT_LIFETIME: Duration = Duration::from_secs(300);
+/// The lifetime of a client assertion the gateway signs (RFC 7523 §3).
+const ASSERTION_LIFETIME: Duration = Duration::from_secs(60);
+/// The largest assertion file read (a projected token is about 1 KiB).
+const MAX_ASSERTION_BYTES: u64 = 64 * 1024;
+
+/// How the gateway gets tokens for one connection.
+#[derive(Clone, Debug)]
+pub struct OAuth {
+    /// Where tokens come from: a token endpoint, or an issuer whose
+    /// metadata names it (RFC 8414, then OpenID Connect discovery).
+    pub server: AuthorizationServer,
+    pub client_id: String,
+    pub client_auth: ClientAuth,
+    /// Space-joined into `scope`; none: the server's default.
+    pub scopes: Vec<String>,
+    /// RFC 8707 `resource`: the upstream's URL unless set.
+    pub resource: String,
+    /// Each token request's deadline.
+    pub timeout: Duration,
+    /// TLS for the authorization server.
+    pub tls: Tls,
+}
+
+impl OAuth {
+    /// Whether `other` asks for tokens exactly as this does (secrets
+    /// included): a reload keeps the connection, and its token.
+    pub fn same_as(&self, other: &OAuth) -> bool {
+        self.server == other.server
+            && self.client_id == other.client_id
+            && self.client_auth.same_as(&other.client_auth)
+            && self.scopes == other.scopes
+            && self.resource == other.resource
+            && self.timeout == other.timeout
+            && self.tls == other.tls
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AuthorizationServer {
+    TokenEndpoint(String),
+    Issuer(String),
+}
+
+/// How the gateway authenticates itself to the token endpoint.
+#[derive(Clone, Debug)]
+pub enum ClientAuth {
+    /// `client_secret_basic`: HTTP Basic with the client id and secret.
+    SecretBasic(SecretString),
+    /// `client_secret_post`: both in the form.
+    SecretPost(SecretString),
+    /// `private_key_jwt` (RFC 7523 §2.2): an assertion the gateway signs
+    /// with this PEM private key (RSA or EC), `kid` when given.
+    PrivateKeyJwt {
+        key_pem: SecretString,
+        key_id: Option<String>,
+    },
+    /// RFC 7523 §2.2 with an assertion someone else issued, read from a
+    /// file at every request (the kubelet rotates a projected
+    /// ServiceAccount token in place): federated client authentication.
+    AssertionFile(PathBuf),
+}
+
+impl ClientAuth {
+    fn same_as(&self, other: &ClientAuth) -> bool {
+        let same = |a: &SecretString, b: &SecretString| a.expose_secret() == b.expose_secret();
+        match (self, other) {
+            (ClientAuth::SecretBasic(a), ClientAuth::SecretBasic(b))
+            | (ClientAuth::SecretPost(a), ClientAuth::SecretPost(b)) => same(a, b),
+            (
+                ClientAuth::PrivateKeyJwt {
+                    key_pem: a,
+                    key_id: i,
+                },
+                ClientAuth::PrivateKeyJwt {
+                    key_pem: b,
+                    key_id: j,
+                },
+            ) => same(a, b) && i == j,
+            (ClientAuth::AssertionFile(a), ClientAuth::AssertionFile(b)) => a == b,
+            _ => false,
+        }
+    }
+
+    /// The RFC 8414 name of the method.
+    pub fn method(&self) -> &'static str {
+        match self {
+            ClientAuth::SecretBasic(_) => "client_secret_basic",
+            ClientAuth::SecretPost(_) => "client_secret_post",
+            ClientAuth::PrivateKeyJwt { .. } => "private_key_jwt",
+            ClientAuth::AssertionFile(_) => "private_key_jwt (federated assertion)",
+        }
+    }
+}
+
+/// Why no token could be had. The text names the authorization server's
+/// error code and never a credential.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    #[error("the token endpoint cannot be reached: {0}")]
+    Unreachable(String),
+    #[error("the token endpoint did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The server's RFC 6749 §5.2 error (`invalid_client`, `invalid_grant`,
+    /// `invalid_target`, ...), with its description.
+    #[error("the token endpoint refused: {code}{}", .description.as_ref().map(|d| format!(" ({d})")).unwrap_or_default())]
+    Refused {
+        code: String,
+        description: Option<String>,
+    },
+    #[error("the token endpoint answered HTTP {0} without an OAuth error")]
+    Status(u16),
+    #[error("the token endpoint's answer is not a token: {0}")]
+    Malformed(String),
+    #[error("authorization server metadata: {0}")]
+    Discovery(String),
+    #[error("client assertion: {0}")]
+    Assertion(String),
+}
+
+/// A token in hand.
+struct Held {
+    token: SecretString,
+    refresh_at: Instant,
+    expires_at: Instant,
+}
+
+/// Tokens for one connection.
+pub struct TokenSource {
+    oauth: OAuth,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    /// Held across a token request: the one request in flight.
+    state: tokio::sync::Mutex<State>,
+    /// Everything secret this source sends, for redacting what servers say.
+    secrets: Credentials,
+}
+
+#[derive(Default)]
+struct State {
+    held: Option<Held>,
+    endpoint: Option<String>,
+    requests: u64,
+}
+
+impl std::fmt::Debug for TokenSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenSource")
+            .field("server", &self.oauth.server)
+            .field("client_id", &self.oauth.client_id)
+            .field("client_auth", &self.oauth.client_auth.method())
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Deserialize)]
+struct TokenResponse {
+    access_token: String,
+    token_type: String,
+    #[serde(default)]
+    expires_in: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct ErrorResponse {
+    error: String,
+    #[serde(default)]
+    error_description: Option<String>,
+}
+
+impl TokenSource {
+    pub fn new(oauth: OAuth) -> Result<TokenSource, String> {
+        let connector = crate::http::connector_for(&oauth.client_id, &oauth.tls)?;
+        let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector);
+        let mut secrets = Vec::new();
+        match &oauth.client_auth {
+            ClientAuth::SecretBasic(s) | ClientAuth::SecretPost(s) => {
+                secrets.push(("secret".to_owned(), s.clone()));
+            }
+            ClientAuth::PrivateKeyJwt { .. } | ClientAuth::AssertionFile(_) => {}
+        }
+        Ok(TokenSource {
+            secrets: Credentials::new(&secrets),
+            oauth,
+            client,
+            state: tokio::sync::Mutex::new(State::default()),
+        })
+    }
+
+    /// A token that is not about to expire: the one held, or a new one.
+    pub async fn bearer(&self) -> Result<SecretString, TokenError> {
+        let mut state = self.state.lock().await;
+        let now = Instant::now();
+        if let Some(held) = &state.held
+            && now < held.refresh_at
+        {
+            return Ok(held.token.clone());
+        }
+        match self.request(&mut state).await {
+            Ok(held) => {
+                let token = held.token.clone();
+                state.held = Some(held);
+                Ok(token)
+            }
+            // A held token still inside its life serves while a refresh
+            // fails (the failure is reported when it has run out).
+            Err(e) => match &state.held {
+                Some(held) if now < held.expires_at => {
+                    tracing::warn!(client_id = %self.oauth.client_id, error = %e, "token refresh failed; the current token serves until it expires");
+                    Ok(held.token.clone())
+                }
+                _ => {
+                    state.held = None;
+                    Err(e)
+                }
+            },
+        }
+    }
+
+    /// The upstream refused `token` (401): it is dropped if it is still
+    /// the one held, so that the next caller asks for a new one.
+    pub async fn refused(&self, token: &SecretString) {
+        let mut state = self.state.lock().await;
+        if state
+            .held
+            .as_ref()
+            .is_some_and(|h| h.token.expose_secret() == token.expose_secret())
+        {
+            state.held = None;
+        }
+    }
+
+    /// How many token requests this source has made.
+    pub async fn requests(&self) -> u64 {
+        self.state.lock().await.requests
+    }
+
+    async fn request(&self, state: &mut State) -> Result<Held, TokenError> {
+        let endpoint = match &state.endpoint {
+            Some(e) => e.clone(),
+            None => {
+                let e = self.token_endpoint().await?;
+                state.endpoint = Some(e.clone());
+                e
+            }
+        };
+        state.requests += 1;
+        let mut form: Vec<(&str, String)> = vec![("grant_type", "client_credentials".to_owned())];
+        if !self.oauth.scopes.is_empty() {
+            form.push(("scope", self.oauth.scopes.join(" ")));
+        }
+        form.push(("resource", self.oauth.resource.clone()));
+        let mut basic = None;
+        let mut extra = Vec::new();
+        match &self.oauth.client_auth {
+            ClientAuth::SecretBasic(secret) => basic = Some(secret),
+            ClientAuth::SecretPost(secret) => {
+                form.push(("client_id", self.oauth.client_id.clone()));
+                extra.push(("client_secret", secret.clone()));
+            }
+            ClientAuth::PrivateKeyJwt { key_pem, key_id } => {
+                let assertion = self.signed_assertion(&endpoint, key_pem, key_id.as_deref())?;
+                form.push(("client_id", self.oauth.client_id.clone()));
+                form.push(("client_assertion_type", JWT_BEARER_ASSERTION.to_owned()));
+                extra.push(("client_assertion", assertion));
+            }
+            ClientAuth::AssertionFile(path) => {
+                // The assertion names the client (its `sub`); client_id is
+                // left out, as federated client authentication expects.
+                let assertion = read_assertion(path)?;
+                form.push(("client_assertion_type", JWT_BEARER_ASSERTION.to_owned()));
+                extra.push(("client_assertion", assertion));
+            }
+        }
+        let body = {
+            // (The serializer is not Send: it lives in this block only.)
+            let mut body = form_urlencoded::Serializer::new(String::new());
+            for (k, v) in &form {
+                body.append_pair(k, v);
+            }
+            for (k, v) in &extra {
+                body.append_pair(k, v.expose_secret());
+            }
+            SecretString::from(body.finish())
+        };
+        let mut request = Request::builder()
+            .method(Method::POST)
+            .uri(&endpoint)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .header("accept", "application/json");
+        if let Some(secret) = basic {
+            let pair = format!(
+                "{}:{}",
+                form_encode(&self.oauth.client_id),
+                form_encode(secret.expose_secret())
+            );
+            let mut value = hyper::header::HeaderValue::from_str(&format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(pair)
+            ))
+            .map_err(|_| TokenError::Malformed("the client id cannot be sent".into()))?;
+            value.set_sensitive(true);
+            request = request.header("authorization", value);
+        }
+        let request = request
+            .body(Full::new(Bytes::from(body.expose_secret().to_owned())))
+            .map_err(|e| TokenError::Unreachable(e.to_string()))?;
+        let sent_at = Instant::now();
+        let (status, bytes) = self.exchange(request).await?;
+        if status != StatusCode::OK {
+            return Err(match serde_json::from_slice::<ErrorResponse>(&bytes) {
+                Ok(e) => TokenError::Refused {
+                    code: self.shown(&e.error, 64),
+                    description: e.error_description.map(|d| self.shown(&d, 200)),
+                },
+                Err(_) => TokenError::Status(status.as_u16()),
+            });
+        }
+        let answer: TokenResponse = serde_json::from_slice(&bytes)
+            .map_err(|e| TokenError::Malformed(strip_content(&e.to_string())))?;
+        if !answer.token_type.eq_ignore_ascii_case("bearer") {
+            return Err(TokenError::Malformed(format!(
+                "token_type {:?}, not Bearer",
+                self.shown(&answer.token_type, 32)
+            )));
+        }
+        if answer.access_token.is_empty() {
+            return Err(TokenError::Malformed("an empty access_token".into()));
+        }
+        let lifetime = answer
+            .expires_in
+            .map_or(DEFAULT_LIFETIME, Duration::from_secs);
+        let ahead = REFRESH_AHEAD.min(lifetime / 5);
+        Ok(Held {
+            token: SecretString::from(answer.access_token),
+            refresh_at: sent_at + lifetime.saturating_sub(ahead),
+            expires_at: sent_at + lifetime,
+        })
+    }
+
+    /// The token endpoint: given, or from the issuer's metadata.
+    async fn token_endpoint(&self) -> Result<String, TokenError> {
+        let issuer = match &self.oauth.server {
+            AuthorizationServer::TokenEndpoint(e) => return Ok(e.clone()),
+            AuthorizationServer::Issuer(i) => i.trim_end_matches('/').to_owned(),
+        };
+        let mut tried = Vec::new();
+        for url in metadata_urls(&issuer) {
+            let request = Request::builder()
+                .method(Method::GET)
+                .uri(&url)
+                .header("accept", "application/json")
+                .body(Full::new(Bytes::new()))
+                .map_err(|e| TokenError::Discovery(format!("{url}: {e}")))?;
+            let (status, bytes) = match self.exchange(request).await {
+                Ok(answer) => answer,
+                Err(e) => {
+                    tried.push(format!("{url}: {e}"));
+                    continue;
+                }
+            };
+            if status != StatusCode::OK {
+                tried.push(format!("{url}: HTTP {}", status.as_u16()));
+                continue;
+            }
+            let metadata: Value = serde_json::from_slice(&bytes).map_err(|e| {
+                TokenError::Discovery(format!(
+                    "{url}: not JSON: {}",
+                    strip_content(&e.to_string())
+                ))
+            })?;
+            let said = metadata
+                .get("issuer")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            if said.trim_end_matches('/') != issuer {
+                return Err(TokenError::Discovery(format!(
+                    "{url} names issuer {said:?}, not {issuer:?}"
+                )));
+            }
+            return metadata
+                .get("token_endpoint")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .ok_or_else(|| TokenError::Discovery(format!("{url} names no token_endpoint")));
+        }
+        Err(TokenError::Discovery(format!(
+            "no metadata for issuer {issuer}: {}",
+            tried.join("; ")
+        )))
+    }
+
+    /// One request and its whole (bounded) answer, within the deadline.
+    async fn exchange(
+        &self,
+        request: Request<Full<Bytes>>,
+    ) -> Result<(StatusCode, Bytes), TokenError> {
+        let timeout = self.oauth.timeout;
+        let answer = async {
+            let response = self
+                .client
+                .request(request)
+                .await
+                .map_err(|e| TokenError::Unreachable(chain(&e)))?;
+            let status = response.status();
+            let body = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
+                .collect()
+                .await
+                .map_err(|e| TokenError::Malformed(format!("reading the answer: {e}")))?
+                .to_bytes();
+            Ok((status, body))
+        };
+        tokio::time::timeout(timeout, answer)
+            .await
+            .map_err(|_| TokenError::Timeout(timeout))?
+    }
+
+    /// An RFC 7523 §3 client assertion signed with the client's key.
+    fn signed_assertion(
+        &self,
+        audience: &str,
+        key_pem: &SecretString,
+        key_id: Option<&str>,
+    ) -> Result<SecretString, TokenError> {
+        let pem = key_pem.expose_secret().as_bytes();
+        let (key, algorithm) = match jsonwebtoken::EncodingKey::from_rsa_pem(pem) {
+            Ok(k) => (k, jsonwebtoken::Algorithm::RS256),
+            Err(_) => match jsonwebtoken::EncodingKey::from_ec_pem(pem) {
+                Ok(k) => (k, jsonwebtoken::Algorithm::ES256),
+                Err(_) => {
+                    return Err(TokenError::Assertion(
+                        "the private key is neither an RSA nor a P-256 PEM key".into(),
+                    ));
+                }
+            },
+        };
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        let mut jti = [0u8; 16];
+        rand::fill(&mut jti);
+        let claims = serde_json::json!({
+            "iss": self.oauth.client_id,
+            "sub": self.oauth.client_id,
+            "aud": audience,
+            "iat": now,
+            "exp": now + ASSERTION_LIFETIME.as_secs(),
+            "jti": hex_of(&jti),
+        });
+        let mut header = jsonwebtoken::Header::new(algorithm);
+        header.kid = key_id.map(str::to_owned);
+        jsonwebtoken::encode(&header, &claims, &key)
+            .map(SecretString::from)
+            .map_err(|e| TokenError::Assertion(format!("cannot sign: {e}")))
+    }
+
+    /// Server text as it may be shown: this source's secrets redacted,
+    /// control characters dropped, cut to `max` characters.
+    fn shown(&self, text: &str, max: usize) -> String {
+        let mut value = Value::String(text.to_owned());
+        self.secrets.redact(&mut value);
+        let text = value.as_str().unwrap_or_default();
+        text.chars().filter(|c| !c.is_control()).take(max).collect()
+    }
+}
+
+const JWT_BEARER_ASSERTION: &str = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer";
+
+/// RFC 8414 §3.1 (the well-known segment before the issuer's path), then
+/// OpenID Connect discovery (after it).
+fn metadata_urls(issuer: &str) -> Vec<String> {
+    let (origin, path) = match issuer.find("://").map(|i| i + 3) {
+        Some(start) => match issuer[start..].find('/') {
+            Some(slash) => issuer.split_at(start + slash),
+            None => (issuer, ""),
+        },
+        None => (issuer, ""),
+    };
+    vec![
+        format!("{origin}/.well-known/oauth-authorization-server{path}"),
+        format!("{issuer}/.well-known/openid-configuration"),
+    ]
+}
+
+/// A projected token (or any assertion) from its file, read whole and
+/// bounded; the file's name is in the error, its content never.
+fn read_assertion(path: &std::path::Path) -> Result<SecretString, TokenError> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_ASSERTION_BYTES + 1).read_to_string(&mut text))
+        .map_err(|e| TokenError::Assertion(format!("cannot read {}: {e}", path.display())))?;
+    if text.len() as u64 > MAX_ASSERTION_BYTES {
+        return Err(TokenError::Assertion(format!(
+            "{} is larger than {MAX_ASSERTION_BYTES} bytes",
+            path.display()
+        )));
+    }
+    let text = text.trim();
+    if text.split('.').count() != 3 {
+        return Err(TokenError::Assertion(format!(
+            "{} does not hold a JWT",
+            path.display()
+        )));
+    }
+    Ok(SecretString::from(text.to_owned()))
+}
+
+/// `application/x-www-form-urlencoded` of one value (RFC 6749 §2.3.1 asks
+/// for it inside HTTP Basic too).
+fn form_encode(s: &str) -> String {
+    form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+fn hex_of(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// serde_json's message without the text it quotes.
+fn strip_content(message: &str) -> String {
+    message
+        .split(" at line")
+        .next()
+        .unwrap_or(message)
+        .to_owned()
+}
+
+fn chain(e: &hyper_util::client::legacy::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_is_looked_for_as_rfc_8414_then_oidc_say() {
+        assert_eq!(
+            metadata_urls("http://127.0.0.1:8080/realms/aip"),
+            [
+                "http://127.0.0.1:8080/.well-known/oauth-authorization-server/realms/aip",
+                "http://127.0.0.1:8080/realms/aip/.well-known/openid-configuration"
+            ]
+        );
+        assert_eq!(
+            metadata_urls("https://as.example"),
+            [
+                "https://as.example/.well-known/oauth-authorization-server",
+                "https://as.example/.well-known/openid-configuration"
+            ]
+        );
+    }
+
+    #[test]
+    fn an_assertion_file_must_hold_a_jwt_and_is_never_echoed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, "not-a-jwt-but-secret").unwrap();
+        let e = read_assertion(&path).unwrap_err().to_string();
+        assert!(e.contains("does not hold a JWT"), "{e}");
+        assert!(!e.contains("not-a-jwt-but-secret"), "{e}");
+        std::fs::write(&path, "a.b.c\n").unwrap();
+        assert_eq!(read_assertion(&path).unwrap().expose_secret(), "a.b.c");
+    }
+}

@@ -1,0 +1,352 @@
+//! Upstream identity against a real authorization server
+//! (docs/upstream-auth.md): Keycloak, started by the test binary
+//! (aip_kube_test::keycloak), issues the gateway access tokens with the
+//! client credentials grant; the upstream (the fault server) accepts only
+//! a token Keycloak signed for its own URL (RFC 8707 `resource`, checked
+//! against Keycloak's JWKS). Each test has a realm of its own.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use aip_fault_server::core::Core;
+use aip_fault_server::log::AttemptLog;
+use aip_fault_server::script::{Script, Transport};
+use aip_kube_test::keycloak::{self, Keycloak};
+use aip_sidecar::upstream::health::HealthState;
+use common::{Setup, Stack, scratch};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+const SECRET: &str = "gw-s3cret-Zq81";
+
+/// An upstream that demands a token of `realm` for its own URL; its URL
+/// and the server (for its attempt log).
+async fn upstream(
+    kc: &Keycloak,
+    realm: &str,
+    shutdown: &CancellationToken,
+) -> (String, std::sync::Arc<Core>) {
+    // The URL is needed for the audience before the server can start: a
+    // port is taken, then the server started on it.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+    let issuer = kc.issuer(realm);
+    let yaml = format!(
+        "apiVersion: aip.io/v1alpha1\nkind: FaultServer\nmetadata: {{name: files}}\nspec:\n  requireJwt: {{issuer: '{issuer}', audience: '{url}', jwksUrl: '{issuer}/protocol/openid-connect/certs'}}\n  tools:\n    - {{name: read, responses: [{{sequence: [{}]}}]}}\n",
+        vec!["{return: contents}"; 50].join(", ")
+    );
+    let core = Core::new(
+        Script::from_yaml(&yaml, Transport::Http).unwrap(),
+        AttemptLog::new(Box::new(std::io::sink()), true),
+    );
+    let served = aip_fault_server::http::serve(
+        core.clone(),
+        listener,
+        aip_fault_server::http::HttpOptions::default(),
+        shutdown.clone(),
+    );
+    tokio::spawn(served);
+    tokio::spawn(core.clone().run(shutdown.clone()));
+    (url, core)
+}
+
+/// Realm `realm` with the upstream as a resource (its URL the client
+/// `files-mcp`'s resource_url) and the gateway's client `gateway`
+/// (`client`: its authentication), whose tokens name the upstream.
+fn realm(kc: &Keycloak, realm: &str, url: &str, client: Value) {
+    let admin = kc.admin().unwrap();
+    admin.realm(realm).unwrap();
+    admin
+        .client(
+            realm,
+            &json!({"clientId": "files-mcp", "publicClient": false, "standardFlowEnabled": false,
+                    "attributes": {"resource_url": url}}),
+        )
+        .unwrap();
+    let mut gateway = json!({"clientId": "gateway", "publicClient": false,
+        "serviceAccountsEnabled": true, "standardFlowEnabled": false,
+        // Keycloak 26.7's resource indicators need a refresh token here.
+        "attributes": {"client_credentials.use_refresh_token": "true"}});
+    for (k, v) in client.as_object().unwrap() {
+        if k == "attributes" {
+            for (a, av) in v.as_object().unwrap() {
+                gateway["attributes"][a] = av.clone();
+            }
+        } else {
+            gateway[k] = v.clone();
+        }
+    }
+    let id = admin.client(realm, &gateway).unwrap();
+    admin
+        .post(
+            &format!("/{realm}/clients/{id}/protocol-mappers/models"),
+            &json!({"name": "files-audience", "protocol": "openid-connect",
+                    "protocolMapper": "oidc-audience-mapper",
+                    "config": {"included.client.audience": "files-mcp", "access.token.claim": "true"}}),
+        )
+        .unwrap();
+}
+
+/// Who called the upstream: the distinct Authorization headers (hashed)
+/// of its attempts.
+fn tokens_seen(core: &Core) -> BTreeSet<String> {
+    core.log
+        .lines()
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|a| a["auth_sha256"].as_str().map(str::to_owned))
+        .collect()
+}
+
+fn calls(core: &Core) -> usize {
+    core.log
+        .lines()
+        .iter()
+        .filter(|l| l.contains("\"tool\":\"read\""))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_client_gets_one_token_for_many_calls_and_the_upstream_accepts_it() {
+    let kc = keycloak::shared().await;
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let (url, core) = upstream(kc, "cc-secret", &shutdown).await;
+    realm(kc, "cc-secret", &url, json!({"secret": SECRET}));
+    let dir = scratch("aip-oauth-");
+    let secret_file = dir.path().join("secret");
+    std::fs::write(&secret_file, SECRET).unwrap();
+    let s = Stack::start(Setup {
+        policy: "  allowed_tools: [up_read]",
+        url: Some(url.clone()),
+        connection: &format!(
+            "  auth:\n    clientCredentials:\n      issuer: {}\n      clientId: gateway\n      clientSecret: {{valueFrom: {{file: {}}}}}\n",
+            kc.issuer("cc-secret"),
+            secret_file.display()
+        ),
+        ..Setup::default()
+    })
+    .await;
+    let session = s.session().await;
+    for id in 0..20 {
+        let read = s.call(&session, json!(id), "up_read", json!({})).await;
+        assert_eq!(read["result"]["content"][0]["text"], "contents", "{read}");
+    }
+    assert_eq!(calls(&core), 20);
+    // One token served the health checks, the session and every call.
+    assert_eq!(tokens_seen(&core).len(), 1, "{:?}", core.log.lines());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_secret_needs_credentials_with_the_servers_error_and_reaches_nothing() {
+    let kc = keycloak::shared().await;
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let (url, core) = upstream(kc, "cc-wrong", &shutdown).await;
+    realm(kc, "cc-wrong", &url, json!({"secret": SECRET}));
+    let dir = scratch("aip-oauth-");
+    let secret_file = dir.path().join("secret");
+    let wrong = "not-the-s3cret-9931";
+    std::fs::write(&secret_file, wrong).unwrap();
+    let s = Stack::start(Setup {
+        policy: "  allowed_tools: [up_read]",
+        url: Some(url.clone()),
+        connection: &format!(
+            "  auth:\n    clientCredentials:\n      issuer: {}\n      clientId: gateway\n      clientSecret: {{valueFrom: {{file: {}}}}}\n      clientAuthMethod: client_secret_post\n",
+            kc.issuer("cc-wrong"),
+            secret_file.display()
+        ),
+        expect: HealthState::NeedsCredentials,
+        ..Setup::default()
+    })
+    .await;
+    let health = s.gateway.connections()[0].health();
+    let reason = health.reason.unwrap_or_default();
+    assert!(
+        // Keycloak's words for a wrong secret.
+        reason
+            == "upstream_token_unavailable: the token endpoint refused: unauthorized_client (Invalid client or Invalid client credentials)",
+        "{reason}"
+    );
+    assert!(!reason.contains(wrong), "{reason}");
+    let session = s.session().await;
+    let refused = s.call(&session, json!(1), "up_read", json!({})).await;
+    assert!(refused.get("error").is_some(), "{refused}");
+    assert!(!refused.to_string().contains(wrong), "{refused}");
+    assert_eq!(calls(&core), 0, "nothing reached the upstream");
+    assert!(tokens_seen(&core).is_empty());
+    let audit = std::fs::read_to_string(&s.audit).unwrap();
+    assert!(!audit.contains(wrong), "{audit}");
+}
+
+/// A P-256 key: its PEM (PKCS#8) and its public JWK named `kid`.
+fn ec_key(kid: &str) -> (String, Value) {
+    use base64::Engine;
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let point = key.public_key_raw();
+    assert_eq!(point.len(), 65, "an uncompressed P-256 point");
+    let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+    let jwk = json!({"kty": "EC", "crv": "P-256", "x": b64(&point[1..33]), "y": b64(&point[33..65]),
+                     "kid": kid, "use": "sig", "alg": "ES256"});
+    (key.serialize_pem(), jwk)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_client_signs_its_own_assertions() {
+    let kc = keycloak::shared().await;
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let (url, core) = upstream(kc, "cc-key", &shutdown).await;
+    let (pem, jwk) = ec_key("gw-1");
+    realm(
+        kc,
+        "cc-key",
+        &url,
+        json!({"clientAuthenticatorType": "client-jwt", "attributes": {
+            "use.jwks.string": "true", "jwks.string": json!({"keys": [jwk]}).to_string(),
+            "token.endpoint.auth.signing.alg": "ES256"}}),
+    );
+    let dir = scratch("aip-oauth-");
+    let key_file = dir.path().join("key.pem");
+    std::fs::write(&key_file, &pem).unwrap();
+    let s = Stack::start(Setup {
+        policy: "  allowed_tools: [up_read]",
+        url: Some(url.clone()),
+        connection: &format!(
+            "  auth:\n    clientCredentials:\n      issuer: {}\n      clientId: gateway\n      privateKey: {{valueFrom: {{file: {}}}}}\n      keyId: gw-1\n",
+            kc.issuer("cc-key"),
+            key_file.display()
+        ),
+        ..Setup::default()
+    })
+    .await;
+    let session = s.session().await;
+    let read = s.call(&session, json!(1), "up_read", json!({})).await;
+    assert_eq!(read["result"]["content"][0]["text"], "contents", "{read}");
+    assert_eq!(calls(&core), 1);
+}
+
+/// A JWT issuer of the test's own (as the Kubernetes API server issues
+/// ServiceAccount tokens): its keys served at `/jwks` on loopback; its URL.
+async fn issuer_serving(jwks: Value, shutdown: &CancellationToken) -> String {
+    use http_body_util::Full;
+    use hyper::service::service_fn;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let body = bytes::Bytes::from(jwks.to_string());
+    let shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                () = shutdown.cancelled() => return,
+            };
+            let Ok((stream, _)) = accepted else { continue };
+            let body = body.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |_req| {
+                    let body = body.clone();
+                    async move {
+                        let mut r = hyper::Response::new(Full::new(body));
+                        r.headers_mut()
+                            .insert("content-type", "application/json".parse().unwrap());
+                        Ok::<_, std::convert::Infallible>(r)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    url
+}
+
+/// An assertion of the test's issuer about `sub`, for `audience`.
+fn assertion(pem: &str, kid: &str, issuer: &str, sub: &str, audience: &str, life: u64) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
+    header.kid = Some(kid.to_owned());
+    let claims = json!({"iss": issuer, "sub": sub, "aud": audience, "iat": now, "exp": now + life,
+                        "jti": format!("{:032x}", rand::random::<u128>())});
+    let key = jsonwebtoken::EncodingKey::from_ec_pem(pem.as_bytes()).unwrap();
+    jsonwebtoken::encode(&header, &claims, &key).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_federated_assertion_file_is_the_client_credential_and_is_reread() {
+    let kc = keycloak::shared().await;
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let (url, core) = upstream(kc, "cc-federated", &shutdown).await;
+    let (pem, jwk) = ec_key("sa-1");
+    let issuer = issuer_serving(json!({"keys": [jwk]}), &shutdown).await;
+    let sub = "system:serviceaccount:agents:agent";
+    realm(
+        kc,
+        "cc-federated",
+        &url,
+        json!({"clientAuthenticatorType": "federated-jwt", "attributes": {
+            "jwt.credential.issuer": "workloads", "jwt.credential.sub": sub}}),
+    );
+    let admin = kc.admin().unwrap();
+    admin
+        .post(
+            "/cc-federated/identity-provider/instances",
+            &json!({"alias": "workloads", "providerId": "oidc", "enabled": true, "config": {
+                "issuer": issuer, "jwksUrl": format!("{issuer}/jwks"), "useJwksUrl": "true",
+                "validateSignature": "true", "supportsClientAssertions": "true",
+                "clientId": "unused", "clientSecret": "unused", "clientAuthMethod": "client_secret_post",
+                "authorizationUrl": format!("{issuer}/authorize"), "tokenUrl": format!("{issuer}/token")}}),
+        )
+        .unwrap();
+    // Tokens of 10 s: the gateway asks again after 8.
+    admin
+        .put("/cc-federated", &json!({"accessTokenLifespan": 10}))
+        .unwrap();
+    let dir = scratch("aip-oauth-");
+    let token_file = dir.path().join("token");
+    let audience = kc.issuer("cc-federated");
+    std::fs::write(
+        &token_file,
+        assertion(&pem, "sa-1", &issuer, sub, &audience, 120),
+    )
+    .unwrap();
+    let s = Stack::start(Setup {
+        policy: "  allowed_tools: [up_read]",
+        url: Some(url.clone()),
+        connection: &format!(
+            "  auth:\n    clientCredentials:\n      issuer: {audience}\n      clientId: gateway\n      assertionFile: {}\n",
+            token_file.display()
+        ),
+        ..Setup::default()
+    })
+    .await;
+    let session = s.session().await;
+    let read = s.call(&session, json!(1), "up_read", json!({})).await;
+    assert_eq!(read["result"]["content"][0]["text"], "contents", "{read}");
+    assert_eq!(calls(&core), 1);
+    // The issuer rotates the assertion in place, as the kubelet does. An
+    // assertion is good once here (no reuse): the next token request
+    // succeeds only with the file read again.
+    std::fs::write(
+        &token_file,
+        assertion(&pem, "sa-1", &issuer, sub, &audience, 120),
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut id = 2;
+    while tokens_seen(&core).len() < 2 {
+        assert!(std::time::Instant::now() < deadline, "no second token");
+        let read = s.call(&session, json!(id), "up_read", json!({})).await;
+        assert_eq!(read["result"]["content"][0]["text"], "contents", "{read}");
+        id += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+}
