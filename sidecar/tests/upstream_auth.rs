@@ -350,3 +350,62 @@ async fn a_federated_assertion_file_is_the_client_credential_and_is_reread() {
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thirty_two_sessions_share_one_token_request_per_expiry() {
+    let kc = keycloak::shared().await;
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let (url, core) = upstream(kc, "cc-load", &shutdown).await;
+    realm(kc, "cc-load", &url, json!({"secret": SECRET}));
+    // Tokens of 10 s: the gateway asks again after 8, while the sessions
+    // below are calling.
+    kc.admin()
+        .unwrap()
+        .put("/cc-load", &json!({"accessTokenLifespan": 10}))
+        .unwrap();
+    let dir = scratch("aip-oauth-");
+    let secret_file = dir.path().join("secret");
+    std::fs::write(&secret_file, SECRET).unwrap();
+    let s = Stack::start(Setup {
+        policy: "  allowed_tools: [up_read]",
+        url: Some(url.clone()),
+        connection: &format!(
+            "  auth:\n    clientCredentials:\n      issuer: {}\n      clientId: gateway\n      clientSecret: {{valueFrom: {{file: {}}}}}\n",
+            kc.issuer("cc-load"),
+            secret_file.display()
+        ),
+
+        ..Setup::default()
+    })
+    .await;
+    let s = std::sync::Arc::new(s);
+    let started = std::time::Instant::now();
+    let mut sessions = Vec::new();
+    for _ in 0..32 {
+        sessions.push(s.session().await);
+    }
+    // Every session calls until the first token's refresh is well past.
+    let mut callers = tokio::task::JoinSet::new();
+    for (n, session) in sessions.into_iter().enumerate() {
+        let s = s.clone();
+        callers.spawn(async move {
+            let mut id = 0u64;
+            while started.elapsed() < std::time::Duration::from_secs(12) {
+                let read = s.call(&session, json!(id), "up_read", json!({})).await;
+                // (Past its 50 scripted answers the upstream answers with a
+                // tool error: still an answer the token got through to.)
+                assert!(read.get("result").is_some(), "session {n}: {read}");
+                id += 1;
+            }
+            id
+        });
+    }
+    let mut total = 0;
+    while let Some(made) = callers.join_next().await {
+        total += made.unwrap();
+    }
+    assert!(total >= 64, "{total} calls");
+    // The first token and its one refresh: one request per expiry.
+    assert_eq!(tokens_seen(&core).len(), 2, "{total} calls");
+}
