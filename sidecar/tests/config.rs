@@ -142,7 +142,7 @@ fn errors_name_document_and_field() {
             "document 1 (AgentPolicy agent): spec.allowed_toolz: unknown field; expected one of: mode, allowed_tools, allowed_methods, denied_methods, protected_paths, strict_args_default, tool_rules, dlp",
             "document 2 (ToolConnection a): spec.url: must be an http:// or https:// URL, found \"ftp://x\"",
             "document 3 (ToolConnection b): spec.timeoutSeconds: must be 1..60",
-            "document 4 (ToolConnection c): spec.retries: unknown field `retries`, expected one of `url`, `command`, `headers`, `bearerToken`, `timeoutSeconds`, `maxResponseBytes`, `healthCheck`, `toolPrefix`, `clientCapabilities`, `tls`, `toolPins`, `toolTrust`, `toolScan`",
+            "document 4 (ToolConnection c): spec.retries: unknown field `retries`, expected one of `url`, `command`, `headers`, `bearerToken`, `timeoutSeconds`, `maxResponseBytes`, `healthCheck`, `toolPrefix`, `clientCapabilities`, `tls`, `toolPins`, `toolTrust`, `toolScan`, `auth`",
             "document 5 (ToolConnection a2): spec.headers[0].name: Mcp-Session-Id is set by the gateway itself",
             "document 6: kind: expected AgentPolicy or ToolConnection, found Some(\"Secret\")",
         ]
