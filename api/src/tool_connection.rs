@@ -37,7 +37,8 @@ pub const DEFAULT_HEALTH_TIMEOUT_SECONDS: u32 = 5;
 #[schemars(extend("x-kubernetes-validations" = [
     {"rule": "!has(self.tls) || self.url.startsWith('https://')", "message": "tls applies to https:// URLs only"},
     {"rule": "!has(self.toolTrust) || self.toolTrust != 'Listed' || !has(self.toolPins) || size(self.toolPins) == 0", "message": "toolTrust Listed serves every tool as listed, so toolPins would be ignored: remove one of them"},
-    {"rule": "!has(self.toolTrust) || self.toolTrust != 'FirstUse' || !has(self.toolPins) || size(self.toolPins) == 0", "message": "toolTrust FirstUse pins what the server first lists and keeps the pins in status, so toolPins would compete with them: remove one of them"}
+    {"rule": "!has(self.toolTrust) || self.toolTrust != 'FirstUse' || !has(self.toolPins) || size(self.toolPins) == 0", "message": "toolTrust FirstUse pins what the server first lists and keeps the pins in status, so toolPins would compete with them: remove one of them"},
+    {"rule": "!has(self.auth) || !has(self.bearerToken)", "message": "auth puts its access token in the Authorization header, which bearerToken sets too: remove one of them"}
 ]))]
 pub struct ToolConnectionSpec {
     /// The server's MCP endpoint (http:// or https://). Redirects are never
@@ -101,6 +102,70 @@ pub struct ToolConnectionSpec {
     /// default), Block (the tool is withheld) or Off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_scan: Option<ToolScan>,
+
+    /// Access tokens from the server's authorization server instead of a
+    /// static credential: the gateway is an OAuth client
+    /// (docs/upstream-auth.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<AuthSpec>,
+}
+
+/// How the gateway gets access tokens for the server.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AuthSpec {
+    /// The client credentials grant (RFC 6749 section 4.4).
+    pub client_credentials: ClientCredentialsSpec,
+}
+
+/// The client credentials grant, the gateway the client.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "has(self.issuer) != has(self.tokenEndpoint)", "message": "give either issuer (its token endpoint is discovered) or tokenEndpoint"},
+    {"rule": "[has(self.clientSecret), has(self.privateKey)].filter(x, x).size() == 1", "message": "give exactly one of clientSecret and privateKey"},
+    {"rule": "!has(self.clientAuthMethod) || has(self.clientSecret)", "message": "clientAuthMethod applies to clientSecret only"}
+]))]
+pub struct ClientCredentialsSpec {
+    /// The authorization server: its token endpoint is found in its
+    /// metadata (RFC 8414, then OpenID Connect discovery).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^https?://[^\s]+$"))]
+    pub issuer: Option<String>,
+    /// The token endpoint itself, instead of issuer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^https?://[^\s]+$"))]
+    pub token_endpoint: Option<String>,
+    /// The gateway's client id at the authorization server.
+    #[schemars(length(min = 1))]
+    pub client_id: String,
+    /// The client secret, from a Secret...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_secret: Option<ValueSpec>,
+    /// ...sent as client_secret_basic (the default) or client_secret_post.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_auth_method: Option<ClientAuthMethod>,
+    /// Or a PEM private key (RSA or P-256), from a Secret: the gateway
+    /// signs its own client assertions (private_key_jwt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub private_key: Option<ValueSpec>,
+    /// The key id (kid) its assertions name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<String>,
+    /// Scopes to ask for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scopes: Vec<String>,
+    /// The RFC 8707 resource tokens are asked for (default: url).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource: Option<String>,
+}
+
+/// How a client secret is sent.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[allow(non_camel_case_types)]
+pub enum ClientAuthMethod {
+    client_secret_basic,
+    client_secret_post,
 }
 
 /// A tool's pinned fingerprints (`sha256:` and 64 lower-case hex digits).
@@ -233,6 +298,20 @@ impl ToolConnectionSpec {
         }
         if let Some(ca) = self.tls.as_ref().and_then(|t| t.ca_secret_ref.as_ref()) {
             out.push(("spec.tls.caSecretRef".to_owned(), ca));
+        }
+        if let Some(cc) = self.auth.as_ref().map(|a| &a.client_credentials) {
+            if let Some(v) = &cc.client_secret {
+                out.push((
+                    "spec.auth.clientCredentials.clientSecret.valueFrom.secretKeyRef".to_owned(),
+                    &v.value_from.secret_key_ref,
+                ));
+            }
+            if let Some(v) = &cc.private_key {
+                out.push((
+                    "spec.auth.clientCredentials.privateKey.valueFrom.secretKeyRef".to_owned(),
+                    &v.value_from.secret_key_ref,
+                ));
+            }
         }
         out
     }

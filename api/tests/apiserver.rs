@@ -160,6 +160,10 @@ fn every_cel_rule_has_its_test() {
             "ToolConnection .spec: !has(self.tls) || self.url.startsWith('https://') (tls applies to https:// URLs only)",
             "ToolConnection .spec: !has(self.toolTrust) || self.toolTrust != 'Listed' || !has(self.toolPins) || size(self.toolPins) == 0 (toolTrust Listed serves every tool as listed, so toolPins would be ignored: remove one of them)",
             "ToolConnection .spec: !has(self.toolTrust) || self.toolTrust != 'FirstUse' || !has(self.toolPins) || size(self.toolPins) == 0 (toolTrust FirstUse pins what the server first lists and keeps the pins in status, so toolPins would compete with them: remove one of them)",
+            "ToolConnection .spec: !has(self.auth) || !has(self.bearerToken) (auth puts its access token in the Authorization header, which bearerToken sets too: remove one of them)",
+            "ToolConnection .spec.auth.clientCredentials: has(self.issuer) != has(self.tokenEndpoint) (give either issuer (its token endpoint is discovered) or tokenEndpoint)",
+            "ToolConnection .spec.auth.clientCredentials: [has(self.clientSecret), has(self.privateKey)].filter(x, x).size() == 1 (give exactly one of clientSecret and privateKey)",
+            "ToolConnection .spec.auth.clientCredentials: !has(self.clientAuthMethod) || has(self.clientSecret) (clientAuthMethod applies to clientSecret only)",
             "ApprovalRequest .spec: self == oldSelf (spec is immutable)",
         ]
     );
@@ -293,6 +297,82 @@ async fn tool_pins_beside_trust_listed_or_first_use_are_refused_by_their_cel_rul
         )
         .await;
     assert!(refusal(refused).contains("spec.toolPins.read.schemaHash"));
+}
+
+#[tokio::test]
+async fn auth_is_refused_beside_a_bearer_token_and_without_one_way_to_authenticate() {
+    crds().await;
+    let ns = fresh_namespace("cel-auth").await;
+    let api = api("ToolConnection", &ns).await;
+    let url = "https://mcp.example.com/mcp";
+    let secret = json!({"valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}});
+    let cc = |extra: Value| {
+        let mut cc = json!({"issuer": "https://as.example/realms/r", "clientId": "gateway"});
+        for (k, v) in extra.as_object().unwrap() {
+            cc[k] = v.clone();
+        }
+        cc
+    };
+    let refused = |name: &'static str, spec: Value| {
+        let api = api.clone();
+        async move {
+            refusal(
+                api.create(
+                    &PostParams::default(),
+                    &object("ToolConnection", name, spec),
+                )
+                .await,
+            )
+        }
+    };
+    let said = refused(
+        "both",
+        json!({"url": url, "bearerToken": secret, "auth": {"clientCredentials": cc(json!({"clientSecret": secret}))}}),
+    )
+    .await;
+    assert!(said.ends_with("spec: Invalid value: auth puts its access token in the Authorization header, which bearerToken sets too: remove one of them"), "{said}");
+    let said = refused(
+        "neither",
+        json!({"url": url, "auth": {"clientCredentials": cc(json!({}))}}),
+    )
+    .await;
+    assert!(said.contains("spec.auth.clientCredentials: Invalid value: give exactly one of clientSecret and privateKey"), "{said}");
+    let said = refused(
+        "two-servers",
+        json!({"url": url, "auth": {"clientCredentials": cc(json!({"clientSecret": secret, "tokenEndpoint": "https://as.example/token"}))}}),
+    )
+    .await;
+    assert!(
+        said.contains("give either issuer (its token endpoint is discovered) or tokenEndpoint"),
+        "{said}"
+    );
+    let said = refused(
+        "method",
+        json!({"url": url, "auth": {"clientCredentials": cc(json!({"privateKey": secret, "clientAuthMethod": "client_secret_post"}))}}),
+    )
+    .await;
+    assert!(
+        said.contains("clientAuthMethod applies to clientSecret only"),
+        "{said}"
+    );
+    for (name, extra) in [
+        (
+            "secret",
+            json!({"clientSecret": secret, "clientAuthMethod": "client_secret_post"}),
+        ),
+        ("key", json!({"privateKey": secret, "keyId": "k1"})),
+    ] {
+        api.create(
+            &PostParams::default(),
+            &object(
+                "ToolConnection",
+                name,
+                json!({"url": url, "auth": {"clientCredentials": cc(extra)}}),
+            ),
+        )
+        .await
+        .unwrap();
+    }
 }
 
 #[tokio::test]

@@ -805,6 +805,12 @@ impl HttpUpstream {
         self.client().request(with(&fresh)?).await.map_err(network)
     }
 
+    /// Redacts the access tokens this connection was given (see
+    /// `TokenSource::redact`); how many were found.
+    pub fn redact_tokens(&self, value: &mut Value) -> usize {
+        self.tokens.as_ref().map_or(0, |t| t.redact(value))
+    }
+
     /// The token requests made so far (tests and benchmarks count them).
     pub async fn token_requests(&self) -> u64 {
         match &self.tokens {

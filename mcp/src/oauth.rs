@@ -169,8 +169,12 @@ pub struct TokenSource {
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     /// Held across a token request: the one request in flight.
     state: tokio::sync::Mutex<State>,
-    /// Everything secret this source sends, for redacting what servers say.
+    /// Everything secret this source sends, for redacting what the
+    /// authorization server says.
     secrets: Credentials,
+    /// The tokens handed out (the current one and the one before), in
+    /// every spelling: what the upstream must not echo to an agent.
+    issued: std::sync::RwLock<std::sync::Arc<Credentials>>,
 }
 
 #[derive(Default)]
@@ -217,6 +221,7 @@ impl TokenSource {
             ClientAuth::PrivateKeyJwt { .. } | ClientAuth::AssertionFile(_) => {}
         }
         Ok(TokenSource {
+            issued: std::sync::RwLock::new(std::sync::Arc::new(Credentials::new(&[]))),
             secrets: Credentials::new(&secrets),
             oauth,
             client,
@@ -236,6 +241,15 @@ impl TokenSource {
         match self.request(&mut state).await {
             Ok(held) => {
                 let token = held.token.clone();
+                let mut issued = vec![("token".to_owned(), token.clone())];
+                if let Some(previous) = &state.held {
+                    issued.push(("previous".to_owned(), previous.token.clone()));
+                }
+                *self
+                    .issued
+                    .write()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                    std::sync::Arc::new(Credentials::new(&issued));
                 state.held = Some(held);
                 Ok(token)
             }
@@ -265,6 +279,18 @@ impl TokenSource {
         {
             state.held = None;
         }
+    }
+
+    /// Replaces every spelling of a token this source handed out (the
+    /// current one and the one before) in `value`: a server that echoes
+    /// its access token does not hand it to the agent. How many were found.
+    pub fn redact(&self, value: &mut Value) -> usize {
+        let issued = self
+            .issued
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        issued.redact(value)
     }
 
     /// How many token requests this source has made.

@@ -25,6 +25,15 @@ impl Upstream {
         })
     }
 
+    /// Redacts the access tokens an HTTP connection was given from
+    /// `value` (what its server sent); how many were found.
+    pub fn redact_tokens(&self, value: &mut Value) -> usize {
+        match self {
+            Upstream::Http(h) => h.redact_tokens(value),
+            Upstream::Stdio(_) => 0,
+        }
+    }
+
     /// Whether requests go as HTTP bodies (so a caller's text is used).
     pub fn is_http(&self) -> bool {
         matches!(self, Upstream::Http(_))

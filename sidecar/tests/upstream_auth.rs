@@ -409,3 +409,102 @@ async fn thirty_two_sessions_share_one_token_request_per_expiry() {
     // The first token and its one refresh: one request per expiry.
     assert_eq!(tokens_seen(&core).len(), 2, "{total} calls");
 }
+
+/// A careless upstream: it accepts any bearer token and echoes the
+/// request's Authorization header in every tool result (a debug echo, a
+/// reflected request), raw and base64-encoded.
+async fn echoing_upstream(shutdown: &CancellationToken) -> String {
+    use base64::Engine;
+    use http_body_util::{BodyExt, Full};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+    let shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                () = shutdown.cancelled() => return,
+            };
+            let Ok((stream, _)) = accepted else { continue };
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(
+                    |req: hyper::Request<hyper::body::Incoming>| async move {
+                        let auth = req
+                            .headers()
+                            .get("authorization")
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or_default()
+                            .to_owned();
+                        let body = req.into_body().collect().await.unwrap().to_bytes();
+                        let message: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                        let result = match message["method"].as_str() {
+                            Some("initialize") => json!({"protocolVersion": "2025-11-25",
+                            "capabilities": {"tools": {}}, "serverInfo": {"name": "echo", "version": "1"}}),
+                            Some("tools/list") => {
+                                json!({"tools": [{"name": "read", "inputSchema": {"type": "object"}}]})
+                            }
+                            Some(_) => json!({"content": [{"type": "text", "text": format!(
+                                "debug: you sent {auth} ({})",
+                                base64::engine::general_purpose::STANDARD.encode(auth.trim_start_matches("Bearer "))
+                            )}]}),
+                            None => Value::Null,
+                        };
+                        let response = if message.get("id").is_some() {
+                            let mut r = hyper::Response::new(Full::new(bytes::Bytes::from(
+                                json!({"jsonrpc": "2.0", "id": message["id"], "result": result})
+                                    .to_string(),
+                            )));
+                            r.headers_mut()
+                                .insert("content-type", "application/json".parse().unwrap());
+                            r
+                        } else {
+                            let mut r = hyper::Response::new(Full::new(bytes::Bytes::new()));
+                            *r.status_mut() = hyper::StatusCode::ACCEPTED;
+                            r
+                        };
+                        Ok::<_, std::convert::Infallible>(response)
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    url
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_echoes_its_access_token_never_hands_it_to_the_agent() {
+    let kc = keycloak::shared().await;
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let url = echoing_upstream(&shutdown).await;
+    realm(kc, "cc-echo", &url, json!({"secret": SECRET}));
+    let dir = scratch("aip-oauth-");
+    let secret_file = dir.path().join("secret");
+    std::fs::write(&secret_file, SECRET).unwrap();
+    let s = Stack::start(Setup {
+        policy: "  allowed_tools: [up_read]",
+        url: Some(url.clone()),
+        connection: &format!(
+            "  auth:\n    clientCredentials:\n      issuer: {}\n      clientId: gateway\n      clientSecret: {{valueFrom: {{file: {}}}}}\n",
+            kc.issuer("cc-echo"),
+            secret_file.display()
+        ),
+        ..Setup::default()
+    })
+    .await;
+    let session = s.session().await;
+    let read = s.call(&session, json!(1), "up_read", json!({})).await;
+    let text = read["result"]["content"][0]["text"].as_str().unwrap();
+    // The token itself is a JWT: three base64url parts, the first {"alg"...
+    assert!(
+        !text.contains("eyJ"),
+        "the agent was handed the token: {text}"
+    );
+    assert!(
+        text.starts_with("debug: you sent Bearer [REDACTED:credential] ([REDACTED:credential])"),
+        "{text}"
+    );
+}

@@ -191,6 +191,11 @@ fn client_for(resolved: &ResolvedConnection) -> Option<Arc<Upstream>> {
             .and_then(|c| c.ca_pem.clone()),
         server_name: resolved.server_name.clone(),
     };
+    connection.oauth = resolved
+        .credentials
+        .as_ref()
+        .ok()
+        .and_then(|c| c.oauth.clone());
     connection.timeout = resolved.timeout;
     connection.max_response_bytes =
         usize::try_from(resolved.max_response_bytes).unwrap_or(usize::MAX);
@@ -274,7 +279,7 @@ fn health_of(
             } else {
                 HealthState::Unreachable
             };
-            (state, Some(f.reason().to_owned()), f.http_status(), scope)
+            (state, Some(f.explained()), f.http_status(), scope)
         }
     }
 }

@@ -175,6 +175,42 @@ pub fn to_proto(config: &PodConfig) -> v1::Snapshot {
 }
 
 /// One connection's wire form (also how the prober builds its client).
+/// spec.auth as a sidecar receives it.
+fn oauth(o: &aip_mcp::oauth::OAuth) -> v1::OAuth {
+    use aip_mcp::oauth::{AuthorizationServer, ClientAuth};
+    use secrecy::ExposeSecret;
+    let (issuer, token_endpoint) = match &o.server {
+        AuthorizationServer::Issuer(i) => (i.clone(), String::new()),
+        AuthorizationServer::TokenEndpoint(e) => (String::new(), e.clone()),
+    };
+    let mut out = v1::OAuth {
+        issuer,
+        token_endpoint,
+        client_id: o.client_id.clone(),
+        scopes: o.scopes.clone(),
+        resource: o.resource.clone(),
+        ..v1::OAuth::default()
+    };
+    match &o.client_auth {
+        ClientAuth::SecretBasic(s) => {
+            out.client_secret = s.expose_secret().to_owned();
+            out.client_auth_method = "client_secret_basic".to_owned();
+        }
+        ClientAuth::SecretPost(s) => {
+            out.client_secret = s.expose_secret().to_owned();
+            out.client_auth_method = "client_secret_post".to_owned();
+        }
+        ClientAuth::PrivateKeyJwt { key_pem, key_id } => {
+            out.private_key_pem = key_pem.expose_secret().to_owned();
+            out.key_id = key_id.clone().unwrap_or_default();
+        }
+        // Not sent by the operator (the injector's projected token is the
+        // sidecar's own).
+        ClientAuth::AssertionFile(_) => {}
+    }
+    out
+}
+
 pub fn connection(c: &ResolvedConnection) -> v1::Connection {
     let (headers, ca_pem, credentials_error) = match &c.credentials {
         Ok(cred) => (
@@ -230,6 +266,12 @@ pub fn connection(c: &ResolvedConnection) -> v1::Connection {
             Some(ToolTrust::FirstUse) => v1::ToolTrust::Pinned,
         }
         .into(),
+        oauth: c
+            .credentials
+            .as_ref()
+            .ok()
+            .and_then(|cr| cr.oauth.as_ref())
+            .map(oauth),
         tool_scan: match c.tool_scan {
             None => v1::ToolScan::Unspecified,
             Some(ToolScan::Warn) => v1::ToolScan::Warn,

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aip_api::tool_connection::{
-    ClientCapabilities, DEFAULT_HEALTH_INTERVAL_SECONDS, DEFAULT_HEALTH_TIMEOUT_SECONDS,
-    DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT_SECONDS, ToolConnectionSpec, ToolPin, ToolScan,
-    ToolTrust,
+    ClientAuthMethod, ClientCapabilities, ClientCredentialsSpec, DEFAULT_HEALTH_INTERVAL_SECONDS,
+    DEFAULT_HEALTH_TIMEOUT_SECONDS, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT_SECONDS,
+    ToolConnectionSpec, ToolPin, ToolScan, ToolTrust,
 };
 use aip_policy::FieldError;
 use secrecy::{ExposeSecret, SecretString};
@@ -49,6 +49,8 @@ pub struct ResolvedConnection {
 pub struct Credentials {
     pub headers: Vec<(String, SecretString)>,
     pub ca_pem: Option<String>,
+    /// How the gateway gets access tokens (spec.auth), its secrets read.
+    pub oauth: Option<aip_mcp::oauth::OAuth>,
 }
 
 /// Why a connection has no credentials. The message is what the sidecar,
@@ -79,6 +81,11 @@ fn joined(errors: &[FieldError]) -> String {
 impl PartialEq for Credentials {
     fn eq(&self, other: &Credentials) -> bool {
         self.ca_pem == other.ca_pem
+            && match (&self.oauth, &other.oauth) {
+                (None, None) => true,
+                (Some(a), Some(b)) => a.same_as(b),
+                _ => false,
+            }
             && self.headers.len() == other.headers.len()
             && self
                 .headers
@@ -309,5 +316,64 @@ fn credentials(
                 .map_err(at("spec.tls.caSecretRef".to_owned()))?,
         ),
     };
-    Ok(Credentials { headers, ca_pem })
+    let oauth = match spec.auth.as_ref().map(|a| &a.client_credentials) {
+        None => None,
+        Some(cc) => Some(oauth(spec, cc, secrets)?),
+    };
+    Ok(Credentials {
+        headers,
+        ca_pem,
+        oauth,
+    })
+}
+
+/// spec.auth.clientCredentials with its Secrets read.
+fn oauth(
+    spec: &ToolConnectionSpec,
+    cc: &ClientCredentialsSpec,
+    secrets: &Secrets,
+) -> Result<aip_mcp::oauth::OAuth, CredentialsError> {
+    use aip_mcp::oauth::{AuthorizationServer, ClientAuth, OAuth};
+    let at = |path: &str| {
+        let path = format!("spec.auth.clientCredentials.{path}");
+        move |source: SecretKeyError| CredentialsError::Secret { path, source }
+    };
+    let server = match (&cc.issuer, &cc.token_endpoint) {
+        (Some(issuer), _) => AuthorizationServer::Issuer(issuer.clone()),
+        (None, Some(endpoint)) => AuthorizationServer::TokenEndpoint(endpoint.clone()),
+        (None, None) => AuthorizationServer::Issuer(String::new()),
+    };
+    let client_auth = match (&cc.client_secret, &cc.private_key) {
+        (Some(v), _) => {
+            let secret = secrets
+                .header_value(&v.value_from.secret_key_ref)
+                .map_err(at("clientSecret"))?;
+            match cc.client_auth_method {
+                Some(ClientAuthMethod::client_secret_post) => ClientAuth::SecretPost(secret),
+                _ => ClientAuth::SecretBasic(secret),
+            }
+        }
+        (None, Some(v)) => ClientAuth::PrivateKeyJwt {
+            key_pem: secrets
+                .private_key(&v.value_from.secret_key_ref)
+                .map_err(at("privateKey"))?,
+            key_id: cc.key_id.clone(),
+        },
+        // The API server's rules allow neither (nor both); validation
+        // refuses it first.
+        (None, None) => ClientAuth::SecretBasic(SecretString::from(String::new())),
+    };
+    Ok(OAuth {
+        server,
+        client_id: cc.client_id.clone(),
+        client_auth,
+        scopes: cc.scopes.clone(),
+        resource: cc.resource.clone().unwrap_or_else(|| spec.url.clone()),
+        timeout: Duration::from_secs(
+            spec.timeout_seconds
+                .unwrap_or(DEFAULT_TIMEOUT_SECONDS)
+                .into(),
+        ),
+        tls: aip_mcp::Tls::default(),
+    })
 }

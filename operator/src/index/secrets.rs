@@ -60,6 +60,8 @@ pub enum SecretKeyError {
     ControlCharacter { secret: String, key: String },
     #[error("Secret {secret} key {key} holds no PEM certificate")]
     NoCertificate { secret: String, key: String },
+    #[error("Secret {secret} key {key} holds no PEM private key")]
+    NoPrivateKey { secret: String, key: String },
 }
 
 impl Secrets {
@@ -107,6 +109,18 @@ impl Secrets {
             });
         }
         Ok(value)
+    }
+
+    /// A Secret key holding a PEM private key (RSA or EC).
+    pub(super) fn private_key(&self, r: &SecretKeyRef) -> Result<SecretString, SecretKeyError> {
+        let pem = self.value(r)?;
+        if !pem.expose_secret().contains("PRIVATE KEY-----") {
+            return Err(SecretKeyError::NoPrivateKey {
+                secret: r.name.clone(),
+                key: r.key.clone(),
+            });
+        }
+        Ok(pem)
     }
 
     /// A Secret key holding a PEM CA bundle.

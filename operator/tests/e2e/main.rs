@@ -16,3 +16,4 @@ mod examples;
 mod rotation;
 mod support;
 mod tool_acceptance;
+mod upstream_auth;

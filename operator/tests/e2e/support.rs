@@ -62,6 +62,14 @@ impl Proc {
         }
     }
 
+    /// Everything the process has said so far, stderr then stdout.
+    pub fn all_output(&self) -> String {
+        let mut all = self.lines.borrow().join("\n");
+        all.push('\n');
+        all.push_str(&self.out.borrow().join("\n"));
+        all
+    }
+
     /// Waits for a stdout line (an audit record) containing every one of
     /// `needles`; returns it.
     pub async fn record(&self, needles: &[&str]) -> String {

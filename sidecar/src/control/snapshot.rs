@@ -182,9 +182,60 @@ pub fn connection(c: &v1::Connection) -> Result<Arc<Connection>, String> {
             ca_pem: (!tls.ca_pem.is_empty()).then_some(tls.ca_pem),
             server_name: (!tls.server_name.is_empty()).then_some(tls.server_name),
         },
-        // (The operator does not send token settings yet.)
-        oauth: None,
+        oauth: c
+            .oauth
+            .as_ref()
+            .map(|o| {
+                oauth(
+                    o,
+                    &c.url,
+                    millis(c.timeout_ms, "timeout").unwrap_or_default(),
+                )
+            })
+            .transpose()?,
     }))
+}
+
+/// A connection's OAuth settings as the operator sent them.
+fn oauth(
+    o: &v1::OAuth,
+    url: &str,
+    timeout: std::time::Duration,
+) -> Result<aip_mcp::oauth::OAuth, String> {
+    use aip_mcp::oauth::{AuthorizationServer, ClientAuth, OAuth};
+    let server = match (o.issuer.is_empty(), o.token_endpoint.is_empty()) {
+        (false, true) => AuthorizationServer::Issuer(o.issuer.clone()),
+        (true, false) => AuthorizationServer::TokenEndpoint(o.token_endpoint.clone()),
+        _ => return Err("oauth: exactly one of issuer and token_endpoint".to_owned()),
+    };
+    let client_auth = match (o.client_secret.is_empty(), o.private_key_pem.is_empty()) {
+        (false, true) => {
+            let secret = secrecy::SecretString::from(o.client_secret.clone());
+            match o.client_auth_method.as_str() {
+                "" | "client_secret_basic" => ClientAuth::SecretBasic(secret),
+                "client_secret_post" => ClientAuth::SecretPost(secret),
+                other => return Err(format!("oauth: client auth method {other:?}")),
+            }
+        }
+        (true, false) => ClientAuth::PrivateKeyJwt {
+            key_pem: secrecy::SecretString::from(o.private_key_pem.clone()),
+            key_id: (!o.key_id.is_empty()).then(|| o.key_id.clone()),
+        },
+        _ => return Err("oauth: exactly one of client_secret and private_key_pem".to_owned()),
+    };
+    Ok(OAuth {
+        server,
+        client_id: o.client_id.clone(),
+        client_auth,
+        scopes: o.scopes.clone(),
+        resource: if o.resource.is_empty() {
+            url.to_owned()
+        } else {
+            o.resource.clone()
+        },
+        timeout,
+        tls: aip_mcp::Tls::default(),
+    })
 }
 
 #[cfg(test)]

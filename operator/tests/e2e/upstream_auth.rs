@@ -1,0 +1,184 @@
+//! Upstream identity in the cluster (docs/upstream-auth.md): a
+//! ToolConnection whose gateway gets its own access tokens from Keycloak
+//! with a client secret kept in a Secret. The upstream (the fault server)
+//! accepts only a token Keycloak signed for its URL; the operator's probe
+//! and the sidecar each get one; a wrong secret makes the connection need
+//! credentials with Keycloak's error in its status, and neither secret
+//! appears in the status, Events or either process's output.
+
+use std::sync::Arc;
+
+use aip_fault_server::core::Core;
+use aip_fault_server::log::AttemptLog;
+use aip_fault_server::script::{Script, Transport};
+use aip_kube_test::User;
+use aip_kube_test::keycloak::{self, Keycloak};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::common::Cluster;
+use crate::common::kubectl::tempdir;
+use crate::support::{
+    Installed, agent_of, clone_agent, error_code, events, eventually, policy, sidecar_token,
+    start_sidecar,
+};
+
+const SECRET: &str = "gw-cluster-s3cret-77";
+const WRONG: &str = "gw-wrong-s3cret-11";
+
+/// The upstream `files` (read_file): only tokens of `realm` for its URL.
+async fn upstream(kc: &Keycloak, realm: &str, shutdown: &CancellationToken) -> (String, Arc<Core>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+    let issuer = kc.issuer(realm);
+    let yaml = format!(
+        "apiVersion: aip.io/v1alpha1\nkind: FaultServer\nmetadata: {{name: files}}\nspec:\n  requireJwt: {{issuer: '{issuer}', audience: '{url}', jwksUrl: '{issuer}/protocol/openid-connect/certs'}}\n  tools:\n    - {{name: read_file, responses: [{{sequence: [{}]}}]}}\n",
+        vec!["{return: contents}"; 50].join(", ")
+    );
+    let core = Core::new(
+        Script::from_yaml(&yaml, Transport::Http).unwrap(),
+        AttemptLog::new(Box::new(std::io::sink()), true),
+    );
+    tokio::spawn(aip_fault_server::http::serve(
+        core.clone(),
+        listener,
+        aip_fault_server::http::HttpOptions::default(),
+        shutdown.clone(),
+    ));
+    tokio::spawn(core.clone().run(shutdown.clone()));
+    (url, core)
+}
+
+fn reads(core: &Core) -> usize {
+    core.log
+        .lines()
+        .iter()
+        .filter(|l| l.contains("\"tool\":\"read_file\""))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_connection_gets_its_tokens_from_keycloak_with_a_secret_from_a_secret() {
+    let dir = tempdir();
+    let cluster = Cluster::dedicated().await;
+    if !cluster
+        .calls_back_here("a_connection_gets_its_tokens_from_keycloak_with_a_secret_from_a_secret")
+    {
+        return;
+    }
+    let kc = keycloak::shared().await;
+    let admin = cluster.kubectl(User::Admin, "agents");
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let (url, core) = upstream(kc, "cluster", &shutdown).await;
+
+    // Keycloak: the upstream a resource, the gateway a client whose tokens
+    // name it.
+    let kadmin = kc.admin().unwrap();
+    kadmin.realm("cluster").unwrap();
+    kadmin
+        .client(
+            "cluster",
+            &json!({"clientId": "files-mcp", "publicClient": false, "standardFlowEnabled": false,
+                    "attributes": {"resource_url": url}}),
+        )
+        .unwrap();
+    let id = kadmin
+        .client(
+            "cluster",
+            &json!({"clientId": "gateway", "publicClient": false, "serviceAccountsEnabled": true,
+                    "standardFlowEnabled": false, "secret": SECRET,
+                    "attributes": {"client_credentials.use_refresh_token": "true"}}),
+        )
+        .unwrap();
+    kadmin
+        .post(
+            &format!("/cluster/clients/{id}/protocol-mappers/models"),
+            &json!({"name": "files-audience", "protocol": "openid-connect",
+                    "protocolMapper": "oidc-audience-mapper",
+                    "config": {"included.client.audience": "files-mcp", "access.token.claim": "true"}}),
+        )
+        .unwrap();
+
+    let (installed, operator) = Installed::start(&cluster, &admin, &dir).await;
+    admin.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: agents}\n");
+    let secret = |value: &str| {
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: gateway-client, namespace: agents}}\nstringData: {{secret: {value}}}\n"
+        )
+    };
+    admin.apply(&secret(SECRET));
+    admin.apply(&format!(
+        "apiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {{name: fs, namespace: agents}}\nspec:\n  url: {url}\n  toolPrefix: fs_\n  healthCheck: {{intervalSeconds: 2}}\n  auth:\n    clientCredentials:\n      issuer: {}\n      clientId: gateway\n      clientSecret: {{valueFrom: {{secretKeyRef: {{name: gateway-client, key: secret}}}}}}\n",
+        kc.issuer("cluster")
+    ));
+    let (ok, out, err) = admin.aip(&["grant", "fs", "-n", "agents"]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("gateway-client"), "{out}");
+    admin.apply(&policy(&["fs_read_file"]));
+    // The operator's own probe gets a token and lists the tools.
+    admin.wait("toolconnection/fs", "{.status.health.state}", "Healthy");
+
+    cluster.service_account("agents", "agent").await;
+    let uid = cluster
+        .pod("agents", "agent-1", "agent", json!({"app": "agent"}))
+        .await;
+    let token = sidecar_token(&cluster, &dir, "agent", "agent-1", &uid).await;
+    let sidecar = start_sidecar(&installed.ca, installed.ports.grpc, &token);
+    let agent = agent_of(&sidecar).await;
+    let read = eventually("a call through a token from Keycloak", || {
+        let mut agent = clone_agent(&agent);
+        async move {
+            let r = agent.call("fs_read_file", json!({"path": "a"})).await;
+            (r["result"]["content"][0]["text"] == "contents").then_some(r)
+        }
+    })
+    .await;
+    assert_eq!(read["result"]["content"][0]["text"], "contents");
+
+    // A wrong secret: no token, so the connection needs credentials, with
+    // Keycloak's error, and nothing more reaches the upstream.
+    admin.apply(&secret(WRONG));
+    admin.wait(
+        "toolconnection/fs",
+        "{.status.health.state}",
+        "NeedsCredentials",
+    );
+    let reason = admin.get("toolconnection/fs", "{.status.health.reason}");
+    assert!(
+        reason.starts_with(
+            "upstream_token_unavailable: the token endpoint refused: unauthorized_client"
+        ),
+        "{reason}"
+    );
+    let before = reads(&core);
+    let refused = eventually("the sidecar has no token either", || {
+        let mut agent = clone_agent(&agent);
+        async move {
+            let r = agent.call("fs_read_file", json!({"path": "b"})).await;
+            error_code(&r).map(|_| r)
+        }
+    })
+    .await;
+    assert!(!refused.to_string().contains(WRONG), "{refused}");
+    assert_eq!(
+        reads(&core),
+        before,
+        "a call without a token reached the upstream"
+    );
+
+    // Neither secret is anywhere a person or a log collector looks.
+    let status = admin.ok(
+        &["get", "toolconnection", "fs", "-n", "agents", "-o", "yaml"],
+        None,
+    );
+    let said = format!(
+        "{status}\n{}\n{}\n{}",
+        events(&admin),
+        operator.all_output(),
+        sidecar.all_output()
+    );
+    for secret in [SECRET, WRONG] {
+        assert!(!said.contains(secret), "{secret} was shown:\n{said}");
+    }
+}
