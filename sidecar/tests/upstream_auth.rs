@@ -90,6 +90,38 @@ fn realm(kc: &Keycloak, realm: &str, url: &str, client: Value) {
         .unwrap();
 }
 
+/// The gateway in front of `url`, with client `gateway` of `realm` and
+/// `secret` (from a file), sent as `method` (basic when None); waits for
+/// the connection to be `expect`.
+async fn secret_stack(
+    kc: &Keycloak,
+    realm: &str,
+    url: &str,
+    secret: &str,
+    method: Option<&str>,
+    expect: HealthState,
+) -> (Stack, tempfile::TempDir) {
+    let dir = scratch("aip-oauth-");
+    let secret_file = dir.path().join("secret");
+    std::fs::write(&secret_file, secret).unwrap();
+    let method = method
+        .map(|m| format!("      clientAuthMethod: {m}\n"))
+        .unwrap_or_default();
+    let s = Stack::start(Setup {
+        policy: "  allowed_tools: [up_read]",
+        url: Some(url.to_owned()),
+        connection: &format!(
+            "  auth:\n    clientCredentials:\n      issuer: {}\n      clientId: gateway\n      clientSecret: {{valueFrom: {{file: {}}}}}\n{method}",
+            kc.issuer(realm),
+            secret_file.display()
+        ),
+        expect,
+        ..Setup::default()
+    })
+    .await;
+    (s, dir)
+}
+
 /// Who called the upstream: the distinct Authorization headers (hashed)
 /// of its attempts.
 fn tokens_seen(core: &Core) -> BTreeSet<String> {
@@ -116,20 +148,7 @@ async fn a_secret_client_gets_one_token_for_many_calls_and_the_upstream_accepts_
     let _stop = shutdown.clone().drop_guard();
     let (url, core) = upstream(kc, "cc-secret", &shutdown).await;
     realm(kc, "cc-secret", &url, json!({"secret": SECRET}));
-    let dir = scratch("aip-oauth-");
-    let secret_file = dir.path().join("secret");
-    std::fs::write(&secret_file, SECRET).unwrap();
-    let s = Stack::start(Setup {
-        policy: "  allowed_tools: [up_read]",
-        url: Some(url.clone()),
-        connection: &format!(
-            "  auth:\n    clientCredentials:\n      issuer: {}\n      clientId: gateway\n      clientSecret: {{valueFrom: {{file: {}}}}}\n",
-            kc.issuer("cc-secret"),
-            secret_file.display()
-        ),
-        ..Setup::default()
-    })
-    .await;
+    let (s, _dir) = secret_stack(kc, "cc-secret", &url, SECRET, None, HealthState::Healthy).await;
     let session = s.session().await;
     for id in 0..20 {
         let read = s.call(&session, json!(id), "up_read", json!({})).await;
@@ -364,21 +383,7 @@ async fn thirty_two_sessions_share_one_token_request_per_expiry() {
         .unwrap()
         .put("/cc-load", &json!({"accessTokenLifespan": 10}))
         .unwrap();
-    let dir = scratch("aip-oauth-");
-    let secret_file = dir.path().join("secret");
-    std::fs::write(&secret_file, SECRET).unwrap();
-    let s = Stack::start(Setup {
-        policy: "  allowed_tools: [up_read]",
-        url: Some(url.clone()),
-        connection: &format!(
-            "  auth:\n    clientCredentials:\n      issuer: {}\n      clientId: gateway\n      clientSecret: {{valueFrom: {{file: {}}}}}\n",
-            kc.issuer("cc-load"),
-            secret_file.display()
-        ),
-
-        ..Setup::default()
-    })
-    .await;
+    let (s, _dir) = secret_stack(kc, "cc-load", &url, SECRET, None, HealthState::Healthy).await;
     let s = std::sync::Arc::new(s);
     let started = std::time::Instant::now();
     let mut sessions = Vec::new();
@@ -481,20 +486,7 @@ async fn an_upstream_that_echoes_its_access_token_never_hands_it_to_the_agent() 
     let _stop = shutdown.clone().drop_guard();
     let url = echoing_upstream(&shutdown).await;
     realm(kc, "cc-echo", &url, json!({"secret": SECRET}));
-    let dir = scratch("aip-oauth-");
-    let secret_file = dir.path().join("secret");
-    std::fs::write(&secret_file, SECRET).unwrap();
-    let s = Stack::start(Setup {
-        policy: "  allowed_tools: [up_read]",
-        url: Some(url.clone()),
-        connection: &format!(
-            "  auth:\n    clientCredentials:\n      issuer: {}\n      clientId: gateway\n      clientSecret: {{valueFrom: {{file: {}}}}}\n",
-            kc.issuer("cc-echo"),
-            secret_file.display()
-        ),
-        ..Setup::default()
-    })
-    .await;
+    let (s, _dir) = secret_stack(kc, "cc-echo", &url, SECRET, None, HealthState::Healthy).await;
     let session = s.session().await;
     let read = s.call(&session, json!(1), "up_read", json!({})).await;
     let text = read["result"]["content"][0]["text"].as_str().unwrap();
