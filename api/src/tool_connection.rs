@@ -123,7 +123,7 @@ pub struct AuthSpec {
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
     {"rule": "has(self.issuer) != has(self.tokenEndpoint)", "message": "give either issuer (its token endpoint is discovered) or tokenEndpoint"},
-    {"rule": "[has(self.clientSecret), has(self.privateKey)].filter(x, x).size() == 1", "message": "give exactly one of clientSecret and privateKey"},
+    {"rule": "[has(self.clientSecret), has(self.privateKey), has(self.serviceAccountToken)].filter(x, x).size() == 1", "message": "give exactly one of clientSecret, privateKey and serviceAccountToken"},
     {"rule": "!has(self.clientAuthMethod) || has(self.clientSecret)", "message": "clientAuthMethod applies to clientSecret only"}
 ]))]
 pub struct ClientCredentialsSpec {
@@ -152,12 +152,46 @@ pub struct ClientCredentialsSpec {
     /// The key id (kid) its assertions name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_id: Option<String>,
+    /// Or no secret at all: the agent pod's own ServiceAccount token,
+    /// projected by the kubelet into the sidecar only, is the client
+    /// assertion (federated client authentication, RFC 7523 section 2.2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_token: Option<ServiceAccountTokenSpec>,
     /// Scopes to ask for.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub scopes: Vec<String>,
     /// The RFC 8707 resource tokens are asked for (default: url).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resource: Option<String>,
+}
+
+/// The projected ServiceAccount token a connection authenticates with.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceAccountTokenSpec {
+    /// The token's audience: what the authorization server expects of a
+    /// client assertion (Keycloak: the realm's issuer URL).
+    #[schemars(length(min = 1))]
+    pub audience: String,
+    /// Its lifetime; the kubelet renews it at 80% (default 3600, at least
+    /// 600, as the kubelet requires).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 600, max = 86400))]
+    pub expiration_seconds: Option<u32>,
+}
+
+impl ServiceAccountTokenSpec {
+    pub const DEFAULT_EXPIRATION_SECONDS: u32 = 3600;
+
+    /// Where the token is, relative to the sidecar's token directory: one
+    /// file per audience.
+    pub fn path(&self) -> String {
+        // A stable file name whatever characters the audience holds.
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(self.audience.as_bytes());
+        let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+        format!("upstream/{hex}")
+    }
 }
 
 /// How a client secret is sent.

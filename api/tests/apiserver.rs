@@ -162,7 +162,7 @@ fn every_cel_rule_has_its_test() {
             "ToolConnection .spec: !has(self.toolTrust) || self.toolTrust != 'FirstUse' || !has(self.toolPins) || size(self.toolPins) == 0 (toolTrust FirstUse pins what the server first lists and keeps the pins in status, so toolPins would compete with them: remove one of them)",
             "ToolConnection .spec: !has(self.auth) || !has(self.bearerToken) (auth puts its access token in the Authorization header, which bearerToken sets too: remove one of them)",
             "ToolConnection .spec.auth.clientCredentials: has(self.issuer) != has(self.tokenEndpoint) (give either issuer (its token endpoint is discovered) or tokenEndpoint)",
-            "ToolConnection .spec.auth.clientCredentials: [has(self.clientSecret), has(self.privateKey)].filter(x, x).size() == 1 (give exactly one of clientSecret and privateKey)",
+            "ToolConnection .spec.auth.clientCredentials: [has(self.clientSecret), has(self.privateKey), has(self.serviceAccountToken)].filter(x, x).size() == 1 (give exactly one of clientSecret, privateKey and serviceAccountToken)",
             "ToolConnection .spec.auth.clientCredentials: !has(self.clientAuthMethod) || has(self.clientSecret) (clientAuthMethod applies to clientSecret only)",
             "ApprovalRequest .spec: self == oldSelf (spec is immutable)",
         ]
@@ -336,7 +336,7 @@ async fn auth_is_refused_beside_a_bearer_token_and_without_one_way_to_authentica
         json!({"url": url, "auth": {"clientCredentials": cc(json!({}))}}),
     )
     .await;
-    assert!(said.contains("spec.auth.clientCredentials: Invalid value: give exactly one of clientSecret and privateKey"), "{said}");
+    assert!(said.contains("spec.auth.clientCredentials: Invalid value: give exactly one of clientSecret, privateKey and serviceAccountToken"), "{said}");
     let said = refused(
         "two-servers",
         json!({"url": url, "auth": {"clientCredentials": cc(json!({"clientSecret": secret, "tokenEndpoint": "https://as.example/token"}))}}),
@@ -361,6 +361,10 @@ async fn auth_is_refused_beside_a_bearer_token_and_without_one_way_to_authentica
             json!({"clientSecret": secret, "clientAuthMethod": "client_secret_post"}),
         ),
         ("key", json!({"privateKey": secret, "keyId": "k1"})),
+        (
+            "pod",
+            json!({"serviceAccountToken": {"audience": "https://as.example/realms/r"}}),
+        ),
     ] {
         api.create(
             &PostParams::default(),

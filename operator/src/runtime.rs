@@ -257,6 +257,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .with_context(|| format!("binding the webhook address {}", args.webhook_listen))?;
     tracing::info!(grpc = %grpc_listener.local_addr()?, admin = %admin_listener.local_addr()?, webhooks = %webhook_listener.local_addr()?, identity = %identity, "aip-operator starting");
     let webhooks = Arc::new(crate::webhooks::Webhooks {
+        index: Some(index.clone()),
         client: client.clone(),
         metrics: metrics.clone(),
         operator: args.operator_username.clone(),

@@ -589,6 +589,7 @@ async fn start_webhooks(cluster: &Cluster) -> Hooks {
     let shutdown = CancellationToken::new();
     let operator = cluster.admin_name().await;
     let hooks = Arc::new(Webhooks {
+        index: None,
         client: cluster.admin.clone(),
         metrics: Arc::new(Metrics::new()),
         operator: operator.clone(),

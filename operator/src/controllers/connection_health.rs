@@ -63,7 +63,7 @@ impl Tracked {
     /// waiting for their Secret's first read (once read, the connection
     /// changes and is probed at once; it is not reported missing).
     fn probe_wanted(&self) -> bool {
-        !self.probing && !self.resolved.credentials_pending
+        !self.probing && !self.resolved.credentials_pending && !self.resolved.as_pods()
     }
 }
 

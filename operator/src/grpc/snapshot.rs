@@ -204,9 +204,10 @@ fn oauth(o: &aip_mcp::oauth::OAuth) -> v1::OAuth {
             out.private_key_pem = key_pem.expose_secret().to_owned();
             out.key_id = key_id.clone().unwrap_or_default();
         }
-        // Not sent by the operator (the injector's projected token is the
-        // sidecar's own).
-        ClientAuth::AssertionFile(_) => {}
+        // The pod's projected token, relative to the sidecar's tokens.
+        ClientAuth::AssertionFile(path) => {
+            out.assertion_file = path.display().to_string();
+        }
     }
     out
 }

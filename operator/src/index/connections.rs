@@ -95,6 +95,19 @@ impl PartialEq for Credentials {
     }
 }
 
+impl ResolvedConnection {
+    /// Whether the connection authenticates as each pod (its projected
+    /// ServiceAccount token): the operator has no such token to probe it
+    /// with, so only the sidecars check it.
+    pub fn as_pods(&self) -> bool {
+        self.credentials.as_ref().is_ok_and(|c| {
+            c.oauth.as_ref().is_some_and(|o| {
+                matches!(o.client_auth, aip_mcp::oauth::ClientAuth::AssertionFile(_))
+            })
+        })
+    }
+}
+
 impl PartialEq for ResolvedConnection {
     fn eq(&self, other: &ResolvedConnection) -> bool {
         self.name == other.name
@@ -132,6 +145,38 @@ impl ConnectionEntry {
 }
 
 impl Index {
+    /// The projected ServiceAccount tokens the connections of `namespace`
+    /// authenticate with: (audience, lifetime in seconds, path under the
+    /// sidecar's token directory), one per audience. The injector puts
+    /// them in every governed pod of the namespace.
+    pub fn upstream_tokens(&self, namespace: &str) -> Vec<(String, u32, String)> {
+        let Some(ns) = self.namespaces.get(namespace) else {
+            return Vec::new();
+        };
+        let mut out: BTreeMap<String, (u32, String)> = BTreeMap::new();
+        for c in ns.connections.values() {
+            let Some(sa) = c
+                .spec
+                .auth
+                .as_ref()
+                .and_then(|a| a.client_credentials.service_account_token.as_ref())
+            else {
+                continue;
+            };
+            let life = sa.expiration_seconds.unwrap_or(
+                aip_api::tool_connection::ServiceAccountTokenSpec::DEFAULT_EXPIRATION_SECONDS,
+            );
+            // The shortest lifetime asked for an audience wins.
+            let entry = out
+                .entry(sa.audience.clone())
+                .or_insert_with(|| (life, sa.path()));
+            entry.0 = entry.0.min(life);
+        }
+        out.into_iter()
+            .map(|(audience, (life, path))| (audience, life, path))
+            .collect()
+    }
+
     pub fn apply_connection(
         &mut self,
         namespace: &str,
@@ -344,6 +389,14 @@ fn oauth(
         (None, None) => AuthorizationServer::Issuer(String::new()),
     };
     let client_auth = match (&cc.client_secret, &cc.private_key) {
+        (None, None) if cc.service_account_token.is_some() => {
+            let sa = cc
+                .service_account_token
+                .as_ref()
+                .map(|t| t.path())
+                .unwrap_or_default();
+            ClientAuth::AssertionFile(sa.into())
+        }
         (Some(v), _) => {
             let secret = secrets
                 .header_value(&v.value_from.secret_key_ref)
@@ -359,8 +412,8 @@ fn oauth(
                 .map_err(at("privateKey"))?,
             key_id: cc.key_id.clone(),
         },
-        // The API server's rules allow neither (nor both); validation
-        // refuses it first.
+        // The API server's rules allow none (nor two); validation refuses
+        // it first.
         (None, None) => ClientAuth::SecretBasic(SecretString::from(String::new())),
     };
     Ok(OAuth {

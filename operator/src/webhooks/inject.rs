@@ -174,6 +174,7 @@ pub fn port_conflict(port: u16, admin_port: u16, metrics_port: u16) -> Option<St
 pub fn review(
     injection: &Injection,
     request: &AdmissionRequest<DynamicObject>,
+    upstream_tokens: &[(String, u32, String)],
 ) -> AdmissionResponse {
     let response = AdmissionResponse::from(request);
     if request.operation != Operation::Create {
@@ -189,7 +190,7 @@ pub fn review(
         Some(Ok(pod)) => pod,
         _ => return response.deny("the request carries no Pod"),
     };
-    match patch(injection, &pod) {
+    match patch(injection, &pod, upstream_tokens) {
         Ok(None) => response,
         Ok(Some(ops)) => match serde_json::from_value::<json_patch::Patch>(Value::Array(ops)) {
             Ok(p) => response
@@ -203,7 +204,14 @@ pub fn review(
 
 /// The JSON patch operations that inject the sidecar into `pod`; None when
 /// there is nothing to do (opted out, or injected already).
-pub fn patch(injection: &Injection, pod: &Pod) -> Result<Option<Vec<Value>>, Refusal> {
+/// `upstream_tokens` (audience, lifetime, path) are the projected tokens
+/// its namespace's connections authenticate upstream with: they join the
+/// sidecar's own in its volume, which no other container mounts.
+pub fn patch(
+    injection: &Injection,
+    pod: &Pod,
+    upstream_tokens: &[(String, u32, String)],
+) -> Result<Option<Vec<Value>>, Refusal> {
     let labels = pod.metadata.labels.clone().unwrap_or_default();
     if labels.get(INJECT_LABEL).map(String::as_str) == Some("disabled") {
         return Ok(None);
@@ -236,7 +244,10 @@ pub fn patch(injection: &Injection, pod: &Pod) -> Result<Option<Vec<Value>>, Ref
     } else {
         ops.push(json!({"op": "add", "path": "/spec/initContainers/0", "value": sidecar}));
     }
-    let volumes = [token_volume(&injection.audience), trust_volume()];
+    let volumes = [
+        token_volume(&injection.audience, upstream_tokens),
+        trust_volume(),
+    ];
     if spec.volumes.is_none() {
         ops.push(json!({"op": "add", "path": "/spec/volumes", "value": volumes}));
     } else {
@@ -277,13 +288,16 @@ pub fn patch(injection: &Injection, pod: &Pod) -> Result<Option<Vec<Value>>, Ref
     Ok(Some(ops))
 }
 
-/// The projected token with this system's audience, for the sidecar only.
-fn token_volume(audience: &str) -> Value {
-    json!({
-        "name": TOKEN_VOLUME,
-        "projected": {"sources": [{"serviceAccountToken": {
-            "audience": audience, "expirationSeconds": 3600, "path": "token"}}]}
-    })
+/// The projected token with this system's audience, and those the
+/// connections authenticate upstream with, for the sidecar only.
+fn token_volume(audience: &str, upstream: &[(String, u32, String)]) -> Value {
+    let mut sources = vec![json!({"serviceAccountToken": {
+        "audience": audience, "expirationSeconds": 3600, "path": "token"}})];
+    for (audience, life, path) in upstream {
+        sources.push(json!({"serviceAccountToken": {
+            "audience": audience, "expirationSeconds": life, "path": path}}));
+    }
+    json!({"name": TOKEN_VOLUME, "projected": {"sources": sources}})
 }
 
 /// The sidecar's own copy of the newest CA bundle (small, in memory).
@@ -377,7 +391,7 @@ mod tests {
     }
 
     fn applied(pod: &Pod) -> Pod {
-        let ops = patch(&injection(), pod).unwrap().unwrap();
+        let ops = patch(&injection(), pod, &[]).unwrap().unwrap();
         let mut doc = serde_json::to_value(pod).unwrap();
         let p: json_patch::Patch = serde_json::from_value(Value::Array(ops)).unwrap();
         json_patch::patch(&mut doc, &p).unwrap();
@@ -562,7 +576,7 @@ mod tests {
         let once = applied(&pod(
             json!({"containers": [{"name": "agent", "image": "a"}]}),
         ));
-        assert_eq!(patch(&injection(), &once).unwrap(), None);
+        assert_eq!(patch(&injection(), &once, &[]).unwrap(), None);
     }
 
     #[test]
@@ -589,6 +603,6 @@ mod tests {
     fn a_pod_labelled_disabled_is_left_alone() {
         let mut p = pod(json!({"hostNetwork": true, "containers": [{"name": "a", "image": "a"}]}));
         p.metadata.labels = Some([(INJECT_LABEL.to_owned(), "disabled".to_owned())].into());
-        assert_eq!(patch(&injection(), &p).unwrap(), None);
+        assert_eq!(patch(&injection(), &p, &[]).unwrap(), None);
     }
 }

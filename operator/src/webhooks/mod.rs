@@ -52,6 +52,9 @@ pub struct Webhooks {
     pub operator: String,
     /// What `/inject` adds to pods; None: it refuses them, saying so.
     pub injection: Option<inject::Injection>,
+    /// The cluster as the operator knows it: which projected tokens a
+    /// namespace's connections authenticate with (None: none).
+    pub index: Option<Arc<std::sync::Mutex<crate::index::Index>>>,
 }
 
 /// A rustls server configuration from PEM text.
@@ -161,7 +164,16 @@ async fn route(
         (Ok(request), Hook::Mutate) => mutation(&webhooks.operator, &request),
         (Ok(request), Hook::Validate) => validate::review(&webhooks, &request).await,
         (Ok(request), Hook::Inject) => match &webhooks.injection {
-            Some(injection) => inject::review(injection, &request),
+            Some(injection) => {
+                let namespace = request.namespace.clone().unwrap_or_default();
+                let tokens = webhooks.index.as_ref().map_or_else(Vec::new, |index| {
+                    index
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .upstream_tokens(&namespace)
+                });
+                inject::review(injection, &request, &tokens)
+            }
             None => AdmissionResponse::from(&request).deny(
                 "sidecar injection is not configured on this operator (start it with --sidecar-image)",
             ),

@@ -182,3 +182,198 @@ async fn a_connection_gets_its_tokens_from_keycloak_with_a_secret_from_a_secret(
         assert!(!said.contains(secret), "{secret} was shown:\n{said}");
     }
 }
+
+/// The API server's ServiceAccount token keys, served again on loopback
+/// over plain HTTP for Keycloak to fetch (the API server's own endpoint
+/// is TLS with a CA of the test's making): its URL.
+async fn api_server_keys(cluster: &Cluster, shutdown: &CancellationToken) -> String {
+    use http_body_util::Full;
+    let request = hyper::Request::get("/openid/v1/jwks")
+        .body(Vec::new())
+        .unwrap();
+    let jwks = cluster.admin.request_text(request).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/jwks", listener.local_addr().unwrap());
+    let body = bytes::Bytes::from(jwks);
+    let shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                () = shutdown.cancelled() => return,
+            };
+            let Ok((stream, _)) = accepted else { continue };
+            let body = body.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |_req| {
+                    let body = body.clone();
+                    async move {
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(body)))
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    url
+}
+
+/// A JWT's claims, unverified (to read the issuer the API server names).
+fn claims(jwt: &str) -> serde_json::Value {
+    use base64::Engine;
+    let payload = jwt.split('.').nth(1).unwrap();
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload)
+        .unwrap();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pod_authenticates_upstream_as_its_own_service_account() {
+    let dir = tempdir();
+    let cluster = Cluster::dedicated().await;
+    if !cluster.calls_back_here("a_pod_authenticates_upstream_as_its_own_service_account") {
+        return;
+    }
+    let kc = keycloak::shared().await;
+    let admin = cluster.kubectl(User::Admin, "agents");
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let realm = "workloads";
+    let (url, core) = upstream(kc, realm, &shutdown).await;
+    let audience = kc.issuer(realm);
+
+    let (installed, _operator) = Installed::start(&cluster, &admin, &dir).await;
+    admin.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: agents}\n");
+    cluster.service_account("agents", "agent").await;
+    let uid = cluster
+        .pod("agents", "agent-1", "agent", json!({"app": "agent"}))
+        .await;
+    // The token the kubelet would project for the connection.
+    let projected = cluster
+        .token("agents", "agent", "agent-1", &uid, &[&audience])
+        .await;
+    let issuer = claims(&projected)["iss"].as_str().unwrap().to_owned();
+
+    // Keycloak trusts the API server as an identity provider and knows the
+    // agent's service account as the client `gateway`: no secret at all.
+    let jwks = api_server_keys(&cluster, &shutdown).await;
+    let kadmin = kc.admin().unwrap();
+    kadmin.realm(realm).unwrap();
+    kadmin
+        .post(
+            &format!("/{realm}/identity-provider/instances"),
+            &json!({"alias": "cluster", "providerId": "oidc", "enabled": true, "config": {
+                "issuer": issuer, "jwksUrl": jwks, "useJwksUrl": "true",
+                "validateSignature": "true", "supportsClientAssertions": "true",
+                "supportsClientAssertionReuse": "true",
+                "clientId": "unused", "clientSecret": "unused", "clientAuthMethod": "client_secret_post",
+                "authorizationUrl": format!("{jwks}/authorize"), "tokenUrl": format!("{jwks}/token")}}),
+        )
+        .unwrap();
+    kadmin
+        .client(
+            realm,
+            &json!({"clientId": "files-mcp", "publicClient": false, "standardFlowEnabled": false,
+                    "attributes": {"resource_url": url}}),
+        )
+        .unwrap();
+    let id = kadmin
+        .client(
+            realm,
+            &json!({"clientId": "gateway", "publicClient": false, "serviceAccountsEnabled": true,
+                    "standardFlowEnabled": false, "clientAuthenticatorType": "federated-jwt",
+                    "attributes": {"client_credentials.use_refresh_token": "true",
+                        "jwt.credential.issuer": "cluster",
+                        "jwt.credential.sub": "system:serviceaccount:agents:agent"}}),
+        )
+        .unwrap();
+    kadmin
+        .post(
+            &format!("/{realm}/clients/{id}/protocol-mappers/models"),
+            &json!({"name": "files-audience", "protocol": "openid-connect",
+                    "protocolMapper": "oidc-audience-mapper",
+                    "config": {"included.client.audience": "files-mcp", "access.token.claim": "true"}}),
+        )
+        .unwrap();
+
+    admin.apply(&format!(
+        "apiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {{name: fs, namespace: agents}}\nspec:\n  url: {url}\n  toolPrefix: fs_\n  auth:\n    clientCredentials:\n      issuer: {audience}\n      clientId: gateway\n      serviceAccountToken: {{audience: '{audience}', expirationSeconds: 600}}\n"
+    ));
+    admin.apply(&policy(&["fs_read_file"]));
+
+    // The injector projects that token into the sidecar of a new pod.
+    admin.ok(
+        &[
+            "label",
+            "namespace",
+            "agents",
+            "aip.io/inject=enabled",
+            "--overwrite",
+        ],
+        None,
+    );
+    let path = aip_api::tool_connection::ServiceAccountTokenSpec {
+        audience: audience.clone(),
+        expiration_seconds: None,
+    }
+    .path();
+    let injected = eventually("the injector projects the upstream token", || {
+        let admin = admin.clone();
+        async move {
+            let (ok, out, _) = admin.run(
+                &["apply", "--dry-run=server", "-o", "json", "-f", "-"],
+                Some("apiVersion: v1\nkind: Pod\nmetadata: {name: probe, namespace: agents, labels: {app: agent}}\nspec:\n  serviceAccountName: agent\n  containers: [{name: agent, image: pause}]\n"),
+            );
+            (ok && out.contains("upstream/")).then_some(out)
+        }
+    })
+    .await;
+    let pod: serde_json::Value = serde_json::from_str(&injected).unwrap();
+    let sources = pod["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "aip-token")
+        .map(|v| v["projected"]["sources"].clone())
+        .unwrap();
+    assert!(
+        sources.as_array().unwrap().iter().any(|s| {
+            s["serviceAccountToken"]["audience"] == audience.as_str()
+                && s["serviceAccountToken"]["path"] == path.as_str()
+                && s["serviceAccountToken"]["expirationSeconds"] == 600
+        }),
+        "{sources}"
+    );
+    let agent_mounts = pod["spec"]["containers"][0]["volumeMounts"].to_string();
+    assert!(
+        !agent_mounts.contains("aip-token"),
+        "only the sidecar mounts it: {agent_mounts}"
+    );
+
+    // The sidecar (started here as the kubelet would) finds the token where
+    // the injector puts it, and the call goes through with Keycloak's token.
+    let token = sidecar_token(&cluster, &dir, "agent", "agent-1", &uid).await;
+    let upstream_token = token.parent().unwrap().join(&path);
+    std::fs::create_dir_all(upstream_token.parent().unwrap()).unwrap();
+    std::fs::write(&upstream_token, &projected).unwrap();
+    let sidecar = start_sidecar(&installed.ca, installed.ports.grpc, &token);
+    let agent = agent_of(&sidecar).await;
+    let read = eventually("a call as the pod's own service account", || {
+        let mut agent = clone_agent(&agent);
+        async move {
+            let r = agent.call("fs_read_file", json!({"path": "a"})).await;
+            (r["result"]["content"][0]["text"] == "contents").then_some(r)
+        }
+    })
+    .await;
+    assert_eq!(read["result"]["content"][0]["text"], "contents");
+    assert!(reads(&core) >= 1);
+    // The operator has no such token: it does not probe the connection,
+    // and so never calls it broken.
+    let state = admin.get("toolconnection/fs", "{.status.health.state}");
+    assert_ne!(state, "NeedsCredentials");
+    assert!(!sidecar.all_output().contains(&projected));
+}

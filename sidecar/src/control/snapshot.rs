@@ -1,6 +1,7 @@
 //! A snapshot from the operator, in the gateway's terms.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +19,21 @@ use crate::config::{Config, ScanAction, ToolRules};
 /// policy whose hash is unchanged keeps its compiled evaluator (and so its
 /// rate-limit buckets); a changed one keeps the buckets of unchanged rules.
 pub fn from_snapshot(snapshot: &v1::Snapshot, previous: &Config) -> Result<Config, String> {
+    from_snapshot_in(snapshot, previous, Path::new(INJECTED_TOKEN_DIR))
+}
+
+/// Where the injector mounts the sidecar's projected tokens.
+pub const INJECTED_TOKEN_DIR: &str = "/var/run/secrets/aip.io/serviceaccount";
+
+/// [`from_snapshot`] for a sidecar whose projected tokens are in
+/// `token_dir` (the directory of its `--token-file`): a connection that
+/// authenticates with the pod's ServiceAccount token reads it there.
+pub fn from_snapshot_in(
+    snapshot: &v1::Snapshot,
+    previous: &Config,
+    token_dir: &Path,
+) -> Result<Config, String> {
+    let connection = |c: &v1::Connection| connection_in(c, token_dir);
     let connections = snapshot
         .connections
         .iter()
@@ -143,6 +159,10 @@ pub fn tool_rules(c: &v1::Connection) -> Result<ToolRules, String> {
 
 /// A connection as the operator sends it, in the gateway's terms.
 pub fn connection(c: &v1::Connection) -> Result<Arc<Connection>, String> {
+    connection_in(c, Path::new(INJECTED_TOKEN_DIR))
+}
+
+fn connection_in(c: &v1::Connection, token_dir: &Path) -> Result<Arc<Connection>, String> {
     let at = |field: &str| format!("connection {}: {field}", c.name);
     if !(c.url.starts_with("http://") || c.url.starts_with("https://")) {
         return Err(at("url is not http(s)"));
@@ -186,11 +206,8 @@ pub fn connection(c: &v1::Connection) -> Result<Arc<Connection>, String> {
             .oauth
             .as_ref()
             .map(|o| {
-                oauth(
-                    o,
-                    &c.url,
-                    millis(c.timeout_ms, "timeout").unwrap_or_default(),
-                )
+                let timeout = millis(c.timeout_ms, "timeout").unwrap_or_default();
+                oauth(o, &c.url, timeout, token_dir)
             })
             .transpose()?,
     }))
@@ -201,6 +218,7 @@ fn oauth(
     o: &v1::OAuth,
     url: &str,
     timeout: std::time::Duration,
+    token_dir: &Path,
 ) -> Result<aip_mcp::oauth::OAuth, String> {
     use aip_mcp::oauth::{AuthorizationServer, ClientAuth, OAuth};
     let server = match (o.issuer.is_empty(), o.token_endpoint.is_empty()) {
@@ -208,8 +226,28 @@ fn oauth(
         (true, false) => AuthorizationServer::TokenEndpoint(o.token_endpoint.clone()),
         _ => return Err("oauth: exactly one of issuer and token_endpoint".to_owned()),
     };
-    let client_auth = match (o.client_secret.is_empty(), o.private_key_pem.is_empty()) {
-        (false, true) => {
+    let given = [
+        !o.client_secret.is_empty(),
+        !o.private_key_pem.is_empty(),
+        !o.assertion_file.is_empty(),
+    ];
+    let client_auth = match given {
+        [false, false, true] => {
+            // A path under the projected tokens' directory, nowhere else.
+            let relative = Path::new(&o.assertion_file);
+            if relative.is_absolute()
+                || relative
+                    .components()
+                    .any(|c| !matches!(c, std::path::Component::Normal(_)))
+            {
+                return Err(format!(
+                    "oauth: assertion file {:?} is not a plain relative path",
+                    o.assertion_file
+                ));
+            }
+            ClientAuth::AssertionFile(token_dir.join(relative))
+        }
+        [true, false, false] => {
             let secret = secrecy::SecretString::from(o.client_secret.clone());
             match o.client_auth_method.as_str() {
                 "" | "client_secret_basic" => ClientAuth::SecretBasic(secret),
@@ -217,11 +255,16 @@ fn oauth(
                 other => return Err(format!("oauth: client auth method {other:?}")),
             }
         }
-        (true, false) => ClientAuth::PrivateKeyJwt {
+        [false, true, false] => ClientAuth::PrivateKeyJwt {
             key_pem: secrecy::SecretString::from(o.private_key_pem.clone()),
             key_id: (!o.key_id.is_empty()).then(|| o.key_id.clone()),
         },
-        _ => return Err("oauth: exactly one of client_secret and private_key_pem".to_owned()),
+        _ => {
+            return Err(
+                "oauth: exactly one of client_secret, private_key_pem and assertion_file"
+                    .to_owned(),
+            );
+        }
     };
     Ok(OAuth {
         server,

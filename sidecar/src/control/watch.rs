@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::report::{EvidenceFn, report};
-use super::snapshot::from_snapshot;
+use super::snapshot::from_snapshot_in;
 use super::{
     Always, Backoff, Link, OperatorApprovals, OperatorSource, Retry, authorize, read_token,
 };
@@ -173,7 +173,12 @@ impl Follower {
             tracing::error!(error = %e, "CA bundle from the operator refused; trusting the previous one");
         }
         let previous = self.config.borrow().clone();
-        let config = from_snapshot(snapshot, &previous)?;
+        let token_dir = self
+            .source
+            .token_file
+            .parent()
+            .unwrap_or(std::path::Path::new("."));
+        let config = from_snapshot_in(snapshot, &previous, token_dir)?;
         self.config.send_replace(Arc::new(config));
         self.version.send_replace(snapshot.version);
         Ok(())
