@@ -452,7 +452,7 @@ mod tests {
 
     fn sidecar_of(injection: &Injection) -> k8s_openapi::api::core::v1::Container {
         let before = pod(json!({"containers": [{"name": "agent", "image": "a"}]}));
-        let ops = patch(injection, &before).unwrap().unwrap();
+        let ops = patch(injection, &before, &[]).unwrap().unwrap();
         let mut doc = serde_json::to_value(&before).unwrap();
         let p: json_patch::Patch = serde_json::from_value(Value::Array(ops)).unwrap();
         json_patch::patch(&mut doc, &p).unwrap();
@@ -580,10 +580,44 @@ mod tests {
     }
 
     #[test]
+    fn upstream_tokens_join_the_sidecars_own_volume() {
+        let p = pod(json!({"containers": [{"name": "agent", "image": "a"}]}));
+        let tokens = [(
+            "https://as/realms/r".to_owned(),
+            600,
+            "upstream/00ff".to_owned(),
+        )];
+        let ops = patch(&injection(), &p, &tokens).unwrap().unwrap();
+        let text = serde_json::to_string(&ops).unwrap();
+        let volumes = ops
+            .iter()
+            .find(|o| o["path"] == "/spec/volumes")
+            .map(|o| o["value"].clone())
+            .unwrap_or_else(|| panic!("{text}"));
+        let sources = &volumes[0]["projected"]["sources"];
+        assert_eq!(sources[0]["serviceAccountToken"]["path"], "token");
+        assert_eq!(
+            sources[1]["serviceAccountToken"],
+            json!({"audience": "https://as/realms/r", "expirationSeconds": 600, "path": "upstream/00ff"})
+        );
+        // Still mounted by the sidecar alone.
+        let applied = applied(&p);
+        let spec = applied.spec.unwrap();
+        let agent = &spec.containers[0];
+        assert!(
+            agent
+                .volume_mounts
+                .as_ref()
+                .is_none_or(|m| m.iter().all(|m| m.name != TOKEN_VOLUME))
+        );
+    }
+
+    #[test]
     fn host_network_and_shared_processes_are_refused_with_why() {
         let err = patch(
             &injection(),
             &pod(json!({"hostNetwork": true, "containers": [{"name": "a", "image": "a"}]})),
+            &[],
         )
         .unwrap_err()
         .to_string();
@@ -593,6 +627,7 @@ mod tests {
             &pod(
                 json!({"shareProcessNamespace": true, "containers": [{"name": "a", "image": "a"}]}),
             ),
+            &[],
         )
         .unwrap_err()
         .to_string();
