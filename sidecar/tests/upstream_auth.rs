@@ -53,41 +53,12 @@ async fn upstream(
     (url, core)
 }
 
-/// Realm `realm` with the upstream as a resource (its URL the client
-/// `files-mcp`'s resource_url) and the gateway's client `gateway`
-/// (`client`: its authentication), whose tokens name the upstream.
+/// Realm `realm`, the upstream at `url` its resource, and the gateway's
+/// client (`client`: how it authenticates).
 fn realm(kc: &Keycloak, realm: &str, url: &str, client: Value) {
     let admin = kc.admin().unwrap();
     admin.realm(realm).unwrap();
-    admin
-        .client(
-            realm,
-            &json!({"clientId": "files-mcp", "publicClient": false, "standardFlowEnabled": false,
-                    "attributes": {"resource_url": url}}),
-        )
-        .unwrap();
-    let mut gateway = json!({"clientId": "gateway", "publicClient": false,
-        "serviceAccountsEnabled": true, "standardFlowEnabled": false,
-        // Keycloak 26.7's resource indicators need a refresh token here.
-        "attributes": {"client_credentials.use_refresh_token": "true"}});
-    for (k, v) in client.as_object().unwrap() {
-        if k == "attributes" {
-            for (a, av) in v.as_object().unwrap() {
-                gateway["attributes"][a] = av.clone();
-            }
-        } else {
-            gateway[k] = v.clone();
-        }
-    }
-    let id = admin.client(realm, &gateway).unwrap();
-    admin
-        .post(
-            &format!("/{realm}/clients/{id}/protocol-mappers/models"),
-            &json!({"name": "files-audience", "protocol": "openid-connect",
-                    "protocolMapper": "oidc-audience-mapper",
-                    "config": {"included.client.audience": "files-mcp", "access.token.claim": "true"}}),
-        )
-        .unwrap();
+    admin.gateway_for(realm, url, &client).unwrap();
 }
 
 /// The gateway in front of `url`, with client `gateway` of `realm` and
@@ -249,39 +220,11 @@ async fn a_key_client_signs_its_own_assertions() {
 }
 
 /// A JWT issuer of the test's own (as the Kubernetes API server issues
-/// ServiceAccount tokens): its keys served at `/jwks` on loopback; its URL.
+/// ServiceAccount tokens): its keys served on loopback; their URL.
 async fn issuer_serving(jwks: Value, shutdown: &CancellationToken) -> String {
-    use http_body_util::Full;
-    use hyper::service::service_fn;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let body = bytes::Bytes::from(jwks.to_string());
-    let shutdown = shutdown.clone();
-    tokio::spawn(async move {
-        loop {
-            let accepted = tokio::select! {
-                a = listener.accept() => a,
-                () = shutdown.cancelled() => return,
-            };
-            let Ok((stream, _)) = accepted else { continue };
-            let body = body.clone();
-            tokio::spawn(async move {
-                let service = service_fn(move |_req| {
-                    let body = body.clone();
-                    async move {
-                        let mut r = hyper::Response::new(Full::new(body));
-                        r.headers_mut()
-                            .insert("content-type", "application/json".parse().unwrap());
-                        Ok::<_, std::convert::Infallible>(r)
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    url
+    keycloak::serve_json(jwks.to_string(), shutdown.clone())
+        .await
+        .unwrap()
 }
 
 /// An assertion of the test's issuer about `sub`, for `audience`.
@@ -306,6 +249,7 @@ async fn a_federated_assertion_file_is_the_client_credential_and_is_reread() {
     let (url, core) = upstream(kc, "cc-federated", &shutdown).await;
     let (pem, jwk) = ec_key("sa-1");
     let issuer = issuer_serving(json!({"keys": [jwk]}), &shutdown).await;
+    let jwks_url = format!("{issuer}/jwks");
     let sub = "system:serviceaccount:agents:agent";
     realm(
         kc,
@@ -319,7 +263,7 @@ async fn a_federated_assertion_file_is_the_client_credential_and_is_reread() {
         .post(
             "/cc-federated/identity-provider/instances",
             &json!({"alias": "workloads", "providerId": "oidc", "enabled": true, "config": {
-                "issuer": issuer, "jwksUrl": format!("{issuer}/jwks"), "useJwksUrl": "true",
+                "issuer": issuer, "jwksUrl": jwks_url, "useJwksUrl": "true",
                 "validateSignature": "true", "supportsClientAssertions": "true",
                 "clientId": "unused", "clientSecret": "unused", "clientAuthMethod": "client_secret_post",
                 "authorizationUrl": format!("{issuer}/authorize"), "tokenUrl": format!("{issuer}/token")}}),

@@ -273,6 +273,77 @@ impl Admin {
         self.post(&format!("/{realm}/clients"), body)?
             .ok_or_else(|| "the new client has no Location".to_owned())
     }
+
+    /// The gateway's client `gateway` in `realm` (`client`: how it
+    /// authenticates, merged into a confidential client with service
+    /// accounts), whose tokens are for the MCP server at `url` (RFC 8707):
+    /// the server is the client `files-mcp` with that `resource_url`, put
+    /// in the gateway's tokens by an audience mapper. Keycloak 26.7's
+    /// resource indicators need a refresh token for client credentials,
+    /// hence `client_credentials.use_refresh_token`. The gateway's id.
+    pub fn gateway_for(&self, realm: &str, url: &str, client: &Value) -> Result<String, String> {
+        self.client(
+            realm,
+            &serde_json::json!({"clientId": "files-mcp", "publicClient": false,
+                "standardFlowEnabled": false, "attributes": {"resource_url": url}}),
+        )?;
+        let mut gateway = serde_json::json!({"clientId": "gateway", "publicClient": false,
+            "serviceAccountsEnabled": true, "standardFlowEnabled": false,
+            "attributes": {"client_credentials.use_refresh_token": "true"}});
+        for (k, v) in client.as_object().into_iter().flatten() {
+            if k == "attributes" {
+                for (a, av) in v.as_object().into_iter().flatten() {
+                    gateway["attributes"][a] = av.clone();
+                }
+            } else {
+                gateway[k] = v.clone();
+            }
+        }
+        let id = self.client(realm, &gateway)?;
+        self.post(
+            &format!("/{realm}/clients/{id}/protocol-mappers/models"),
+            &serde_json::json!({"name": "files-audience", "protocol": "openid-connect",
+                "protocolMapper": "oidc-audience-mapper",
+                "config": {"included.client.audience": "files-mcp", "access.token.claim": "true"}}),
+        )?;
+        Ok(id)
+    }
+}
+
+/// Serves `body` as JSON to every request on a loopback port until
+/// `shutdown` (a JWKS, say, for Keycloak to fetch); its URL.
+pub async fn serve_json(
+    body: String,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> std::io::Result<String> {
+    use http_body_util::Full;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let body = bytes::Bytes::from(body);
+    tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                () = shutdown.cancelled() => return,
+            };
+            let Ok((stream, _)) = accepted else { continue };
+            let body = body.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |_req| {
+                    let mut r = hyper::Response::new(Full::new(body.clone()));
+                    r.headers_mut().insert(
+                        hyper::header::CONTENT_TYPE,
+                        hyper::header::HeaderValue::from_static("application/json"),
+                    );
+                    async move { Ok::<_, std::convert::Infallible>(r) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    Ok(url)
 }
 
 fn two_free_ports() -> Result<(u16, u16), Error> {

@@ -49,6 +49,18 @@ async fn upstream(kc: &Keycloak, realm: &str, shutdown: &CancellationToken) -> (
     (url, core)
 }
 
+/// Waits until the agent's read_file call gets the upstream's answer.
+async fn reads_through(agent: &crate::common::agent::Agent, what: &str) {
+    eventually(what, || {
+        let mut agent = clone_agent(agent);
+        async move {
+            let r = agent.call("fs_read_file", json!({"path": "a"})).await;
+            (r["result"]["content"][0]["text"] == "contents").then_some(())
+        }
+    })
+    .await;
+}
+
 fn reads(core: &Core) -> usize {
     core.log
         .lines()
@@ -77,27 +89,7 @@ async fn a_connection_gets_its_tokens_from_keycloak_with_a_secret_from_a_secret(
     let kadmin = kc.admin().unwrap();
     kadmin.realm("cluster").unwrap();
     kadmin
-        .client(
-            "cluster",
-            &json!({"clientId": "files-mcp", "publicClient": false, "standardFlowEnabled": false,
-                    "attributes": {"resource_url": url}}),
-        )
-        .unwrap();
-    let id = kadmin
-        .client(
-            "cluster",
-            &json!({"clientId": "gateway", "publicClient": false, "serviceAccountsEnabled": true,
-                    "standardFlowEnabled": false, "secret": SECRET,
-                    "attributes": {"client_credentials.use_refresh_token": "true"}}),
-        )
-        .unwrap();
-    kadmin
-        .post(
-            &format!("/cluster/clients/{id}/protocol-mappers/models"),
-            &json!({"name": "files-audience", "protocol": "openid-connect",
-                    "protocolMapper": "oidc-audience-mapper",
-                    "config": {"included.client.audience": "files-mcp", "access.token.claim": "true"}}),
-        )
+        .gateway_for("cluster", &url, &json!({"secret": SECRET}))
         .unwrap();
 
     let (installed, operator) = Installed::start(&cluster, &admin, &dir).await;
@@ -126,15 +118,7 @@ async fn a_connection_gets_its_tokens_from_keycloak_with_a_secret_from_a_secret(
     let token = sidecar_token(&cluster, &dir, "agent", "agent-1", &uid).await;
     let sidecar = start_sidecar(&installed.ca, installed.ports.grpc, &token);
     let agent = agent_of(&sidecar).await;
-    let read = eventually("a call through a token from Keycloak", || {
-        let mut agent = clone_agent(&agent);
-        async move {
-            let r = agent.call("fs_read_file", json!({"path": "a"})).await;
-            (r["result"]["content"][0]["text"] == "contents").then_some(r)
-        }
-    })
-    .await;
-    assert_eq!(read["result"]["content"][0]["text"], "contents");
+    reads_through(&agent, "a call through a token from Keycloak").await;
 
     // A wrong secret: no token, so the connection needs credentials, with
     // Keycloak's error, and nothing more reaches the upstream.
@@ -185,39 +169,13 @@ async fn a_connection_gets_its_tokens_from_keycloak_with_a_secret_from_a_secret(
 
 /// The API server's ServiceAccount token keys, served again on loopback
 /// over plain HTTP for Keycloak to fetch (the API server's own endpoint
-/// is TLS with a CA of the test's making): its URL.
+/// is TLS with a CA of the test's making): their URL.
 async fn api_server_keys(cluster: &Cluster, shutdown: &CancellationToken) -> String {
-    use http_body_util::Full;
     let request = hyper::Request::get("/openid/v1/jwks")
         .body(Vec::new())
         .unwrap();
     let jwks = cluster.admin.request_text(request).await.unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/jwks", listener.local_addr().unwrap());
-    let body = bytes::Bytes::from(jwks);
-    let shutdown = shutdown.clone();
-    tokio::spawn(async move {
-        loop {
-            let accepted = tokio::select! {
-                a = listener.accept() => a,
-                () = shutdown.cancelled() => return,
-            };
-            let Ok((stream, _)) = accepted else { continue };
-            let body = body.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |_req| {
-                    let body = body.clone();
-                    async move {
-                        Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(body)))
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    url
+    keycloak::serve_json(jwks, shutdown.clone()).await.unwrap()
 }
 
 /// A JWT's claims, unverified (to read the issuer the API server names).
@@ -274,28 +232,12 @@ async fn a_pod_authenticates_upstream_as_its_own_service_account() {
         )
         .unwrap();
     kadmin
-        .client(
+        .gateway_for(
             realm,
-            &json!({"clientId": "files-mcp", "publicClient": false, "standardFlowEnabled": false,
-                    "attributes": {"resource_url": url}}),
-        )
-        .unwrap();
-    let id = kadmin
-        .client(
-            realm,
-            &json!({"clientId": "gateway", "publicClient": false, "serviceAccountsEnabled": true,
-                    "standardFlowEnabled": false, "clientAuthenticatorType": "federated-jwt",
-                    "attributes": {"client_credentials.use_refresh_token": "true",
-                        "jwt.credential.issuer": "cluster",
-                        "jwt.credential.sub": "system:serviceaccount:agents:agent"}}),
-        )
-        .unwrap();
-    kadmin
-        .post(
-            &format!("/{realm}/clients/{id}/protocol-mappers/models"),
-            &json!({"name": "files-audience", "protocol": "openid-connect",
-                    "protocolMapper": "oidc-audience-mapper",
-                    "config": {"included.client.audience": "files-mcp", "access.token.claim": "true"}}),
+            &url,
+            &json!({"clientAuthenticatorType": "federated-jwt", "attributes": {
+                "jwt.credential.issuer": "cluster",
+                "jwt.credential.sub": "system:serviceaccount:agents:agent"}}),
         )
         .unwrap();
 
@@ -361,15 +303,7 @@ async fn a_pod_authenticates_upstream_as_its_own_service_account() {
     std::fs::write(&upstream_token, &projected).unwrap();
     let sidecar = start_sidecar(&installed.ca, installed.ports.grpc, &token);
     let agent = agent_of(&sidecar).await;
-    let read = eventually("a call as the pod's own service account", || {
-        let mut agent = clone_agent(&agent);
-        async move {
-            let r = agent.call("fs_read_file", json!({"path": "a"})).await;
-            (r["result"]["content"][0]["text"] == "contents").then_some(r)
-        }
-    })
-    .await;
-    assert_eq!(read["result"]["content"][0]["text"], "contents");
+    reads_through(&agent, "a call as the pod's own service account").await;
     assert!(reads(&core) >= 1);
     // The operator has no such token: it does not probe the connection,
     // and so never calls it broken.
