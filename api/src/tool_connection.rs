@@ -122,13 +122,15 @@ pub struct AuthSpec {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
-    {"rule": "has(self.issuer) != has(self.tokenEndpoint)", "message": "give either issuer (its token endpoint is discovered) or tokenEndpoint"},
+    {"rule": "!has(self.issuer) || !has(self.tokenEndpoint)", "message": "give issuer (its token endpoint is discovered) or tokenEndpoint, not both (neither: both are found from the server's own metadata, RFC 9728)"},
     {"rule": "[has(self.clientSecret), has(self.privateKey), has(self.serviceAccountToken)].filter(x, x).size() == 1", "message": "give exactly one of clientSecret, privateKey and serviceAccountToken"},
     {"rule": "!has(self.clientAuthMethod) || has(self.clientSecret)", "message": "clientAuthMethod applies to clientSecret only"}
 ]))]
 pub struct ClientCredentialsSpec {
     /// The authorization server: its token endpoint is found in its
-    /// metadata (RFC 8414, then OpenID Connect discovery).
+    /// metadata (RFC 8414, then OpenID Connect discovery). Without issuer
+    /// and tokenEndpoint, the server's own protected resource metadata
+    /// (RFC 9728) names it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^https?://[^\s]+$"))]
     pub issuer: Option<String>,

@@ -161,7 +161,7 @@ fn every_cel_rule_has_its_test() {
             "ToolConnection .spec: !has(self.toolTrust) || self.toolTrust != 'Listed' || !has(self.toolPins) || size(self.toolPins) == 0 (toolTrust Listed serves every tool as listed, so toolPins would be ignored: remove one of them)",
             "ToolConnection .spec: !has(self.toolTrust) || self.toolTrust != 'FirstUse' || !has(self.toolPins) || size(self.toolPins) == 0 (toolTrust FirstUse pins what the server first lists and keeps the pins in status, so toolPins would compete with them: remove one of them)",
             "ToolConnection .spec: !has(self.auth) || !has(self.bearerToken) (auth puts its access token in the Authorization header, which bearerToken sets too: remove one of them)",
-            "ToolConnection .spec.auth.clientCredentials: has(self.issuer) != has(self.tokenEndpoint) (give either issuer (its token endpoint is discovered) or tokenEndpoint)",
+            "ToolConnection .spec.auth.clientCredentials: !has(self.issuer) || !has(self.tokenEndpoint) (give issuer (its token endpoint is discovered) or tokenEndpoint, not both (neither: both are found from the server's own metadata, RFC 9728))",
             "ToolConnection .spec.auth.clientCredentials: [has(self.clientSecret), has(self.privateKey), has(self.serviceAccountToken)].filter(x, x).size() == 1 (give exactly one of clientSecret, privateKey and serviceAccountToken)",
             "ToolConnection .spec.auth.clientCredentials: !has(self.clientAuthMethod) || has(self.clientSecret) (clientAuthMethod applies to clientSecret only)",
             "ApprovalRequest .spec: self == oldSelf (spec is immutable)",
@@ -343,7 +343,7 @@ async fn auth_is_refused_beside_a_bearer_token_and_without_one_way_to_authentica
     )
     .await;
     assert!(
-        said.contains("give either issuer (its token endpoint is discovered) or tokenEndpoint"),
+        said.contains("give issuer (its token endpoint is discovered) or tokenEndpoint, not both"),
         "{said}"
     );
     let said = refused(

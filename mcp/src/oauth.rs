@@ -78,6 +78,10 @@ impl OAuth {
 pub enum AuthorizationServer {
     TokenEndpoint(String),
     Issuer(String),
+    /// Found as MCP authorization says: the resource's RFC 9728 metadata
+    /// names its authorization server, whose metadata names the token
+    /// endpoint.
+    FromResource,
 }
 
 /// How the gateway authenticates itself to the token endpoint.
@@ -401,11 +405,13 @@ impl TokenSource {
         })
     }
 
-    /// The token endpoint: given, or from the issuer's metadata.
+    /// The token endpoint: given, or from the issuer's metadata (the
+    /// issuer given, or named by the resource's metadata).
     async fn token_endpoint(&self) -> Result<String, TokenError> {
         let issuer = match &self.oauth.server {
             AuthorizationServer::TokenEndpoint(e) => return Ok(e.clone()),
             AuthorizationServer::Issuer(i) => i.trim_end_matches('/').to_owned(),
+            AuthorizationServer::FromResource => self.resource_issuer().await?,
         };
         let mut tried = Vec::new();
         for url in metadata_urls(&issuer) {
@@ -449,6 +455,61 @@ impl TokenSource {
         }
         Err(TokenError::Discovery(format!(
             "no metadata for issuer {issuer}: {}",
+            tried.join("; ")
+        )))
+    }
+
+    /// The authorization server the resource's RFC 9728 metadata names
+    /// (its first): looked for at the well-known URL with the resource's
+    /// path, then without it. The metadata must name this resource.
+    async fn resource_issuer(&self) -> Result<String, TokenError> {
+        let resource = self.oauth.resource.trim_end_matches('/');
+        let mut tried = Vec::new();
+        for url in resource_metadata_urls(resource) {
+            let request = Request::builder()
+                .method(Method::GET)
+                .uri(&url)
+                .header("accept", "application/json")
+                .body(Full::new(Bytes::new()))
+                .map_err(|e| TokenError::Discovery(format!("{url}: {e}")))?;
+            let (status, bytes) = match self.exchange(request).await {
+                Ok(answer) => answer,
+                Err(e) => {
+                    tried.push(format!("{url}: {e}"));
+                    continue;
+                }
+            };
+            if status != StatusCode::OK {
+                tried.push(format!("{url}: HTTP {}", status.as_u16()));
+                continue;
+            }
+            let metadata: Value = serde_json::from_slice(&bytes).map_err(|e| {
+                TokenError::Discovery(format!(
+                    "{url}: not JSON: {}",
+                    strip_content(&e.to_string())
+                ))
+            })?;
+            let said = metadata
+                .get("resource")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            if said.trim_end_matches('/') != resource {
+                return Err(TokenError::Discovery(format!(
+                    "{url} describes resource {said:?}, not {resource:?}"
+                )));
+            }
+            return metadata
+                .get("authorization_servers")
+                .and_then(Value::as_array)
+                .and_then(|a| a.first())
+                .and_then(Value::as_str)
+                .map(|s| s.trim_end_matches('/').to_owned())
+                .ok_or_else(|| {
+                    TokenError::Discovery(format!("{url} names no authorization server"))
+                });
+        }
+        Err(TokenError::Discovery(format!(
+            "no protected resource metadata for {resource}: {}",
             tried.join("; ")
         )))
     }
@@ -546,6 +607,25 @@ fn metadata_urls(issuer: &str) -> Vec<String> {
     ]
 }
 
+/// RFC 9728 §3.1: the well-known segment inserted before the resource's
+/// path; then at the origin alone (as MCP authorization allows).
+fn resource_metadata_urls(resource: &str) -> Vec<String> {
+    let (origin, path) = match resource.find("://").map(|i| i + 3) {
+        Some(start) => match resource[start..].find('/') {
+            Some(slash) => resource.split_at(start + slash),
+            None => (resource, ""),
+        },
+        None => (resource, ""),
+    };
+    let mut urls = vec![format!(
+        "{origin}/.well-known/oauth-protected-resource{path}"
+    )];
+    if !path.is_empty() {
+        urls.push(format!("{origin}/.well-known/oauth-protected-resource"));
+    }
+    urls
+}
+
 /// A projected token (or any assertion) from its file, read whole and
 /// bounded; the file's name is in the error, its content never.
 fn read_assertion(path: &std::path::Path) -> Result<SecretString, TokenError> {
@@ -618,6 +698,17 @@ mod tests {
             [
                 "https://as.example/.well-known/oauth-authorization-server",
                 "https://as.example/.well-known/openid-configuration"
+            ]
+        );
+    }
+
+    #[test]
+    fn resource_metadata_is_looked_for_with_the_path_then_at_the_origin() {
+        assert_eq!(
+            resource_metadata_urls("http://127.0.0.1:9/mcp"),
+            [
+                "http://127.0.0.1:9/.well-known/oauth-protected-resource/mcp",
+                "http://127.0.0.1:9/.well-known/oauth-protected-resource"
             ]
         );
     }

@@ -78,12 +78,18 @@ async fn secret_stack(
     let method = method
         .map(|m| format!("      clientAuthMethod: {m}\n"))
         .unwrap_or_default();
+    // realm "" leaves the authorization server to be found from the
+    // upstream's own metadata (RFC 9728).
+    let issuer = if realm.is_empty() {
+        String::new()
+    } else {
+        format!("      issuer: {}\n", kc.issuer(realm))
+    };
     let s = Stack::start(Setup {
         policy: "  allowed_tools: [up_read]",
         url: Some(url.to_owned()),
         connection: &format!(
-            "  auth:\n    clientCredentials:\n      issuer: {}\n      clientId: gateway\n      clientSecret: {{valueFrom: {{file: {}}}}}\n{method}",
-            kc.issuer(realm),
+            "  auth:\n    clientCredentials:\n{issuer}      clientId: gateway\n      clientSecret: {{valueFrom: {{file: {}}}}}\n{method}",
             secret_file.display()
         ),
         expect,
@@ -128,6 +134,22 @@ async fn a_secret_client_gets_one_token_for_many_calls_and_the_upstream_accepts_
     assert_eq!(calls(&core), 20);
     // One token served the health checks, the session and every call.
     assert_eq!(tokens_seen(&core).len(), 1, "{:?}", core.log.lines());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_authorization_server_is_found_from_the_upstreams_own_metadata() {
+    let kc = keycloak::shared().await;
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let (url, core) = upstream(kc, "cc-discovered", &shutdown).await;
+    realm(kc, "cc-discovered", &url, json!({"secret": SECRET}));
+    // No issuer, no token endpoint: the upstream's RFC 9728 metadata names
+    // Keycloak's realm, whose metadata names the token endpoint.
+    let (s, _dir) = secret_stack(kc, "", &url, SECRET, None, HealthState::Healthy).await;
+    let session = s.session().await;
+    let read = s.call(&session, json!(1), "up_read", json!({})).await;
+    assert_eq!(read["result"]["content"][0]["text"], "contents", "{read}");
+    assert_eq!(calls(&core), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -182,6 +182,7 @@ fn oauth(o: &aip_mcp::oauth::OAuth) -> v1::OAuth {
     let (issuer, token_endpoint) = match &o.server {
         AuthorizationServer::Issuer(i) => (i.clone(), String::new()),
         AuthorizationServer::TokenEndpoint(e) => (String::new(), e.clone()),
+        AuthorizationServer::FromResource => (String::new(), String::new()),
     };
     let mut out = v1::OAuth {
         issuer,

@@ -386,7 +386,7 @@ fn oauth(
     let server = match (&cc.issuer, &cc.token_endpoint) {
         (Some(issuer), _) => AuthorizationServer::Issuer(issuer.clone()),
         (None, Some(endpoint)) => AuthorizationServer::TokenEndpoint(endpoint.clone()),
-        (None, None) => AuthorizationServer::Issuer(String::new()),
+        (None, None) => AuthorizationServer::FromResource,
     };
     let client_auth = match (&cc.client_secret, &cc.private_key) {
         (None, None) if cc.service_account_token.is_some() => {

@@ -441,10 +441,11 @@ fn client_credentials(
             http_url("tokenEndpoint", endpoint)?;
             AuthorizationServer::TokenEndpoint(endpoint.clone())
         }
-        _ => {
+        (None, None) => AuthorizationServer::FromResource,
+        (Some(_), Some(_)) => {
             return Err((
                 String::new(),
-                "give either issuer (its token endpoint is discovered) or tokenEndpoint".to_owned(),
+                "give issuer (its token endpoint is discovered) or tokenEndpoint, not both (neither: both are found from the server's own metadata)".to_owned(),
             ));
         }
     };

@@ -224,7 +224,8 @@ fn oauth(
     let server = match (o.issuer.is_empty(), o.token_endpoint.is_empty()) {
         (false, true) => AuthorizationServer::Issuer(o.issuer.clone()),
         (true, false) => AuthorizationServer::TokenEndpoint(o.token_endpoint.clone()),
-        _ => return Err("oauth: exactly one of issuer and token_endpoint".to_owned()),
+        (true, true) => AuthorizationServer::FromResource,
+        (false, false) => return Err("oauth: issuer and token_endpoint both given".to_owned()),
     };
     let given = [
         !o.client_secret.is_empty(),
