@@ -466,3 +466,43 @@ async fn an_upstream_that_echoes_its_access_token_never_hands_it_to_the_agent() 
         "{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_token_endpoint_needs_credentials_and_says_so() {
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    // An upstream that would take a token, and a token endpoint where
+    // nothing listens (a port bound and released).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = echoing_upstream(&shutdown).await;
+    let dir = scratch("aip-oauth-");
+    let secret_file = dir.path().join("secret");
+    std::fs::write(&secret_file, SECRET).unwrap();
+    let s = Stack::start(Setup {
+        policy: "  allowed_tools: [up_read]",
+        url: Some(url),
+        connection: &format!(
+            "  auth:\n    clientCredentials:\n      tokenEndpoint: http://127.0.0.1:{port}/token\n      clientId: gateway\n      clientSecret: {{valueFrom: {{file: {}}}}}\n",
+            secret_file.display()
+        ),
+        expect: HealthState::NeedsCredentials,
+        ..Setup::default()
+    })
+    .await;
+    let reason = s.gateway.connections()[0]
+        .health()
+        .reason
+        .unwrap_or_default();
+    assert!(
+        reason.starts_with("upstream_token_unavailable: the token endpoint cannot be reached: "),
+        "{reason}"
+    );
+    assert!(!reason.contains(SECRET), "{reason}");
+    let session = s.session().await;
+    let refused = s.call(&session, json!(1), "up_read", json!({})).await;
+    assert!(refused.get("error").is_some(), "{refused}");
+}
