@@ -776,33 +776,28 @@ impl HttpUpstream {
             return self.client().request(request).await.map_err(network);
         };
         let (parts, body) = request.into_parts();
-        let with = |token: &SecretString| -> Result<Request<Full<Bytes>>, Failure> {
+        let with = |token: &crate::oauth::Token| {
             let mut r = Request::new(body.clone());
             *r.method_mut() = parts.method.clone();
             *r.uri_mut() = parts.uri.clone();
             *r.headers_mut() = parts.headers.clone();
-            let bearer = SecretString::from(format!("Bearer {}", token.expose_secret()));
             r.headers_mut()
-                .insert(hyper::header::AUTHORIZATION, sensitive(&bearer)?);
-            Ok(r)
+                .insert(hyper::header::AUTHORIZATION, token.header().clone());
+            r
         };
         let refused = |e: crate::oauth::TokenError| Failure::TokenUnavailable(e.to_string());
         let token = tokens.bearer().await.map_err(refused)?;
-        let response = self
-            .client()
-            .request(with(&token)?)
-            .await
-            .map_err(network)?;
+        let response = self.client().request(with(&token)).await.map_err(network)?;
         if response.status() != StatusCode::UNAUTHORIZED {
             return Ok(response);
         }
-        tokens.refused(&token).await;
+        tokens.refused(&token);
         let fresh = tokens.bearer().await.map_err(refused)?;
-        if fresh.expose_secret() == token.expose_secret() {
+        if Arc::ptr_eq(&fresh, &token) {
             return Ok(response);
         }
         drop(response);
-        self.client().request(with(&fresh)?).await.map_err(network)
+        self.client().request(with(&fresh)).await.map_err(network)
     }
 
     /// Redacts the access tokens this connection was given (see
@@ -962,7 +957,7 @@ fn sensitive(value: &SecretString) -> Result<HeaderValue, Failure> {
 }
 
 /// hyper's error chain, without anything that could echo a header.
-fn network_text(e: &hyper_util::client::legacy::Error) -> String {
+pub(crate) fn network_text(e: &hyper_util::client::legacy::Error) -> String {
     let mut text = e.to_string();
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {

@@ -14,11 +14,13 @@
 //! code and description with them redacted.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
+use hyper::header::HeaderValue;
 use hyper::{Method, Request, StatusCode};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
@@ -160,17 +162,28 @@ pub enum TokenError {
     Assertion(String),
 }
 
-/// A token in hand.
-struct Held {
-    token: SecretString,
+/// A token in hand, with the header that carries it (built once, marked
+/// sensitive).
+pub struct Token {
+    value: SecretString,
+    header: HeaderValue,
     refresh_at: Instant,
     expires_at: Instant,
+}
+
+impl Token {
+    /// `Authorization: Bearer ...`, as sent.
+    pub fn header(&self) -> &HeaderValue {
+        &self.header
+    }
 }
 
 /// Tokens for one connection.
 pub struct TokenSource {
     oauth: OAuth,
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    /// The token in hand: read by every call without waiting on anything.
+    current: std::sync::RwLock<Option<Arc<Token>>>,
     /// Held across a token request: the one request in flight.
     state: tokio::sync::Mutex<State>,
     /// Everything secret this source sends, for redacting what the
@@ -183,10 +196,16 @@ pub struct TokenSource {
 
 #[derive(Default)]
 struct State {
-    held: Option<Held>,
     endpoint: Option<String>,
     requests: u64,
+    /// After a failed request: no other before this, and its error, so
+    /// that an authorization server that is down or refuses is not asked
+    /// once per call.
+    failed: Option<(Instant, TokenError)>,
 }
+
+/// How long after a failed token request the next may go.
+const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(2);
 
 impl std::fmt::Debug for TokenSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -225,7 +244,8 @@ impl TokenSource {
             ClientAuth::PrivateKeyJwt { .. } | ClientAuth::AssertionFile(_) => {}
         }
         Ok(TokenSource {
-            issued: std::sync::RwLock::new(std::sync::Arc::new(Credentials::new(&[]))),
+            issued: std::sync::RwLock::new(Arc::new(Credentials::new(&[]))),
+            current: std::sync::RwLock::new(None),
             secrets: Credentials::new(&secrets),
             oauth,
             client,
@@ -233,56 +253,69 @@ impl TokenSource {
         })
     }
 
-    /// A token that is not about to expire: the one held, or a new one.
-    pub async fn bearer(&self) -> Result<SecretString, TokenError> {
+    /// A token that is not about to expire: the one held (no waiting), or
+    /// a new one, asked for by one caller while the others wait for it.
+    pub async fn bearer(&self) -> Result<Arc<Token>, TokenError> {
+        if let Some(token) = self.held().filter(|t| Instant::now() < t.refresh_at) {
+            return Ok(token);
+        }
         let mut state = self.state.lock().await;
         let now = Instant::now();
-        if let Some(held) = &state.held
-            && now < held.refresh_at
+        // Another caller may have asked while this one waited.
+        let held = self.held();
+        if let Some(token) = held.clone().filter(|t| now < t.refresh_at) {
+            return Ok(token);
+        }
+        let usable = held.filter(|t| now < t.expires_at);
+        if let Some((until, error)) = &state.failed
+            && now < *until
         {
-            return Ok(held.token.clone());
+            return usable.ok_or_else(|| error.clone());
         }
         match self.request(&mut state).await {
-            Ok(held) => {
-                let token = held.token.clone();
-                let mut issued = vec![("token".to_owned(), token.clone())];
-                if let Some(previous) = &state.held {
-                    issued.push(("previous".to_owned(), previous.token.clone()));
+            Ok(token) => {
+                let token = Arc::new(token);
+                let mut issued = vec![("token".to_owned(), token.value.clone())];
+                if let Some(previous) = self.held() {
+                    issued.push(("previous".to_owned(), previous.value.clone()));
                 }
-                *self
-                    .issued
-                    .write()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) =
-                    std::sync::Arc::new(Credentials::new(&issued));
-                state.held = Some(held);
+                *write(&self.issued) = Arc::new(Credentials::new(&issued));
+                *write(&self.current) = Some(token.clone());
+                state.failed = None;
                 Ok(token)
             }
-            // A held token still inside its life serves while a refresh
-            // fails (the failure is reported when it has run out).
-            Err(e) => match &state.held {
-                Some(held) if now < held.expires_at => {
-                    tracing::warn!(client_id = %self.oauth.client_id, error = %e, "token refresh failed; the current token serves until it expires");
-                    Ok(held.token.clone())
+            Err(e) => {
+                state.failed = Some((Instant::now() + RETRY_AFTER_FAILURE, e.clone()));
+                match usable {
+                    // A token still inside its life serves while a refresh
+                    // fails (the failure is reported when it has run out).
+                    Some(token) => {
+                        tracing::warn!(client_id = %self.oauth.client_id, error = %e, "token refresh failed; the current token serves until it expires");
+                        Ok(token)
+                    }
+                    None => {
+                        *write(&self.current) = None;
+                        Err(e)
+                    }
                 }
-                _ => {
-                    state.held = None;
-                    Err(e)
-                }
-            },
+            }
         }
     }
 
     /// The upstream refused `token` (401): it is dropped if it is still
     /// the one held, so that the next caller asks for a new one.
-    pub async fn refused(&self, token: &SecretString) {
-        let mut state = self.state.lock().await;
-        if state
-            .held
-            .as_ref()
-            .is_some_and(|h| h.token.expose_secret() == token.expose_secret())
-        {
-            state.held = None;
+    pub fn refused(&self, token: &Arc<Token>) {
+        let mut current = write(&self.current);
+        if current.as_ref().is_some_and(|t| Arc::ptr_eq(t, token)) {
+            *current = None;
         }
+    }
+
+    fn held(&self) -> Option<Arc<Token>> {
+        self.current
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Replaces every spelling of a token this source handed out (the
@@ -302,7 +335,7 @@ impl TokenSource {
         self.state.lock().await.requests
     }
 
-    async fn request(&self, state: &mut State) -> Result<Held, TokenError> {
+    async fn request(&self, state: &mut State) -> Result<Token, TokenError> {
         let endpoint = match &state.endpoint {
             Some(e) => e.clone(),
             None => {
@@ -361,7 +394,7 @@ impl TokenSource {
                 form_encode(&self.oauth.client_id),
                 form_encode(secret.expose_secret())
             );
-            let mut value = hyper::header::HeaderValue::from_str(&format!(
+            let mut value = HeaderValue::from_str(&format!(
                 "Basic {}",
                 base64::engine::general_purpose::STANDARD.encode(pair)
             ))
@@ -398,8 +431,12 @@ impl TokenSource {
             .expires_in
             .map_or(DEFAULT_LIFETIME, Duration::from_secs);
         let ahead = REFRESH_AHEAD.min(lifetime / 5);
-        Ok(Held {
-            token: SecretString::from(answer.access_token),
+        let mut header = HeaderValue::from_str(&format!("Bearer {}", answer.access_token))
+            .map_err(|_| TokenError::Malformed("the access_token is not a header value".into()))?;
+        header.set_sensitive(true);
+        Ok(Token {
+            value: SecretString::from(answer.access_token),
+            header,
             refresh_at: sent_at + lifetime.saturating_sub(ahead),
             expires_at: sent_at + lifetime,
         })
@@ -413,50 +450,14 @@ impl TokenSource {
             AuthorizationServer::Issuer(i) => i.trim_end_matches('/').to_owned(),
             AuthorizationServer::FromResource => self.resource_issuer().await?,
         };
-        let mut tried = Vec::new();
-        for url in metadata_urls(&issuer) {
-            let request = Request::builder()
-                .method(Method::GET)
-                .uri(&url)
-                .header("accept", "application/json")
-                .body(Full::new(Bytes::new()))
-                .map_err(|e| TokenError::Discovery(format!("{url}: {e}")))?;
-            let (status, bytes) = match self.exchange(request).await {
-                Ok(answer) => answer,
-                Err(e) => {
-                    tried.push(format!("{url}: {e}"));
-                    continue;
-                }
-            };
-            if status != StatusCode::OK {
-                tried.push(format!("{url}: HTTP {}", status.as_u16()));
-                continue;
-            }
-            let metadata: Value = serde_json::from_slice(&bytes).map_err(|e| {
-                TokenError::Discovery(format!(
-                    "{url}: not JSON: {}",
-                    strip_content(&e.to_string())
-                ))
-            })?;
-            let said = metadata
-                .get("issuer")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            if said.trim_end_matches('/') != issuer {
-                return Err(TokenError::Discovery(format!(
-                    "{url} names issuer {said:?}, not {issuer:?}"
-                )));
-            }
-            return metadata
-                .get("token_endpoint")
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-                .ok_or_else(|| TokenError::Discovery(format!("{url} names no token_endpoint")));
-        }
-        Err(TokenError::Discovery(format!(
-            "no metadata for issuer {issuer}: {}",
-            tried.join("; ")
-        )))
+        let (url, metadata) = self
+            .metadata(metadata_urls(&issuer), "issuer", &issuer)
+            .await?;
+        metadata
+            .get("token_endpoint")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .ok_or_else(|| TokenError::Discovery(format!("{url} names no token_endpoint")))
     }
 
     /// The authorization server the resource's RFC 9728 metadata names
@@ -464,8 +465,29 @@ impl TokenSource {
     /// path, then without it. The metadata must name this resource.
     async fn resource_issuer(&self) -> Result<String, TokenError> {
         let resource = self.oauth.resource.trim_end_matches('/');
+        let (url, metadata) = self
+            .metadata(resource_metadata_urls(resource), "resource", resource)
+            .await?;
+        metadata
+            .get("authorization_servers")
+            .and_then(Value::as_array)
+            .and_then(|a| a.first())
+            .and_then(Value::as_str)
+            .map(|s| s.trim_end_matches('/').to_owned())
+            .ok_or_else(|| TokenError::Discovery(format!("{url} names no authorization server")))
+    }
+
+    /// The first of `urls` that answers a metadata document; it must say
+    /// `field` is `expected` (an issuer, a resource). The URL and the
+    /// document.
+    async fn metadata(
+        &self,
+        urls: Vec<String>,
+        field: &str,
+        expected: &str,
+    ) -> Result<(String, Value), TokenError> {
         let mut tried = Vec::new();
-        for url in resource_metadata_urls(resource) {
+        for url in urls {
             let request = Request::builder()
                 .method(Method::GET)
                 .uri(&url)
@@ -490,26 +512,18 @@ impl TokenSource {
                 ))
             })?;
             let said = metadata
-                .get("resource")
+                .get(field)
                 .and_then(Value::as_str)
                 .unwrap_or_default();
-            if said.trim_end_matches('/') != resource {
+            if said.trim_end_matches('/') != expected {
                 return Err(TokenError::Discovery(format!(
-                    "{url} describes resource {said:?}, not {resource:?}"
+                    "{url} names {field} {said:?}, not {expected:?}"
                 )));
             }
-            return metadata
-                .get("authorization_servers")
-                .and_then(Value::as_array)
-                .and_then(|a| a.first())
-                .and_then(Value::as_str)
-                .map(|s| s.trim_end_matches('/').to_owned())
-                .ok_or_else(|| {
-                    TokenError::Discovery(format!("{url} names no authorization server"))
-                });
+            return Ok((url, metadata));
         }
         Err(TokenError::Discovery(format!(
-            "no protected resource metadata for {resource}: {}",
+            "no metadata naming {field} {expected}: {}",
             tried.join("; ")
         )))
     }
@@ -525,7 +539,7 @@ impl TokenSource {
                 .client
                 .request(request)
                 .await
-                .map_err(|e| TokenError::Unreachable(chain(&e)))?;
+                .map_err(|e| TokenError::Unreachable(crate::http::network_text(&e)))?;
             let status = response.status();
             let body = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
                 .collect()
@@ -589,20 +603,18 @@ impl TokenSource {
     }
 }
 
+fn write<T>(lock: &std::sync::RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 const JWT_BEARER_ASSERTION: &str = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer";
 
 /// RFC 8414 §3.1 (the well-known segment before the issuer's path), then
 /// OpenID Connect discovery (after it).
 fn metadata_urls(issuer: &str) -> Vec<String> {
-    let (origin, path) = match issuer.find("://").map(|i| i + 3) {
-        Some(start) => match issuer[start..].find('/') {
-            Some(slash) => issuer.split_at(start + slash),
-            None => (issuer, ""),
-        },
-        None => (issuer, ""),
-    };
     vec![
-        format!("{origin}/.well-known/oauth-authorization-server{path}"),
+        well_known(issuer, "oauth-authorization-server"),
         format!("{issuer}/.well-known/openid-configuration"),
     ]
 }
@@ -610,20 +622,29 @@ fn metadata_urls(issuer: &str) -> Vec<String> {
 /// RFC 9728 §3.1: the well-known segment inserted before the resource's
 /// path; then at the origin alone (as MCP authorization allows).
 fn resource_metadata_urls(resource: &str) -> Vec<String> {
-    let (origin, path) = match resource.find("://").map(|i| i + 3) {
-        Some(start) => match resource[start..].find('/') {
-            Some(slash) => resource.split_at(start + slash),
-            None => (resource, ""),
-        },
-        None => (resource, ""),
-    };
-    let mut urls = vec![format!(
-        "{origin}/.well-known/oauth-protected-resource{path}"
-    )];
-    if !path.is_empty() {
-        urls.push(format!("{origin}/.well-known/oauth-protected-resource"));
+    let mut urls = vec![well_known(resource, "oauth-protected-resource")];
+    let at_origin = well_known(origin(resource), "oauth-protected-resource");
+    if at_origin != urls[0] {
+        urls.push(at_origin);
     }
     urls
+}
+
+/// `url` with `/.well-known/NAME` inserted between its origin and its path
+/// (RFC 8414 §3.1, RFC 9728 §3.1).
+fn well_known(url: &str, name: &str) -> String {
+    let origin = origin(url);
+    format!("{origin}/.well-known/{name}{}", &url[origin.len()..])
+}
+
+/// `scheme://authority` of `url`.
+fn origin(url: &str) -> &str {
+    match url.find("://").map(|i| i + 3) {
+        Some(start) => url[start..]
+            .find('/')
+            .map_or(url, |slash| &url[..start + slash]),
+        None => url,
+    }
 }
 
 /// A projected token (or any assertion) from its file, read whole and
@@ -667,17 +688,6 @@ fn strip_content(message: &str) -> String {
         .next()
         .unwrap_or(message)
         .to_owned()
-}
-
-fn chain(e: &hyper_util::client::legacy::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -12,10 +12,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aip_api::ToolConnection;
-use aip_api::tool_connection::{Health, HealthState, ToolConnectionStatus, ToolTrust};
+use aip_api::tool_connection::{Health, HealthState, ToolConnectionStatus};
 use aip_mcp::Upstream;
 use aip_mcp::credentials::Credentials;
 use aip_mcp::failure::{ConnectionEffect, Failure};
+use aip_policy::tools::Trust;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
@@ -447,21 +448,21 @@ fn desired(
             .unwrap_or_else(|| "the last health check succeeded".to_owned()),
     );
     let withheld = tool_ledger::withheld_message(spec.tool_trust, &tools);
-    let tools_drifted = match (&withheld, rules_keep_pins(&rules)) {
+    let tools_drifted = match (&withheld, rules.trust()) {
         (Some(why), _) => condition("ToolsDrifted", true, "Drifted", why.clone()),
-        (None, Some(ToolTrust::FirstUse)) => condition(
+        (None, Trust::FirstUse) => condition(
             "ToolsDrifted",
             false,
             "Accepted",
             "every listed tool matches what was accepted".to_owned(),
         ),
-        (None, Some(_)) => condition(
+        (None, Trust::Pinned) => condition(
             "ToolsDrifted",
             false,
             "Pinned",
             "every listed tool matches its pin".to_owned(),
         ),
-        (None, None) => condition(
+        (None, Trust::Listed) => condition(
             "ToolsDrifted",
             false,
             "NotPinned",
@@ -489,17 +490,6 @@ fn desired(
         fell_to: (changed_state && !listable && state != HealthState::Unchecked)
             .then_some((state, reason)),
     })
-}
-
-/// The trust a connection keeps pins under; None when every tool is served
-/// as listed.
-fn rules_keep_pins(rules: &tool_ledger::Rules<'_>) -> Option<ToolTrust> {
-    match rules.trust {
-        Some(ToolTrust::Listed) => None,
-        Some(trust) => Some(trust),
-        None if rules.pins.is_empty() => None,
-        None => Some(ToolTrust::Pinned),
-    }
 }
 
 /// The Events, metric and audit records a written status calls for: a

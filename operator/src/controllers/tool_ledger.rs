@@ -37,7 +37,9 @@ pub struct Rules<'a> {
 }
 
 impl Rules<'_> {
-    fn trust(&self) -> Trust {
+    /// The trust the spec says, with its defaults (Listed without pins,
+    /// Pinned with them).
+    pub fn trust(&self) -> Trust {
         match self.trust {
             Some(ToolTrust::Listed) => Trust::Listed,
             Some(ToolTrust::Pinned) => Trust::Pinned,
