@@ -61,6 +61,30 @@ fn realm(kc: &Keycloak, realm: &str, url: &str, client: Value) {
     admin.gateway_for(realm, url, &client).unwrap();
 }
 
+/// The gateway in front of `url`, its connection getting tokens with
+/// `client` (the lines under `clientCredentials`, each indented six
+/// spaces); waits for the connection to be `expect`.
+async fn auth_stack(url: &str, client: &str, expect: HealthState) -> Stack {
+    Stack::start(Setup {
+        policy: "  allowed_tools: [up_read]",
+        url: Some(url.to_owned()),
+        connection: &format!("  auth:\n    clientCredentials:\n{client}"),
+        expect,
+        ..Setup::default()
+    })
+    .await
+}
+
+/// One read_file call through `s` gets the upstream's answer, and the
+/// upstream has seen exactly that one call.
+async fn reads_once(s: &Stack, core: &Core) -> String {
+    let session = s.session().await;
+    let read = s.call(&session, json!(1), "up_read", json!({})).await;
+    assert_eq!(read["result"]["content"][0]["text"], "contents", "{read}");
+    assert_eq!(calls(core), 1);
+    session
+}
+
 /// The gateway in front of `url`, with client `gateway` of `realm` and
 /// `secret` (from a file), sent as `method` (basic when None); waits for
 /// the connection to be `expect`.
@@ -85,17 +109,11 @@ async fn secret_stack(
     } else {
         format!("      issuer: {}\n", kc.issuer(realm))
     };
-    let s = Stack::start(Setup {
-        policy: "  allowed_tools: [up_read]",
-        url: Some(url.to_owned()),
-        connection: &format!(
-            "  auth:\n    clientCredentials:\n{issuer}      clientId: gateway\n      clientSecret: {{valueFrom: {{file: {}}}}}\n{method}",
-            secret_file.display()
-        ),
-        expect,
-        ..Setup::default()
-    })
-    .await;
+    let client = format!(
+        "{issuer}      clientId: gateway\n      clientSecret: {{valueFrom: {{file: {}}}}}\n{method}",
+        secret_file.display()
+    );
+    let s = auth_stack(url, &client, expect).await;
     (s, dir)
 }
 
@@ -146,10 +164,7 @@ async fn the_authorization_server_is_found_from_the_upstreams_own_metadata() {
     // No issuer, no token endpoint: the upstream's RFC 9728 metadata names
     // Keycloak's realm, whose metadata names the token endpoint.
     let (s, _dir) = secret_stack(kc, "", &url, SECRET, None, HealthState::Healthy).await;
-    let session = s.session().await;
-    let read = s.call(&session, json!(1), "up_read", json!({})).await;
-    assert_eq!(read["result"]["content"][0]["text"], "contents", "{read}");
-    assert_eq!(calls(&core), 1);
+    reads_once(&s, &core).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -224,21 +239,13 @@ async fn a_key_client_signs_its_own_assertions() {
     let dir = scratch("aip-oauth-");
     let key_file = dir.path().join("key.pem");
     std::fs::write(&key_file, &pem).unwrap();
-    let s = Stack::start(Setup {
-        policy: "  allowed_tools: [up_read]",
-        url: Some(url.clone()),
-        connection: &format!(
-            "  auth:\n    clientCredentials:\n      issuer: {}\n      clientId: gateway\n      privateKey: {{valueFrom: {{file: {}}}}}\n      keyId: gw-1\n",
-            kc.issuer("cc-key"),
-            key_file.display()
-        ),
-        ..Setup::default()
-    })
-    .await;
-    let session = s.session().await;
-    let read = s.call(&session, json!(1), "up_read", json!({})).await;
-    assert_eq!(read["result"]["content"][0]["text"], "contents", "{read}");
-    assert_eq!(calls(&core), 1);
+    let client = format!(
+        "      issuer: {}\n      clientId: gateway\n      privateKey: {{valueFrom: {{file: {}}}}}\n      keyId: gw-1\n",
+        kc.issuer("cc-key"),
+        key_file.display()
+    );
+    let s = auth_stack(&url, &client, HealthState::Healthy).await;
+    reads_once(&s, &core).await;
 }
 
 /// A JWT issuer of the test's own (as the Kubernetes API server issues
@@ -303,20 +310,12 @@ async fn a_federated_assertion_file_is_the_client_credential_and_is_reread() {
         assertion(&pem, "sa-1", &issuer, sub, &audience, 120),
     )
     .unwrap();
-    let s = Stack::start(Setup {
-        policy: "  allowed_tools: [up_read]",
-        url: Some(url.clone()),
-        connection: &format!(
-            "  auth:\n    clientCredentials:\n      issuer: {audience}\n      clientId: gateway\n      assertionFile: {}\n",
-            token_file.display()
-        ),
-        ..Setup::default()
-    })
-    .await;
-    let session = s.session().await;
-    let read = s.call(&session, json!(1), "up_read", json!({})).await;
-    assert_eq!(read["result"]["content"][0]["text"], "contents", "{read}");
-    assert_eq!(calls(&core), 1);
+    let client = format!(
+        "      issuer: {audience}\n      clientId: gateway\n      assertionFile: {}\n",
+        token_file.display()
+    );
+    let s = auth_stack(&url, &client, HealthState::Healthy).await;
+    let session = reads_once(&s, &core).await;
     // The issuer rotates the assertion in place, as the kubelet does. An
     // assertion is good once here (no reuse): the next token request
     // succeeds only with the file read again.
@@ -482,17 +481,11 @@ async fn an_unreachable_token_endpoint_needs_credentials_and_says_so() {
     let dir = scratch("aip-oauth-");
     let secret_file = dir.path().join("secret");
     std::fs::write(&secret_file, SECRET).unwrap();
-    let s = Stack::start(Setup {
-        policy: "  allowed_tools: [up_read]",
-        url: Some(url),
-        connection: &format!(
-            "  auth:\n    clientCredentials:\n      tokenEndpoint: http://127.0.0.1:{port}/token\n      clientId: gateway\n      clientSecret: {{valueFrom: {{file: {}}}}}\n",
-            secret_file.display()
-        ),
-        expect: HealthState::NeedsCredentials,
-        ..Setup::default()
-    })
-    .await;
+    let client = format!(
+        "      tokenEndpoint: http://127.0.0.1:{port}/token\n      clientId: gateway\n      clientSecret: {{valueFrom: {{file: {}}}}}\n",
+        secret_file.display()
+    );
+    let s = auth_stack(&url, &client, HealthState::NeedsCredentials).await;
     let reason = s.gateway.connections()[0]
         .health()
         .reason
