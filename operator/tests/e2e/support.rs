@@ -268,6 +268,24 @@ pub fn start_sidecar_with(
     Proc::start("aip-sidecar", c)
 }
 
+/// The agent pod `agents/agent-1` (service account `agent`, `app=agent`)
+/// and its sidecar, started as the kubelet would with a token bound to the
+/// pod: the sidecar's process and an agent session on it.
+pub async fn agent_pod_with_sidecar(
+    cluster: &crate::common::Cluster,
+    dir: &Path,
+    installed: &Installed,
+) -> (Proc, Agent) {
+    cluster.service_account("agents", "agent").await;
+    let uid = cluster
+        .pod("agents", "agent-1", "agent", json!({"app": "agent"}))
+        .await;
+    let token = sidecar_token(cluster, dir, "agent", "agent-1", &uid).await;
+    let sidecar = start_sidecar(&installed.ca, installed.ports.grpc, &token);
+    let agent = agent_of(&sidecar).await;
+    (sidecar, agent)
+}
+
 /// The operator's ports: gRPC and webhooks fixed (it comes back on them).
 #[derive(Clone, Copy)]
 pub struct Ports {

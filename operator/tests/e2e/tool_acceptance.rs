@@ -16,8 +16,8 @@ use crate::common::Cluster;
 use crate::common::agent::Agent;
 use crate::common::kubectl::{Kubectl, tempdir};
 use crate::support::{
-    Installed, agent_of, clone_agent, connection, error_code, events, eventually, lists, policy,
-    secret, sidecar_token, start_fault_server_with, start_sidecar,
+    Installed, agent_pod_with_sidecar, clone_agent, connection, error_code, events, eventually,
+    lists, policy, secret, start_fault_server_with,
 };
 
 const HONEST: &str = "Reads a file.";
@@ -107,13 +107,7 @@ async fn a_rug_pull_waits_for_a_person_to_accept_it() {
     }
 
     // Two agent sessions through a sidecar; read_file works once...
-    cluster.service_account("agents", "agent").await;
-    let uid = cluster
-        .pod("agents", "agent-1", "agent", json!({"app": "agent"}))
-        .await;
-    let token = sidecar_token(&cluster, &dir, "agent", "agent-1", &uid).await;
-    let sidecar = start_sidecar(&installed.ca, installed.ports.grpc, &token);
-    let agent = agent_of(&sidecar).await;
+    let (sidecar, agent) = agent_pod_with_sidecar(&cluster, &dir, &installed).await;
     let other = Agent::connect(agent.addr).await;
     lists(&agent, "fs_read_file").await;
     let read = clone_agent(&agent)

@@ -19,8 +19,8 @@ use tokio_util::sync::CancellationToken;
 use crate::common::Cluster;
 use crate::common::kubectl::tempdir;
 use crate::support::{
-    Installed, agent_of, clone_agent, error_code, events, eventually, policy, sidecar_token,
-    start_sidecar,
+    Installed, agent_of, agent_pod_with_sidecar, clone_agent, error_code, events, eventually,
+    policy, sidecar_token, start_sidecar,
 };
 
 const SECRET: &str = "gw-cluster-s3cret-77";
@@ -111,13 +111,7 @@ async fn a_connection_gets_its_tokens_from_keycloak_with_a_secret_from_a_secret(
     // The operator's own probe gets a token and lists the tools.
     admin.wait("toolconnection/fs", "{.status.health.state}", "Healthy");
 
-    cluster.service_account("agents", "agent").await;
-    let uid = cluster
-        .pod("agents", "agent-1", "agent", json!({"app": "agent"}))
-        .await;
-    let token = sidecar_token(&cluster, &dir, "agent", "agent-1", &uid).await;
-    let sidecar = start_sidecar(&installed.ca, installed.ports.grpc, &token);
-    let agent = agent_of(&sidecar).await;
+    let (sidecar, agent) = agent_pod_with_sidecar(&cluster, &dir, &installed).await;
     reads_through(&agent, "a call through a token from Keycloak").await;
 
     // A wrong secret: no token, so the connection needs credentials, with
