@@ -198,10 +198,10 @@ impl ServiceAccountTokenSpec {
 
 /// How a client secret is sent.
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
-#[allow(non_camel_case_types)]
+#[serde(rename_all = "snake_case")]
 pub enum ClientAuthMethod {
-    client_secret_basic,
-    client_secret_post,
+    ClientSecretBasic,
+    ClientSecretPost,
 }
 
 /// A tool's pinned fingerprints (`sha256:` and 64 lower-case hex digits).

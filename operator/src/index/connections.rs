@@ -402,7 +402,7 @@ fn oauth(
                 .header_value(&v.value_from.secret_key_ref)
                 .map_err(at("clientSecret"))?;
             match cc.client_auth_method {
-                Some(ClientAuthMethod::client_secret_post) => ClientAuth::SecretPost(secret),
+                Some(ClientAuthMethod::ClientSecretPost) => ClientAuth::SecretPost(secret),
                 _ => ClientAuth::SecretBasic(secret),
             }
         }
