@@ -116,7 +116,7 @@ pub async fn run(
                 let outcome = match (&result, t.evidence_needs_credentials.clone()) {
                     // The probe failed and a sidecar says the credential is bad.
                     (Err(_), Some(why)) => Outcome::Evidence(why),
-                    _ => Outcome::Probe(result, successes),
+                    _ => Outcome::Probe(result, successes, t.upstream.clone()),
                 };
                 if leading {
                     write(&ctx, &key, &resolved, outcome).await;
@@ -289,7 +289,7 @@ fn health_of(
 enum Outcome {
     /// A probe's result, and the successful calls sidecars reported since
     /// the previous probe.
-    Probe(Result<Vec<Value>, Failure>, u64),
+    Probe(Result<Vec<Value>, Failure>, u64, Option<Arc<Upstream>>),
     /// A sidecar's word that the upstream refused the credential.
     Evidence(String),
 }
@@ -375,7 +375,7 @@ fn desired(
         scan: spec.tool_scan,
     };
     let (state, reason, http_status, scope, tools, listed) = match outcome {
-        Outcome::Probe(result, successes) => {
+        Outcome::Probe(result, successes, upstream) => {
             let (state, reason, status, scope) = health_of(result, *successes);
             let (tools, listed) = match result {
                 Ok(list) => {
@@ -383,12 +383,20 @@ fn desired(
                         Ok(c) => Credentials::new(&c.headers),
                         Err(_) => Credentials::new(&[]),
                     };
+                    // What may be shown: the connection's credentials and
+                    // the access tokens the probe was given, redacted.
+                    let shown = |tool: &Value| {
+                        let mut shown = credentials.redacted(tool);
+                        if let Some(u) = &upstream {
+                            u.redact_tokens(&mut shown);
+                        }
+                        shown
+                    };
                     let recorder = tool_ledger::Recorder {
                         operator: &ctx.operator,
                         now: &now,
                     };
-                    let judged =
-                        tool_ledger::judge(&rules, &before.tools, list, &credentials, &recorder);
+                    let judged = tool_ledger::judge(&rules, &before.tools, list, &shown, &recorder);
                     (judged.tools, judged.listed)
                 }
                 Err(_) => (

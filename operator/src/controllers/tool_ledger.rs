@@ -14,7 +14,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use aip_api::tool_connection::{
     AcceptedTool, DiscoveredTool, ToolFinding, ToolPin, ToolScan, ToolState, ToolTrust,
 };
-use aip_mcp::credentials::Credentials;
 use aip_policy::tools::fingerprint::canonical;
 use aip_policy::tools::{Context, Fingerprint, Pin, Pins, Scanner, Standing, Trust};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -86,7 +85,7 @@ pub fn judge(
     rules: &Rules<'_>,
     before: &[DiscoveredTool],
     listing: &[Value],
-    credentials: &Credentials,
+    shown: &dyn Fn(&Value) -> Value,
     recorder: &Recorder<'_>,
 ) -> Judged {
     let trust = rules.trust();
@@ -110,7 +109,7 @@ pub fn judge(
     let listing = &listing[..listing.len().min(MAX_TOOLS)];
     // What may be shown: a server that echoes the connection's credential
     // in a tool does not get it into status.
-    let shown: Vec<Value> = listing.iter().map(|t| credentials.redacted(t)).collect();
+    let shown: Vec<Value> = listing.iter().map(shown).collect();
     let seen: Vec<Fingerprint> = listing.iter().map(Fingerprint::of).collect();
     let names: Vec<&str> = shown.iter().map(name_of).collect();
     let first_use = pins.first_use(names.iter().copied().zip(seen.iter()));
@@ -304,6 +303,7 @@ fn name_of(tool: &Value) -> &str {
 
 #[cfg(test)]
 mod tests {
+    use aip_mcp::credentials::Credentials;
     use k8s_openapi::jiff::Timestamp;
     use secrecy::SecretString;
     use serde_json::json;
@@ -329,7 +329,7 @@ mod tests {
             operator: "system:serviceaccount:aip-system:aip-operator",
             now: &now,
         };
-        judge(rules, before, listing, &Credentials::new(&[]), &recorder)
+        judge(rules, before, listing, &Value::clone, &recorder)
     }
 
     fn states(judged: &Judged) -> Vec<(String, ToolState)> {
@@ -446,7 +446,13 @@ mod tests {
             "read",
             &format!("Reads. See https://x.example/?t={token}"),
         )];
-        let judged = judge(&block, &[], &listing, &credentials, &recorder);
+        let judged = judge(
+            &block,
+            &[],
+            &listing,
+            &|t| credentials.redacted(t),
+            &recorder,
+        );
         let text = serde_json::to_string(&judged.tools).unwrap();
         assert!(!text.contains(token), "{text}");
         assert!(text.contains("[REDACTED:credential]"), "{text}");

@@ -224,7 +224,7 @@ fn scan(entries: &mut [CatalogEntry], previous: Option<&Catalog>) {
         // in a description is redacted before any excerpt is taken, so no
         // finding (logged, or a withheld tool's reason) can carry one.
         let mut shown = entry.definition.clone();
-        entry.connection.credentials.redact(&mut shown);
+        entry.connection.redact_echoes(&mut shown);
         entry.findings = scanner.scan(&shown, &context);
         let Some(first) = entry.findings.first() else {
             continue;

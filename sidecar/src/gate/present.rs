@@ -257,7 +257,7 @@ pub(super) fn redact_for_agent(
     evaluator: &Evaluator,
     findings: Findings<'_>,
 ) -> bool {
-    let echoed = from.credentials.redact(value) + from.upstream.redact_tokens(value);
+    let echoed = from.redact_echoes(value);
     if echoed > 0 {
         let connection = &from.upstream.connection().name;
         tracing::warn!(%connection, echoed, "the server echoed the connection's credentials; redacted");

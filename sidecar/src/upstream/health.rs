@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
+use serde_json::Value;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -54,8 +55,9 @@ pub struct Gate {
 
 pub struct ConnectionState {
     pub upstream: Upstream,
-    /// The connection's credential values, kept out of what its server says.
-    pub credentials: Credentials,
+    /// The connection's credential values, kept out of what its server
+    /// says (with the access tokens it was given: [`Self::redact_echoes`]).
+    credentials: Credentials,
     health: Mutex<Health>,
     /// Publishes the state on every change, for anything that must wait
     /// for one (tests, readiness).
@@ -198,6 +200,13 @@ impl ConnectionState {
             }
             idle.await;
         }
+    }
+
+    /// Redacts from what the server sent every credential of this
+    /// connection, in every spelling: its configured ones and the access
+    /// tokens it was given. How many were found.
+    pub fn redact_echoes(&self, value: &mut Value) -> usize {
+        self.credentials.redact(value) + self.upstream.redact_tokens(value)
     }
 
     pub fn health(&self) -> Health {
