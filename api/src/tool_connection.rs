@@ -110,23 +110,73 @@ pub struct ToolConnectionSpec {
     pub auth: Option<AuthSpec>,
 }
 
-/// How the gateway gets access tokens for the server.
+/// How the gateway gets access tokens for the server: one grant.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "[has(self.clientCredentials), has(self.jwtBearer), has(self.tokenExchange)].filter(x, x).size() == 1", "message": "give exactly one of clientCredentials, jwtBearer and tokenExchange"},
+    {"rule": "!has(self.clientCredentials) || [has(self.clientCredentials.clientSecret), has(self.clientCredentials.privateKey), has(self.clientCredentials.serviceAccountToken)].filter(x, x).size() == 1", "message": "clientCredentials: give exactly one of clientSecret, privateKey and serviceAccountToken"},
+    {"rule": "!has(self.clientCredentials) || (!has(self.clientCredentials.audience) && !has(self.clientCredentials.subjectIssuer))", "message": "clientCredentials: audience and subjectIssuer apply to tokenExchange only"},
+    {"rule": "!has(self.jwtBearer) || (has(self.jwtBearer.serviceAccountToken) && !(has(self.jwtBearer.clientSecret) && has(self.jwtBearer.privateKey)))", "message": "jwtBearer: serviceAccountToken is the grant; give at most one of clientSecret and privateKey (neither: a public client)"},
+    {"rule": "!has(self.jwtBearer) || (!has(self.jwtBearer.audience) && !has(self.jwtBearer.subjectIssuer))", "message": "jwtBearer: audience and subjectIssuer apply to tokenExchange only"},
+    {"rule": "!has(self.tokenExchange) || (has(self.tokenExchange.serviceAccountToken) && !(has(self.tokenExchange.clientSecret) && has(self.tokenExchange.privateKey)))", "message": "tokenExchange: serviceAccountToken is the subject token; give at most one of clientSecret and privateKey (neither: a public client)"}
+]))]
 pub struct AuthSpec {
-    /// The client credentials grant (RFC 6749 section 4.4).
-    pub client_credentials: ClientCredentialsSpec,
+    /// The client credentials grant (RFC 6749 section 4.4): the client's
+    /// own authentication is the grant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_credentials: Option<GrantSpec>,
+    /// The JWT bearer grant (RFC 7523 section 2.1): the pod's projected
+    /// ServiceAccount token is the grant (workload identity federation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwt_bearer: Option<GrantSpec>,
+    /// Token exchange (RFC 8693): the pod's projected ServiceAccount token
+    /// is the subject token, exchanged for an access token for the server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_exchange: Option<GrantSpec>,
 }
 
-/// The client credentials grant, the gateway the client.
+/// Which grant an AuthSpec names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GrantKind {
+    ClientCredentials,
+    JwtBearer,
+    TokenExchange,
+}
+
+impl GrantKind {
+    /// The field's name under spec.auth.
+    pub fn field(self) -> &'static str {
+        match self {
+            GrantKind::ClientCredentials => "clientCredentials",
+            GrantKind::JwtBearer => "jwtBearer",
+            GrantKind::TokenExchange => "tokenExchange",
+        }
+    }
+}
+
+impl AuthSpec {
+    /// The grant given (the API server's rules allow exactly one; the
+    /// first is taken if a stored object has more).
+    pub fn grant(&self) -> Option<(GrantKind, &GrantSpec)> {
+        [
+            (GrantKind::ClientCredentials, &self.client_credentials),
+            (GrantKind::JwtBearer, &self.jwt_bearer),
+            (GrantKind::TokenExchange, &self.token_exchange),
+        ]
+        .into_iter()
+        .find_map(|(kind, spec)| spec.as_ref().map(|s| (kind, s)))
+    }
+}
+
+/// One grant, the gateway the OAuth client.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
     {"rule": "!has(self.issuer) || !has(self.tokenEndpoint)", "message": "give issuer (its token endpoint is discovered) or tokenEndpoint, not both (neither: both are found from the server's own metadata, RFC 9728)"},
-    {"rule": "[has(self.clientSecret), has(self.privateKey), has(self.serviceAccountToken)].filter(x, x).size() == 1", "message": "give exactly one of clientSecret, privateKey and serviceAccountToken"},
     {"rule": "!has(self.clientAuthMethod) || has(self.clientSecret)", "message": "clientAuthMethod applies to clientSecret only"}
 ]))]
-pub struct ClientCredentialsSpec {
+pub struct GrantSpec {
     /// The authorization server: its token endpoint is found in its
     /// metadata (RFC 8414, then OpenID Connect discovery). Without issuer
     /// and tokenEndpoint, the server's own protected resource metadata
@@ -154,9 +204,11 @@ pub struct ClientCredentialsSpec {
     /// The key id (kid) its assertions name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_id: Option<String>,
-    /// Or no secret at all: the agent pod's own ServiceAccount token,
-    /// projected by the kubelet into the sidecar only, is the client
-    /// assertion (federated client authentication, RFC 7523 section 2.2).
+    /// The agent pod's own ServiceAccount token, projected by the kubelet
+    /// into the sidecar only. Under clientCredentials it is the client
+    /// assertion (federated client authentication, RFC 7523 section 2.2:
+    /// no secret at all); under jwtBearer the grant's assertion; under
+    /// tokenExchange the subject token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_account_token: Option<ServiceAccountTokenSpec>,
     /// Scopes to ask for.
@@ -165,6 +217,17 @@ pub struct ClientCredentialsSpec {
     /// The RFC 8707 resource tokens are asked for (default: url).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resource: Option<String>,
+    /// tokenExchange only: the RFC 8693 audience asked for (a client id
+    /// at the authorization server, say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub audience: Option<String>,
+    /// tokenExchange only: who issued the subject token, as the
+    /// authorization server names it (Keycloak: the identity provider's
+    /// alias), sent as subject_issuer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub subject_issuer: Option<String>,
 }
 
 /// The projected ServiceAccount token a connection authenticates with.
@@ -335,18 +398,17 @@ impl ToolConnectionSpec {
         if let Some(ca) = self.tls.as_ref().and_then(|t| t.ca_secret_ref.as_ref()) {
             out.push(("spec.tls.caSecretRef".to_owned(), ca));
         }
-        if let Some(cc) = self.auth.as_ref().map(|a| &a.client_credentials) {
-            if let Some(v) = &cc.client_secret {
-                out.push((
-                    "spec.auth.clientCredentials.clientSecret.valueFrom.secretKeyRef".to_owned(),
-                    &v.value_from.secret_key_ref,
-                ));
-            }
-            if let Some(v) = &cc.private_key {
-                out.push((
-                    "spec.auth.clientCredentials.privateKey.valueFrom.secretKeyRef".to_owned(),
-                    &v.value_from.secret_key_ref,
-                ));
+        if let Some((kind, g)) = self.auth.as_ref().and_then(AuthSpec::grant) {
+            for (field, v) in [
+                ("clientSecret", &g.client_secret),
+                ("privateKey", &g.private_key),
+            ] {
+                if let Some(v) = v {
+                    out.push((
+                        format!("spec.auth.{}.{field}.valueFrom.secretKeyRef", kind.field()),
+                        &v.value_from.secret_key_ref,
+                    ));
+                }
             }
         }
         out

@@ -161,9 +161,18 @@ fn every_cel_rule_has_its_test() {
             "ToolConnection .spec: !has(self.toolTrust) || self.toolTrust != 'Listed' || !has(self.toolPins) || size(self.toolPins) == 0 (toolTrust Listed serves every tool as listed, so toolPins would be ignored: remove one of them)",
             "ToolConnection .spec: !has(self.toolTrust) || self.toolTrust != 'FirstUse' || !has(self.toolPins) || size(self.toolPins) == 0 (toolTrust FirstUse pins what the server first lists and keeps the pins in status, so toolPins would compete with them: remove one of them)",
             "ToolConnection .spec: !has(self.auth) || !has(self.bearerToken) (auth puts its access token in the Authorization header, which bearerToken sets too: remove one of them)",
+            "ToolConnection .spec.auth: [has(self.clientCredentials), has(self.jwtBearer), has(self.tokenExchange)].filter(x, x).size() == 1 (give exactly one of clientCredentials, jwtBearer and tokenExchange)",
+            "ToolConnection .spec.auth: !has(self.clientCredentials) || [has(self.clientCredentials.clientSecret), has(self.clientCredentials.privateKey), has(self.clientCredentials.serviceAccountToken)].filter(x, x).size() == 1 (clientCredentials: give exactly one of clientSecret, privateKey and serviceAccountToken)",
+            "ToolConnection .spec.auth: !has(self.clientCredentials) || (!has(self.clientCredentials.audience) && !has(self.clientCredentials.subjectIssuer)) (clientCredentials: audience and subjectIssuer apply to tokenExchange only)",
+            "ToolConnection .spec.auth: !has(self.jwtBearer) || (has(self.jwtBearer.serviceAccountToken) && !(has(self.jwtBearer.clientSecret) && has(self.jwtBearer.privateKey))) (jwtBearer: serviceAccountToken is the grant; give at most one of clientSecret and privateKey (neither: a public client))",
+            "ToolConnection .spec.auth: !has(self.jwtBearer) || (!has(self.jwtBearer.audience) && !has(self.jwtBearer.subjectIssuer)) (jwtBearer: audience and subjectIssuer apply to tokenExchange only)",
+            "ToolConnection .spec.auth: !has(self.tokenExchange) || (has(self.tokenExchange.serviceAccountToken) && !(has(self.tokenExchange.clientSecret) && has(self.tokenExchange.privateKey))) (tokenExchange: serviceAccountToken is the subject token; give at most one of clientSecret and privateKey (neither: a public client))",
             "ToolConnection .spec.auth.clientCredentials: !has(self.issuer) || !has(self.tokenEndpoint) (give issuer (its token endpoint is discovered) or tokenEndpoint, not both (neither: both are found from the server's own metadata, RFC 9728))",
-            "ToolConnection .spec.auth.clientCredentials: [has(self.clientSecret), has(self.privateKey), has(self.serviceAccountToken)].filter(x, x).size() == 1 (give exactly one of clientSecret, privateKey and serviceAccountToken)",
             "ToolConnection .spec.auth.clientCredentials: !has(self.clientAuthMethod) || has(self.clientSecret) (clientAuthMethod applies to clientSecret only)",
+            "ToolConnection .spec.auth.jwtBearer: !has(self.issuer) || !has(self.tokenEndpoint) (give issuer (its token endpoint is discovered) or tokenEndpoint, not both (neither: both are found from the server's own metadata, RFC 9728))",
+            "ToolConnection .spec.auth.jwtBearer: !has(self.clientAuthMethod) || has(self.clientSecret) (clientAuthMethod applies to clientSecret only)",
+            "ToolConnection .spec.auth.tokenExchange: !has(self.issuer) || !has(self.tokenEndpoint) (give issuer (its token endpoint is discovered) or tokenEndpoint, not both (neither: both are found from the server's own metadata, RFC 9728))",
+            "ToolConnection .spec.auth.tokenExchange: !has(self.clientAuthMethod) || has(self.clientSecret) (clientAuthMethod applies to clientSecret only)",
             "ApprovalRequest .spec: self == oldSelf (spec is immutable)",
         ]
     );
@@ -336,7 +345,48 @@ async fn auth_is_refused_beside_a_bearer_token_and_without_one_way_to_authentica
         json!({"url": url, "auth": {"clientCredentials": cc(json!({}))}}),
     )
     .await;
-    assert!(said.contains("spec.auth.clientCredentials: Invalid value: give exactly one of clientSecret, privateKey and serviceAccountToken"), "{said}");
+    assert!(said.contains("spec.auth: Invalid value: clientCredentials: give exactly one of clientSecret, privateKey and serviceAccountToken"), "{said}");
+    let pod = json!({"audience": "https://as.example/realms/r"});
+    for (name, auth, message) in [
+        (
+            "no-grant",
+            json!({}),
+            "spec.auth: Invalid value: give exactly one of clientCredentials, jwtBearer and tokenExchange",
+        ),
+        (
+            "two-grants",
+            json!({"clientCredentials": cc(json!({"clientSecret": secret})), "jwtBearer": cc(json!({"serviceAccountToken": pod.clone()}))}),
+            "spec.auth: Invalid value: give exactly one of clientCredentials, jwtBearer and tokenExchange",
+        ),
+        (
+            "cc-audience",
+            json!({"clientCredentials": cc(json!({"clientSecret": secret, "audience": "mcp"}))}),
+            "clientCredentials: audience and subjectIssuer apply to tokenExchange only",
+        ),
+        (
+            "jwt-no-token",
+            json!({"jwtBearer": cc(json!({"clientSecret": secret}))}),
+            "jwtBearer: serviceAccountToken is the grant; give at most one of clientSecret and privateKey (neither: a public client)",
+        ),
+        (
+            "jwt-two-auths",
+            json!({"jwtBearer": cc(json!({"serviceAccountToken": pod.clone(), "clientSecret": secret, "privateKey": secret}))}),
+            "jwtBearer: serviceAccountToken is the grant; give at most one of clientSecret and privateKey",
+        ),
+        (
+            "jwt-issuer",
+            json!({"jwtBearer": cc(json!({"serviceAccountToken": pod.clone(), "subjectIssuer": "kubernetes"}))}),
+            "jwtBearer: audience and subjectIssuer apply to tokenExchange only",
+        ),
+        (
+            "exchange-no-token",
+            json!({"tokenExchange": cc(json!({"audience": "mcp"}))}),
+            "tokenExchange: serviceAccountToken is the subject token; give at most one of clientSecret and privateKey",
+        ),
+    ] {
+        let said = refused(name, json!({"url": url, "auth": auth})).await;
+        assert!(said.contains(message), "{name}: {said}");
+    }
     let said = refused(
         "two-servers",
         json!({"url": url, "auth": {"clientCredentials": cc(json!({"clientSecret": secret, "tokenEndpoint": "https://as.example/token"}))}}),
@@ -373,6 +423,27 @@ async fn auth_is_refused_beside_a_bearer_token_and_without_one_way_to_authentica
                 name,
                 json!({"url": url, "auth": {"clientCredentials": cc(extra)}}),
             ),
+        )
+        .await
+        .unwrap();
+    }
+    for (name, auth) in [
+        (
+            "jwt-public",
+            json!({"jwtBearer": cc(json!({"serviceAccountToken": pod.clone()}))}),
+        ),
+        (
+            "jwt-secret",
+            json!({"jwtBearer": cc(json!({"serviceAccountToken": pod.clone(), "clientSecret": secret}))}),
+        ),
+        (
+            "exchange",
+            json!({"tokenExchange": cc(json!({"serviceAccountToken": pod.clone(), "privateKey": secret, "audience": "mcp", "subjectIssuer": "kubernetes"}))}),
+        ),
+    ] {
+        api.create(
+            &PostParams::default(),
+            &object("ToolConnection", name, json!({"url": url, "auth": auth})),
         )
         .await
         .unwrap();

@@ -1,10 +1,14 @@
 //! Access tokens for an upstream that is an OAuth 2.1 resource server
 //! (docs/upstream-auth.md): the gateway is the OAuth client. It asks the
-//! authorization server's token endpoint for a token (client credentials,
-//! RFC 6749 §4.4; authenticated with a secret, with a key, RFC 7523 §2.2,
-//! or with an assertion from a file such as the pod's projected
-//! ServiceAccount token), names the upstream as the `resource` (RFC 8707)
-//! on every request, caches the token and asks again before it expires.
+//! authorization server's token endpoint for a token with one of three
+//! grants: client credentials (RFC 6749 §4.4), a JWT as the grant itself
+//! (RFC 7523 §2.1) or a JWT exchanged for a token (RFC 8693), the JWT
+//! being someone else's, such as the pod's projected ServiceAccount token,
+//! read from its file at every request. The client authenticates with a
+//! secret, with a key (RFC 7523 §2.2), with such a JWT as its assertion,
+//! or not at all (a public client). Every request names the upstream as
+//! the `resource` (RFC 8707); the token is cached and asked for again
+//! before it expires.
 //!
 //! One token request at a time per connection: callers that find no fresh
 //! token wait for the one request in flight and share its answer. A token
@@ -50,6 +54,7 @@ pub struct OAuth {
     /// Where tokens come from: a token endpoint, or an issuer whose
     /// metadata names it (RFC 8414, then OpenID Connect discovery).
     pub server: AuthorizationServer,
+    pub grant: Grant,
     pub client_id: String,
     pub client_auth: ClientAuth,
     /// Space-joined into `scope`; none: the server's default.
@@ -67,6 +72,7 @@ impl OAuth {
     /// included): a reload keeps the connection, and its token.
     pub fn same_as(&self, other: &OAuth) -> bool {
         self.server == other.server
+            && self.grant == other.grant
             && self.client_id == other.client_id
             && self.client_auth.same_as(&other.client_auth)
             && self.scopes == other.scopes
@@ -86,6 +92,37 @@ pub enum AuthorizationServer {
     FromResource,
 }
 
+/// What the gateway shows the token endpoint to be given a token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Grant {
+    /// RFC 6749 §4.4: the client's own authentication is the grant.
+    ClientCredentials,
+    /// RFC 7523 §2.1: a JWT someone else issued (the pod's projected
+    /// ServiceAccount token), read from this file at every request, is
+    /// the grant: workload identity federation.
+    JwtBearer { assertion: PathBuf },
+    /// RFC 8693: that JWT is the subject token, exchanged for an access
+    /// token for `audience` (and the resource).
+    TokenExchange {
+        subject_token: PathBuf,
+        audience: Option<String>,
+        /// Who issued the subject token, as the authorization server names
+        /// it (Keycloak: the identity provider's alias), when it asks.
+        subject_issuer: Option<String>,
+    },
+}
+
+impl Grant {
+    /// The name the docs, the CRD and the conditions use.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Grant::ClientCredentials => "clientCredentials",
+            Grant::JwtBearer { .. } => "jwtBearer",
+            Grant::TokenExchange { .. } => "tokenExchange",
+        }
+    }
+}
+
 /// How the gateway authenticates itself to the token endpoint.
 #[derive(Clone, Debug)]
 pub enum ClientAuth {
@@ -103,6 +140,9 @@ pub enum ClientAuth {
     /// file at every request (the kubelet rotates a projected
     /// ServiceAccount token in place): federated client authentication.
     AssertionFile(PathBuf),
+    /// None: a public client, named by `client_id` in the form (for the
+    /// JWT grants, whose JWT says who asks).
+    None,
 }
 
 impl ClientAuth {
@@ -122,6 +162,7 @@ impl ClientAuth {
                 },
             ) => same(a, b) && i == j,
             (ClientAuth::AssertionFile(a), ClientAuth::AssertionFile(b)) => a == b,
+            (ClientAuth::None, ClientAuth::None) => true,
             _ => false,
         }
     }
@@ -133,6 +174,7 @@ impl ClientAuth {
             ClientAuth::SecretPost(_) => "client_secret_post",
             ClientAuth::PrivateKeyJwt { .. } => "private_key_jwt",
             ClientAuth::AssertionFile(_) => "private_key_jwt (federated assertion)",
+            ClientAuth::None => "none",
         }
     }
 }
@@ -211,6 +253,7 @@ impl std::fmt::Debug for TokenSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TokenSource")
             .field("server", &self.oauth.server)
+            .field("grant", &self.oauth.grant.name())
             .field("client_id", &self.oauth.client_id)
             .field("client_auth", &self.oauth.client_auth.method())
             .finish_non_exhaustive()
@@ -241,7 +284,7 @@ impl TokenSource {
             ClientAuth::SecretBasic(s) | ClientAuth::SecretPost(s) => {
                 secrets.push(("secret".to_owned(), s.clone()));
             }
-            ClientAuth::PrivateKeyJwt { .. } | ClientAuth::AssertionFile(_) => {}
+            ClientAuth::PrivateKeyJwt { .. } | ClientAuth::AssertionFile(_) | ClientAuth::None => {}
         }
         Ok(TokenSource {
             issued: std::sync::RwLock::new(Arc::new(Credentials::new(&[]))),
@@ -345,13 +388,36 @@ impl TokenSource {
             }
         };
         state.requests += 1;
-        let mut form: Vec<(&str, String)> = vec![("grant_type", "client_credentials".to_owned())];
+        let mut form: Vec<(&str, String)> = Vec::new();
+        let mut extra = Vec::new();
+        match &self.oauth.grant {
+            Grant::ClientCredentials => form.push(("grant_type", "client_credentials".to_owned())),
+            Grant::JwtBearer { assertion } => {
+                form.push(("grant_type", JWT_BEARER_GRANT.to_owned()));
+                extra.push(("assertion", read_assertion(assertion)?));
+            }
+            Grant::TokenExchange {
+                subject_token,
+                audience,
+                subject_issuer,
+            } => {
+                form.push(("grant_type", TOKEN_EXCHANGE_GRANT.to_owned()));
+                form.push(("subject_token_type", JWT_TOKEN_TYPE.to_owned()));
+                form.push(("requested_token_type", ACCESS_TOKEN_TYPE.to_owned()));
+                if let Some(audience) = audience {
+                    form.push(("audience", audience.clone()));
+                }
+                if let Some(issuer) = subject_issuer {
+                    form.push(("subject_issuer", issuer.clone()));
+                }
+                extra.push(("subject_token", read_assertion(subject_token)?));
+            }
+        }
         if !self.oauth.scopes.is_empty() {
             form.push(("scope", self.oauth.scopes.join(" ")));
         }
         form.push(("resource", self.oauth.resource.clone()));
         let mut basic = None;
-        let mut extra = Vec::new();
         match &self.oauth.client_auth {
             ClientAuth::SecretBasic(secret) => basic = Some(secret),
             ClientAuth::SecretPost(secret) => {
@@ -371,6 +437,7 @@ impl TokenSource {
                 form.push(("client_assertion_type", JWT_BEARER_ASSERTION.to_owned()));
                 extra.push(("client_assertion", assertion));
             }
+            ClientAuth::None => form.push(("client_id", self.oauth.client_id.clone())),
         }
         let body = {
             // (The serializer is not Send: it lives in this block only.)
@@ -408,10 +475,19 @@ impl TokenSource {
         let sent_at = Instant::now();
         let (status, bytes) = self.exchange(request).await?;
         if status != StatusCode::OK {
+            // What was sent is redacted from what is shown too (an
+            // assertion read from a file this time, say).
+            let sent = Credentials::new(
+                &extra
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), v.clone()))
+                    .collect::<Vec<_>>(),
+            );
+            let shown = |text: &str, max: usize| self.shown(text, max, &sent);
             return Err(match serde_json::from_slice::<ErrorResponse>(&bytes) {
                 Ok(e) => TokenError::Refused {
-                    code: self.shown(&e.error, 64),
-                    description: e.error_description.map(|d| self.shown(&d, 200)),
+                    code: shown(&e.error, 64),
+                    description: e.error_description.map(|d| shown(&d, 200)),
                 },
                 Err(_) => TokenError::Status(status.as_u16()),
             });
@@ -421,7 +497,7 @@ impl TokenSource {
         if !answer.token_type.eq_ignore_ascii_case("bearer") {
             return Err(TokenError::Malformed(format!(
                 "token_type {:?}, not Bearer",
-                self.shown(&answer.token_type, 32)
+                self.shown(&answer.token_type, 32, &Credentials::new(&[]))
             )));
         }
         if answer.access_token.is_empty() {
@@ -593,11 +669,13 @@ impl TokenSource {
             .map_err(|e| TokenError::Assertion(format!("cannot sign: {e}")))
     }
 
-    /// Server text as it may be shown: this source's secrets redacted,
+    /// Server text as it may be shown: this source's secrets and what was
+    /// `sent` redacted,
     /// control characters dropped, cut to `max` characters.
-    fn shown(&self, text: &str, max: usize) -> String {
+    fn shown(&self, text: &str, max: usize, sent: &Credentials) -> String {
         let mut value = Value::String(text.to_owned());
         self.secrets.redact(&mut value);
+        sent.redact(&mut value);
         let text = value.as_str().unwrap_or_default();
         text.chars().filter(|c| !c.is_control()).take(max).collect()
     }
@@ -609,6 +687,10 @@ fn write<T>(lock: &std::sync::RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
 }
 
 const JWT_BEARER_ASSERTION: &str = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer";
+const JWT_BEARER_GRANT: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
+const TOKEN_EXCHANGE_GRANT: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
+const JWT_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:jwt";
+const ACCESS_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:access_token";
 
 /// RFC 8414 §3.1 (the well-known segment before the issuer's path), then
 /// OpenID Connect discovery (after it).

@@ -177,7 +177,7 @@ pub fn to_proto(config: &PodConfig) -> v1::Snapshot {
 /// One connection's wire form (also how the prober builds its client).
 /// spec.auth as a sidecar receives it.
 fn oauth(o: &aip_mcp::oauth::OAuth) -> v1::OAuth {
-    use aip_mcp::oauth::{AuthorizationServer, ClientAuth};
+    use aip_mcp::oauth::{AuthorizationServer, ClientAuth, Grant};
     use secrecy::ExposeSecret;
     let (issuer, token_endpoint) = match &o.server {
         AuthorizationServer::Issuer(i) => (i.clone(), String::new()),
@@ -208,6 +208,24 @@ fn oauth(o: &aip_mcp::oauth::OAuth) -> v1::OAuth {
         // The pod's projected token, relative to the sidecar's tokens.
         ClientAuth::AssertionFile(path) => {
             out.assertion_file = path.display().to_string();
+        }
+        ClientAuth::None => {}
+    }
+    match &o.grant {
+        Grant::ClientCredentials => out.grant = v1::Grant::ClientCredentials.into(),
+        Grant::JwtBearer { assertion } => {
+            out.grant = v1::Grant::JwtBearer.into();
+            out.grant_file = assertion.display().to_string();
+        }
+        Grant::TokenExchange {
+            subject_token,
+            audience,
+            subject_issuer,
+        } => {
+            out.grant = v1::Grant::TokenExchange.into();
+            out.grant_file = subject_token.display().to_string();
+            out.audience = audience.clone().unwrap_or_default();
+            out.subject_issuer = subject_issuer.clone().unwrap_or_default();
         }
     }
     out

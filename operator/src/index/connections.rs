@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aip_api::tool_connection::{
-    ClientAuthMethod, ClientCapabilities, ClientCredentialsSpec, DEFAULT_HEALTH_INTERVAL_SECONDS,
-    DEFAULT_HEALTH_TIMEOUT_SECONDS, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT_SECONDS,
-    ToolConnectionSpec, ToolPin, ToolScan, ToolTrust,
+    AuthSpec, ClientAuthMethod, ClientCapabilities, DEFAULT_HEALTH_INTERVAL_SECONDS,
+    DEFAULT_HEALTH_TIMEOUT_SECONDS, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT_SECONDS, GrantKind,
+    GrantSpec, ToolConnectionSpec, ToolPin, ToolScan, ToolTrust,
 };
 use aip_policy::FieldError;
 use secrecy::{ExposeSecret, SecretString};
@@ -103,6 +103,7 @@ impl ResolvedConnection {
         self.credentials.as_ref().is_ok_and(|c| {
             c.oauth.as_ref().is_some_and(|o| {
                 matches!(o.client_auth, aip_mcp::oauth::ClientAuth::AssertionFile(_))
+                    || o.grant != aip_mcp::oauth::Grant::ClientCredentials
             })
         })
     }
@@ -159,7 +160,8 @@ impl Index {
                 .spec
                 .auth
                 .as_ref()
-                .and_then(|a| a.client_credentials.service_account_token.as_ref())
+                .and_then(AuthSpec::grant)
+                .and_then(|(_, g)| g.service_account_token.as_ref())
             else {
                 continue;
             };
@@ -361,9 +363,9 @@ fn credentials(
                 .map_err(at("spec.tls.caSecretRef".to_owned()))?,
         ),
     };
-    let oauth = match spec.auth.as_ref().map(|a| &a.client_credentials) {
+    let oauth = match spec.auth.as_ref().and_then(AuthSpec::grant) {
         None => None,
-        Some(cc) => Some(oauth(spec, cc, secrets)?),
+        Some((kind, g)) => Some(oauth(spec, kind, g, secrets)?),
     };
     Ok(Credentials {
         headers,
@@ -372,36 +374,47 @@ fn credentials(
     })
 }
 
-/// spec.auth.clientCredentials with its Secrets read.
+/// spec.auth's grant with its Secrets read.
 fn oauth(
     spec: &ToolConnectionSpec,
-    cc: &ClientCredentialsSpec,
+    kind: GrantKind,
+    g: &GrantSpec,
     secrets: &Secrets,
 ) -> Result<aip_mcp::oauth::OAuth, CredentialsError> {
-    use aip_mcp::oauth::{AuthorizationServer, ClientAuth, OAuth};
+    use aip_mcp::oauth::{AuthorizationServer, ClientAuth, Grant, OAuth};
     let at = |path: &str| {
-        let path = format!("spec.auth.clientCredentials.{path}");
+        let path = format!("spec.auth.{}.{path}", kind.field());
         move |source: SecretKeyError| CredentialsError::Secret { path, source }
     };
-    let server = match (&cc.issuer, &cc.token_endpoint) {
+    let server = match (&g.issuer, &g.token_endpoint) {
         (Some(issuer), _) => AuthorizationServer::Issuer(issuer.clone()),
         (None, Some(endpoint)) => AuthorizationServer::TokenEndpoint(endpoint.clone()),
         (None, None) => AuthorizationServer::FromResource,
     };
-    let client_auth = match (&cc.client_secret, &cc.private_key) {
-        (None, None) if cc.service_account_token.is_some() => {
-            let sa = cc
-                .service_account_token
-                .as_ref()
-                .map(|t| t.path())
-                .unwrap_or_default();
-            ClientAuth::AssertionFile(sa.into())
-        }
+    // The projected token's file, relative to the sidecar's tokens (the
+    // API server's rules require it for the JWT grants).
+    let projected = g
+        .service_account_token
+        .as_ref()
+        .map(|t| std::path::PathBuf::from(t.path()))
+        .unwrap_or_default();
+    let grant = match kind {
+        GrantKind::ClientCredentials => Grant::ClientCredentials,
+        GrantKind::JwtBearer => Grant::JwtBearer {
+            assertion: projected.clone(),
+        },
+        GrantKind::TokenExchange => Grant::TokenExchange {
+            subject_token: projected.clone(),
+            audience: g.audience.clone(),
+            subject_issuer: g.subject_issuer.clone(),
+        },
+    };
+    let client_auth = match (&g.client_secret, &g.private_key) {
         (Some(v), _) => {
             let secret = secrets
                 .header_value(&v.value_from.secret_key_ref)
                 .map_err(at("clientSecret"))?;
-            match cc.client_auth_method {
+            match g.client_auth_method {
                 Some(ClientAuthMethod::ClientSecretPost) => ClientAuth::SecretPost(secret),
                 _ => ClientAuth::SecretBasic(secret),
             }
@@ -410,18 +423,20 @@ fn oauth(
             key_pem: secrets
                 .private_key(&v.value_from.secret_key_ref)
                 .map_err(at("privateKey"))?,
-            key_id: cc.key_id.clone(),
+            key_id: g.key_id.clone(),
         },
-        // The API server's rules allow none (nor two); validation refuses
-        // it first.
-        (None, None) => ClientAuth::SecretBasic(SecretString::from(String::new())),
+        (None, None) if kind == GrantKind::ClientCredentials => {
+            ClientAuth::AssertionFile(projected)
+        }
+        (None, None) => ClientAuth::None,
     };
     Ok(OAuth {
         server,
-        client_id: cc.client_id.clone(),
+        grant,
+        client_id: g.client_id.clone(),
         client_auth,
-        scopes: cc.scopes.clone(),
-        resource: cc.resource.clone().unwrap_or_else(|| spec.url.clone()),
+        scopes: g.scopes.clone(),
+        resource: g.resource.clone().unwrap_or_else(|| spec.url.clone()),
         timeout: Duration::from_secs(
             spec.timeout_seconds
                 .unwrap_or(DEFAULT_TIMEOUT_SECONDS)

@@ -84,14 +84,21 @@ pub struct ToolConnectionSpec {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct AuthSpec {
-    pub client_credentials: ClientCredentialsSpec,
+    /// RFC 6749 §4.4: the client's authentication is the grant.
+    #[serde(default)]
+    pub client_credentials: Option<GrantSpec>,
+    /// RFC 7523 §2.1: the JWT in `assertionFile` is the grant.
+    #[serde(default)]
+    pub jwt_bearer: Option<GrantSpec>,
+    /// RFC 8693: the JWT in `subjectTokenFile` is exchanged.
+    #[serde(default)]
+    pub token_exchange: Option<GrantSpec>,
 }
 
-/// The OAuth client credentials grant (RFC 6749 §4.4), the gateway the
-/// client.
+/// One OAuth grant, the gateway the client.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct ClientCredentialsSpec {
+pub struct GrantSpec {
     /// The authorization server, its token endpoint found from its
     /// metadata (RFC 8414, then OpenID Connect discovery)...
     #[serde(default)]
@@ -114,9 +121,19 @@ pub struct ClientCredentialsSpec {
     #[serde(default)]
     pub key_id: Option<String>,
     /// ...or a JWT in a file someone else issues (a projected
-    /// ServiceAccount token): federated client authentication.
+    /// ServiceAccount token): federated client authentication under
+    /// clientCredentials, the grant itself under jwtBearer.
     #[serde(default)]
     pub assertion_file: Option<String>,
+    /// tokenExchange: the subject token's file (a JWT, re-read at every
+    /// request), the RFC 8693 audience, and the subject token's issuer as
+    /// the authorization server names it.
+    #[serde(default)]
+    pub subject_token_file: Option<String>,
+    #[serde(default)]
+    pub audience: Option<String>,
+    #[serde(default)]
+    pub subject_issuer: Option<String>,
     #[serde(default)]
     pub scopes: Vec<String>,
     /// RFC 8707 `resource` (default: the connection's url).
@@ -390,10 +407,24 @@ pub fn from_doc(doc: ToolConnectionDoc, at: &str) -> Result<(Connection, ToolRul
                     );
                 }
             }
-            match client_credentials(&auth.client_credentials, url, timeout) {
+            let given = [
+                ("clientCredentials", &auth.client_credentials),
+                ("jwtBearer", &auth.jwt_bearer),
+                ("tokenExchange", &auth.token_exchange),
+            ]
+            .into_iter()
+            .filter_map(|(name, g)| g.as_ref().map(|g| (name, g)))
+            .collect::<Vec<_>>();
+            let [(name, g)] = given[..] else {
+                return fail(
+                    "spec.auth",
+                    "give exactly one of clientCredentials, jwtBearer and tokenExchange".to_owned(),
+                );
+            };
+            match grant(name, g, url, timeout) {
                 Ok(oauth) => Some(oauth),
                 Err((field, message)) => {
-                    return fail(&format!("spec.auth.clientCredentials{field}"), message);
+                    return fail(&format!("spec.auth.{name}{field}"), message);
                 }
             }
         }
@@ -414,14 +445,66 @@ pub fn from_doc(doc: ToolConnectionDoc, at: &str) -> Result<(Connection, ToolRul
     Ok((connection, rules))
 }
 
-/// `auth.clientCredentials`, checked: the field at fault (after
-/// `spec.auth.clientCredentials`) and why.
-fn client_credentials(
-    cc: &ClientCredentialsSpec,
+/// `auth.<name>`, checked: the field at fault (after `spec.auth.<name>`)
+/// and why.
+fn grant(
+    name: &str,
+    cc: &GrantSpec,
     url: &str,
     timeout: Duration,
 ) -> Result<aip_mcp::oauth::OAuth, (String, String)> {
-    use aip_mcp::oauth::{AuthorizationServer, ClientAuth, OAuth};
+    use aip_mcp::oauth::{AuthorizationServer, ClientAuth, Grant, OAuth};
+    let misplaced = |field: &str, what: &str| Err((format!(".{field}"), what.to_owned()));
+    let exchange_only = "applies to tokenExchange only";
+    let (grant, client_file) = match name {
+        "clientCredentials" => {
+            if cc.subject_token_file.is_some() {
+                return misplaced("subjectTokenFile", exchange_only);
+            }
+            (Grant::ClientCredentials, cc.assertion_file.as_ref())
+        }
+        "jwtBearer" => {
+            if cc.subject_token_file.is_some() {
+                return misplaced("subjectTokenFile", exchange_only);
+            }
+            let Some(file) = &cc.assertion_file else {
+                return misplaced("assertionFile", "is required: the JWT that is the grant");
+            };
+            (
+                Grant::JwtBearer {
+                    assertion: file.into(),
+                },
+                None,
+            )
+        }
+        _ => {
+            if cc.assertion_file.is_some() {
+                return misplaced(
+                    "assertionFile",
+                    "does not apply to tokenExchange: its JWT is subjectTokenFile",
+                );
+            }
+            let Some(file) = &cc.subject_token_file else {
+                return misplaced("subjectTokenFile", "is required: the JWT exchanged");
+            };
+            (
+                Grant::TokenExchange {
+                    subject_token: file.into(),
+                    audience: cc.audience.clone(),
+                    subject_issuer: cc.subject_issuer.clone(),
+                },
+                None,
+            )
+        }
+    };
+    if name != "tokenExchange" {
+        if cc.audience.is_some() {
+            return misplaced("audience", exchange_only);
+        }
+        if cc.subject_issuer.is_some() {
+            return misplaced("subjectIssuer", exchange_only);
+        }
+    }
     let http_url = |field: &str, value: &str| -> Result<(), (String, String)> {
         if value.starts_with("https://") || value.starts_with("http://") {
             Ok(())
@@ -454,7 +537,7 @@ fn client_credentials(
     }
     let secret =
         |v: &ValueSpec, field: &str| resolve(&v.value_from).map_err(|e| (format!(".{field}"), e));
-    let client_auth = match (&cc.client_secret, &cc.private_key, &cc.assertion_file) {
+    let client_auth = match (&cc.client_secret, &cc.private_key, client_file) {
         (Some(s), None, None) => {
             let s = secret(s, "clientSecret")?;
             match cc.client_auth_method.as_deref() {
@@ -473,10 +556,18 @@ fn client_credentials(
             key_id: cc.key_id.clone(),
         },
         (None, None, Some(path)) => ClientAuth::AssertionFile(path.into()),
-        _ => {
+        (None, None, None) if grant != Grant::ClientCredentials => ClientAuth::None,
+        _ if grant == Grant::ClientCredentials => {
             return Err((
                 String::new(),
                 "give exactly one of clientSecret, privateKey and assertionFile".to_owned(),
+            ));
+        }
+        _ => {
+            return Err((
+                String::new(),
+                "give at most one of clientSecret and privateKey (neither: a public client)"
+                    .to_owned(),
             ));
         }
     };
@@ -509,6 +600,7 @@ fn client_credentials(
     };
     Ok(OAuth {
         server,
+        grant,
         client_id: cc.client_id.clone(),
         client_auth,
         scopes: cc.scopes.clone(),

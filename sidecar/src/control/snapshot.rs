@@ -220,7 +220,40 @@ fn oauth(
     timeout: std::time::Duration,
     token_dir: &Path,
 ) -> Result<aip_mcp::oauth::OAuth, String> {
-    use aip_mcp::oauth::{AuthorizationServer, ClientAuth, OAuth};
+    use aip_mcp::oauth::{AuthorizationServer, ClientAuth, Grant, OAuth};
+    // A path under the projected tokens' directory, nowhere else.
+    let under_tokens = |what: &str, file: &str| {
+        let relative = Path::new(file);
+        if relative.is_absolute()
+            || relative
+                .components()
+                .any(|c| !matches!(c, std::path::Component::Normal(_)))
+        {
+            return Err(format!(
+                "oauth: {what} {file:?} is not a plain relative path"
+            ));
+        }
+        Ok(token_dir.join(relative))
+    };
+    let grant = match v1::Grant::try_from(o.grant) {
+        Ok(v1::Grant::Unspecified | v1::Grant::ClientCredentials) if o.grant_file.is_empty() => {
+            Grant::ClientCredentials
+        }
+        Ok(v1::Grant::JwtBearer) if !o.grant_file.is_empty() => Grant::JwtBearer {
+            assertion: under_tokens("grant file", &o.grant_file)?,
+        },
+        Ok(v1::Grant::TokenExchange) if !o.grant_file.is_empty() => Grant::TokenExchange {
+            subject_token: under_tokens("grant file", &o.grant_file)?,
+            audience: (!o.audience.is_empty()).then(|| o.audience.clone()),
+            subject_issuer: (!o.subject_issuer.is_empty()).then(|| o.subject_issuer.clone()),
+        },
+        _ => {
+            return Err(format!(
+                "oauth: grant {} with grant file {:?}: a JWT grant needs its file, client credentials none",
+                o.grant, o.grant_file
+            ));
+        }
+    };
     let server = match (o.issuer.is_empty(), o.token_endpoint.is_empty()) {
         (false, true) => AuthorizationServer::Issuer(o.issuer.clone()),
         (true, false) => AuthorizationServer::TokenEndpoint(o.token_endpoint.clone()),
@@ -234,20 +267,9 @@ fn oauth(
     ];
     let client_auth = match given {
         [false, false, true] => {
-            // A path under the projected tokens' directory, nowhere else.
-            let relative = Path::new(&o.assertion_file);
-            if relative.is_absolute()
-                || relative
-                    .components()
-                    .any(|c| !matches!(c, std::path::Component::Normal(_)))
-            {
-                return Err(format!(
-                    "oauth: assertion file {:?} is not a plain relative path",
-                    o.assertion_file
-                ));
-            }
-            ClientAuth::AssertionFile(token_dir.join(relative))
+            ClientAuth::AssertionFile(under_tokens("assertion file", &o.assertion_file)?)
         }
+        [false, false, false] if grant != Grant::ClientCredentials => ClientAuth::None,
         [true, false, false] => {
             let secret = secrecy::SecretString::from(o.client_secret.clone());
             match o.client_auth_method.as_str() {
@@ -262,13 +284,14 @@ fn oauth(
         },
         _ => {
             return Err(
-                "oauth: exactly one of client_secret, private_key_pem and assertion_file"
+                "oauth: one of client_secret, private_key_pem and assertion_file (none: only with a JWT grant)"
                     .to_owned(),
             );
         }
     };
     Ok(OAuth {
         server,
+        grant,
         client_id: o.client_id.clone(),
         client_auth,
         scopes: o.scopes.clone(),
