@@ -217,6 +217,13 @@ pub struct GrantSpec {
     /// The RFC 8707 resource tokens are asked for (default: url).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resource: Option<String>,
+    /// false: resource is not sent, for an authorization server that
+    /// mishandles RFC 8707 (Keycloak 26.7's experimental resource
+    /// indicators fail every grant without a refresh token); the token's
+    /// audience is then the server's choice (an audience mapper, say).
+    /// Default true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send_resource: Option<bool>,
     /// tokenExchange only: the RFC 8693 audience asked for (a client id
     /// at the authorization server, say).
     #[serde(default, skip_serializing_if = "Option::is_none")]

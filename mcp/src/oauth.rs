@@ -61,6 +61,9 @@ pub struct OAuth {
     pub scopes: Vec<String>,
     /// RFC 8707 `resource`: the upstream's URL unless set.
     pub resource: String,
+    /// Whether `resource` is sent: false for an authorization server that
+    /// mishandles RFC 8707 (the token's audience is then its own choice).
+    pub send_resource: bool,
     /// Each token request's deadline.
     pub timeout: Duration,
     /// TLS for the authorization server.
@@ -77,6 +80,7 @@ impl OAuth {
             && self.client_auth.same_as(&other.client_auth)
             && self.scopes == other.scopes
             && self.resource == other.resource
+            && self.send_resource == other.send_resource
             && self.timeout == other.timeout
             && self.tls == other.tls
     }
@@ -416,7 +420,9 @@ impl TokenSource {
         if !self.oauth.scopes.is_empty() {
             form.push(("scope", self.oauth.scopes.join(" ")));
         }
-        form.push(("resource", self.oauth.resource.clone()));
+        if self.oauth.send_resource {
+            form.push(("resource", self.oauth.resource.clone()));
+        }
         let mut basic = None;
         match &self.oauth.client_auth {
             ClientAuth::SecretBasic(secret) => basic = Some(secret),

@@ -29,13 +29,25 @@ async fn upstream(
     realm: &str,
     shutdown: &CancellationToken,
 ) -> (String, std::sync::Arc<Core>) {
+    upstream_for(kc, realm, None, shutdown).await
+}
+
+/// An upstream that demands a token of `realm` for `audience` (None: its
+/// own URL); its URL and the server.
+async fn upstream_for(
+    kc: &Keycloak,
+    realm: &str,
+    audience: Option<&str>,
+    shutdown: &CancellationToken,
+) -> (String, std::sync::Arc<Core>) {
     // The URL is needed for the audience before the server can start: a
     // port is taken, then the server started on it.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/mcp", listener.local_addr().unwrap());
     let issuer = kc.issuer(realm);
+    let audience = audience.unwrap_or(&url);
     let yaml = format!(
-        "apiVersion: aip.io/v1alpha1\nkind: FaultServer\nmetadata: {{name: files}}\nspec:\n  requireJwt: {{issuer: '{issuer}', audience: '{url}', jwksUrl: '{issuer}/protocol/openid-connect/certs'}}\n  tools:\n    - {{name: read, responses: [{{sequence: [{}]}}]}}\n",
+        "apiVersion: aip.io/v1alpha1\nkind: FaultServer\nmetadata: {{name: files}}\nspec:\n  requireJwt: {{issuer: '{issuer}', audience: '{audience}', jwksUrl: '{issuer}/protocol/openid-connect/certs'}}\n  tools:\n    - {{name: read, responses: [{{sequence: [{}]}}]}}\n",
         vec!["{return: contents}"; 50].join(", ")
     );
     let core = Core::new(
@@ -498,4 +510,235 @@ async fn an_unreachable_token_endpoint_needs_credentials_and_says_so() {
     let session = s.session().await;
     let refused = s.call(&session, json!(1), "up_read", json!({})).await;
     assert!(refused.get("error").is_some(), "{refused}");
+}
+
+/// An assertion of the test's issuer about `sub`, for `audience`, issued
+/// `age` seconds ago and good for `life` seconds from its issue (a life
+/// shorter than its age: expired).
+fn assertion_aged(
+    pem: &str,
+    issuer: &str,
+    sub: &str,
+    audience: &str,
+    age: u64,
+    life: u64,
+) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
+    header.kid = Some("sa-1".to_owned());
+    let iat = now - age;
+    let claims = json!({"iss": issuer, "sub": sub, "aud": audience, "iat": iat, "nbf": iat,
+                        "exp": iat + life, "jti": format!("{:032x}", rand::random::<u128>())});
+    let key = jsonwebtoken::EncodingKey::from_ec_pem(pem.as_bytes()).unwrap();
+    jsonwebtoken::encode(&header, &claims, &key).unwrap()
+}
+
+/// Keycloak trusts the test's issuer for the JWT authorization grant
+/// (RFC 7523 §2.1) in `realm`: the identity provider `workloads`, the
+/// gateway's client allowed to use it, and the user the workload `sub` is
+/// linked to; an assertion may serve many requests if `reuse`. The
+/// issuer's URL, its key's PEM and the user's id.
+async fn jwt_grant_realm(
+    kc: &Keycloak,
+    realm: &str,
+    url: &str,
+    sub: &str,
+    reuse: bool,
+    shutdown: &CancellationToken,
+) -> (String, String, String) {
+    let (pem, jwk) = ec_key("sa-1");
+    let issuer = issuer_serving(json!({"keys": [jwk]}), shutdown).await;
+    let admin = kc.admin().unwrap();
+    admin.realm(realm).unwrap();
+    admin
+        .post(
+            &format!("/{realm}/identity-provider/instances"),
+            &json!({"alias": "workloads", "providerId": "jwt-authorization-grant", "enabled": true,
+                "config": {"issuer": issuer, "useJwksUrl": "true", "jwksUrl": format!("{issuer}/jwks"),
+                    "jwtAuthorizationGrantMaxAllowedAssertionExpiration": "3600",
+                    "jwtAuthorizationGrantAssertionReuseAllowed": reuse.to_string(),
+                    "jwtAuthorizationGrantAssertionSignatureAlg": "ES256"}}),
+        )
+        .unwrap();
+    admin
+        .gateway_for(
+            realm,
+            url,
+            &json!({"secret": SECRET, "attributes": {
+                "oauth2.jwt.authorization.grant.enabled": "true",
+                "oauth2.jwt.authorization.grant.idp": "workloads"}}),
+        )
+        .unwrap();
+    let user = admin
+        .post(
+            &format!("/{realm}/users"),
+            &json!({"username": "agent", "enabled": true}),
+        )
+        .unwrap()
+        .unwrap();
+    let user = user.rsplit('/').next().unwrap().to_owned();
+    admin
+        .post(
+            &format!("/{realm}/users/{user}/federated-identity/workloads"),
+            &json!({"identityProvider": "workloads", "userId": sub, "userName": sub}),
+        )
+        .unwrap();
+    (issuer, pem, user)
+}
+
+/// The lines of a jwtBearer grant with the assertion in `file`, the
+/// gateway authenticating with its secret from `secret_file`. No
+/// `resource`: Keycloak 26.7's resource indicators fail a grant without a
+/// refresh token, which this grant never has; the token's audience is
+/// the server's client id, from the audience mapper.
+fn jwt_bearer(issuer: &str, file: &std::path::Path, secret_file: &std::path::Path) -> String {
+    format!(
+        "  auth:\n    jwtBearer:\n      issuer: {issuer}\n      clientId: gateway\n      clientSecret: {{valueFrom: {{file: {}}}}}\n      assertionFile: {}\n      sendResource: false\n",
+        secret_file.display(),
+        file.display()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_workloads_own_jwt_is_the_grant_and_is_reread_when_rotated() {
+    let kc = keycloak::shared().await;
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let (url, core) = upstream_for(kc, "jwt-grant", Some("files-mcp"), &shutdown).await;
+    let sub = "system:serviceaccount:agents:agent";
+    let (issuer, pem, _) = jwt_grant_realm(kc, "jwt-grant", &url, sub, false, &shutdown).await;
+    // Tokens of 10 s: the gateway asks again after 8.
+    kc.admin()
+        .unwrap()
+        .put("/jwt-grant", &json!({"accessTokenLifespan": 10}))
+        .unwrap();
+    let dir = scratch("aip-oauth-");
+    let (file, secret_file) = (dir.path().join("token"), dir.path().join("secret"));
+    std::fs::write(&secret_file, SECRET).unwrap();
+    let audience = kc.issuer("jwt-grant");
+    let first = assertion_aged(&pem, &issuer, sub, &audience, 0, 600);
+    std::fs::write(&file, &first).unwrap();
+    let s = Stack::start(Setup {
+        policy: "  allowed_tools: [up_read]",
+        url: Some(url.clone()),
+        connection: &jwt_bearer(&audience, &file, &secret_file),
+        ..Setup::default()
+    })
+    .await;
+    let session = reads_once(&s, &core).await;
+    // The kubelet rotates the token in place. An assertion is good once in
+    // this realm (no reuse): a second token comes only from the file read
+    // again.
+    std::fs::write(&file, assertion_aged(&pem, &issuer, sub, &audience, 0, 600)).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut id = 2;
+    while tokens_seen(&core).len() < 2 {
+        assert!(std::time::Instant::now() < deadline, "no second token");
+        let read = s.call(&session, json!(id), "up_read", json!({})).await;
+        assert_eq!(read["result"]["content"][0]["text"], "contents", "{read}");
+        id += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    let audit = std::fs::read_to_string(&s.audit).unwrap();
+    assert!(!audit.contains(&first), "the assertion is never audited");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_jwt_grant_names_the_servers_error_and_reaches_nothing() {
+    let kc = keycloak::shared().await;
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let realm_name = "jwt-refused";
+    let (url, core) = upstream_for(kc, realm_name, Some("files-mcp"), &shutdown).await;
+    let sub = "system:serviceaccount:agents:agent";
+    let (issuer, pem, user) = jwt_grant_realm(kc, realm_name, &url, sub, true, &shutdown).await;
+    let admin = kc.admin().unwrap();
+    let audience = kc.issuer(realm_name);
+    let dir = scratch("aip-oauth-");
+    let (file, secret_file) = (dir.path().join("token"), dir.path().join("secret"));
+    std::fs::write(&secret_file, SECRET).unwrap();
+    let gateway = admin
+        .get(&format!("/{realm_name}/clients?clientId=gateway"))
+        .unwrap()[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // Each case: what is changed at Keycloak (and restored after), the
+    // assertion, and Keycloak's words.
+    type Change<'a> = Option<(&'a str, Value, Value)>;
+    let user_path = format!("/{realm_name}/users/{user}");
+    let client_path = format!("/{realm_name}/clients/{gateway}");
+    let cases: Vec<(&str, Change, String, &str)> = vec![
+        (
+            "a wrong audience",
+            None,
+            assertion_aged(&pem, &issuer, sub, "https://elsewhere.example", 0, 600),
+            "invalid_grant (Invalid token audience)",
+        ),
+        (
+            "an expired assertion",
+            None,
+            assertion_aged(&pem, &issuer, sub, &audience, 700, 600),
+            "invalid_grant (Token is not active)",
+        ),
+        (
+            "a disabled user",
+            Some((
+                &user_path,
+                json!({"enabled": false}),
+                json!({"enabled": true}),
+            )),
+            assertion_aged(&pem, &issuer, sub, &audience, 0, 600),
+            "invalid_grant (User is not enabled)",
+        ),
+        (
+            "a revoked client",
+            Some((
+                &client_path,
+                json!({"clientId": "gateway", "enabled": false}),
+                json!({"clientId": "gateway", "enabled": true}),
+            )),
+            assertion_aged(&pem, &issuer, sub, &audience, 0, 600),
+            "invalid_client (Invalid client or Invalid client credentials)",
+        ),
+    ];
+    for (case, change, jwt, said) in cases {
+        if let Some((path, apply, _)) = &change {
+            admin.put(path, apply).unwrap();
+        }
+        std::fs::write(&file, &jwt).unwrap();
+        let s = Stack::start(Setup {
+            policy: "  allowed_tools: [up_read]",
+            url: Some(url.clone()),
+            connection: &jwt_bearer(&audience, &file, &secret_file),
+            expect: HealthState::NeedsCredentials,
+            ..Setup::default()
+        })
+        .await;
+        let reason = s.gateway.connections()[0]
+            .health()
+            .reason
+            .unwrap_or_default();
+        assert_eq!(
+            reason,
+            format!("upstream_token_unavailable: the token endpoint refused: {said}"),
+            "{case}"
+        );
+        let session = s.session().await;
+        let refused = s.call(&session, json!(1), "up_read", json!({})).await;
+        let message = refused["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(said), "{case}: {refused}");
+        assert!(!refused.to_string().contains(&jwt), "{case}");
+        let audit = std::fs::read_to_string(&s.audit).unwrap();
+        assert!(!audit.contains(&jwt), "{case}: {audit}");
+        assert!(!audit.contains(SECRET), "{case}");
+        assert_eq!(calls(&core), 0, "{case}: nothing reached the upstream");
+        if let Some((path, _, restore)) = &change {
+            admin.put(path, restore).unwrap();
+        }
+    }
+    assert!(tokens_seen(&core).is_empty());
 }

@@ -190,6 +190,7 @@ fn oauth(o: &aip_mcp::oauth::OAuth) -> v1::OAuth {
         client_id: o.client_id.clone(),
         scopes: o.scopes.clone(),
         resource: o.resource.clone(),
+        omit_resource: !o.send_resource,
         ..v1::OAuth::default()
     };
     match &o.client_auth {

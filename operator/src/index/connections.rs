@@ -437,6 +437,7 @@ fn oauth(
         client_auth,
         scopes: g.scopes.clone(),
         resource: g.resource.clone().unwrap_or_else(|| spec.url.clone()),
+        send_resource: g.send_resource.unwrap_or(true),
         timeout: Duration::from_secs(
             spec.timeout_seconds
                 .unwrap_or(DEFAULT_TIMEOUT_SECONDS)

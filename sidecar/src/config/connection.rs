@@ -136,9 +136,12 @@ pub struct GrantSpec {
     pub subject_issuer: Option<String>,
     #[serde(default)]
     pub scopes: Vec<String>,
-    /// RFC 8707 `resource` (default: the connection's url).
+    /// RFC 8707 `resource` (default: the connection's url)...
     #[serde(default)]
     pub resource: Option<String>,
+    /// ...sent unless this is false.
+    #[serde(default)]
+    pub send_resource: Option<bool>,
     /// PEM CAs for an https authorization server.
     #[serde(default)]
     pub ca_file: Option<String>,
@@ -605,6 +608,7 @@ fn grant(
         client_auth,
         scopes: cc.scopes.clone(),
         resource: cc.resource.clone().unwrap_or_else(|| url.to_owned()),
+        send_resource: cc.send_resource.unwrap_or(true),
         timeout,
         tls,
     })

@@ -295,6 +295,7 @@ fn oauth(
         client_id: o.client_id.clone(),
         client_auth,
         scopes: o.scopes.clone(),
+        send_resource: !o.omit_resource,
         resource: if o.resource.is_empty() {
             url.to_owned()
         } else {

@@ -78,6 +78,31 @@ impl Connections {
         (all.len() == 1).then(|| all.remove(0))
     }
 
+    /// For a tool name no catalog holds: the connection whose tools it
+    /// could be (its prefix starts the name, or it is the only one) while
+    /// that connection is not usable, and why, for the agent's error.
+    pub(super) fn unavailable_for(&self, name: &str) -> Option<String> {
+        let all = self.all();
+        let sole = all.len() == 1;
+        all.into_iter().find_map(|c| {
+            let health = c.health();
+            let prefix = &c.connection().tool_prefix;
+            let could_be = if prefix.is_empty() {
+                sole
+            } else {
+                name.starts_with(prefix.as_str())
+            };
+            (could_be && !health.state.listable()).then(|| {
+                format!(
+                    "connection {} is {:?}{}",
+                    c.connection().name,
+                    health.state,
+                    health.reason.map(|r| format!(": {r}")).unwrap_or_default()
+                )
+            })
+        })
+    }
+
     /// Connections whose health lets their lists be read.
     pub(super) fn usable(&self) -> Vec<Arc<ConnectionState>> {
         self.all()

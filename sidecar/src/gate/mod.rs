@@ -620,7 +620,10 @@ impl Gateway {
                 // lookup, only for a name the edge did not find.
                 Box::pin(self.connections.settled()).await;
                 let Some(route) = self.routes.catalog(&self.connections).route(&name) else {
-                    let unknown = format!("Unknown tool: {name}");
+                    let unknown = match self.connections.unavailable_for(&name) {
+                        Some(why) => format!("Unknown tool: {name} ({why})"),
+                        None => format!("Unknown tool: {name}"),
+                    };
                     return Reply::Message(error(Some(&id), codes::INVALID_PARAMS, &unknown, None));
                 };
                 settled = route;

@@ -158,10 +158,17 @@ impl Stack {
                 HealthState::Healthy
             };
             let mut health = connection.subscribe();
-            tokio::time::timeout(PATIENCE, health.wait_for(|s| *s == expect))
+            if tokio::time::timeout(PATIENCE, health.wait_for(|s| *s == expect))
                 .await
-                .expect("the connection reaches the expected state")
-                .unwrap();
+                .is_err()
+            {
+                let h = connection.health();
+                panic!(
+                    "the connection does not reach {expect:?}: it is {:?} ({})",
+                    h.state,
+                    h.reason.unwrap_or_default()
+                );
+            }
         }
 
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
