@@ -742,3 +742,81 @@ async fn a_refused_jwt_grant_names_the_servers_error_and_reaches_nothing() {
     }
     assert!(tokens_seen(&core).is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_workloads_own_jwt_is_exchanged_for_an_access_token() {
+    let kc = keycloak::shared().await;
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let realm_name = "token-exchange";
+    let (url, core) = upstream_for(kc, realm_name, Some("files-mcp"), &shutdown).await;
+    let sub = "system:serviceaccount:agents:agent";
+    let (pem, jwk) = ec_key("sa-1");
+    let issuer = issuer_serving(json!({"keys": [jwk]}), &shutdown).await;
+    let admin = kc.admin().unwrap();
+    admin.realm(realm_name).unwrap();
+    // The workloads' issuer as an OpenID provider whose tokens may be
+    // exchanged (a ServiceAccount token has no `typ` and no userinfo).
+    admin
+        .post(
+            &format!("/{realm_name}/identity-provider/instances"),
+            &json!({"alias": "workloads", "providerId": "oidc", "enabled": true, "config": {
+                "issuer": issuer, "jwksUrl": format!("{issuer}/jwks"), "useJwksUrl": "true",
+                "validateSignature": "true", "disableUserInfo": "true", "disableTypeClaimCheck": "true",
+                "syncMode": "IMPORT", "clientId": "unused", "clientSecret": "unused",
+                "authorizationUrl": format!("{issuer}/authorize"), "tokenUrl": format!("{issuer}/token")}}),
+        )
+        .unwrap();
+    let gateway = admin
+        .gateway_for(realm_name, &url, &json!({"secret": SECRET}))
+        .unwrap();
+    admin
+        .allow_token_exchange(realm_name, "workloads", &gateway)
+        .unwrap();
+    let dir = scratch("aip-oauth-");
+    let (file, secret_file) = (dir.path().join("token"), dir.path().join("secret"));
+    std::fs::write(&secret_file, SECRET).unwrap();
+    let jwt = assertion_aged(&pem, &issuer, sub, "gateway", 0, 600);
+    std::fs::write(&file, &jwt).unwrap();
+    let connection = format!(
+        "  auth:\n    tokenExchange:\n      issuer: {}\n      clientId: gateway\n      clientSecret: {{valueFrom: {{file: {}}}}}\n      subjectTokenFile: {}\n      subjectIssuer: workloads\n      sendResource: false\n",
+        kc.issuer(realm_name),
+        secret_file.display(),
+        file.display()
+    );
+    let stack = |expect| {
+        Stack::start(Setup {
+            policy: "  allowed_tools: [up_read]",
+            url: Some(url.clone()),
+            connection: &connection,
+            expect,
+            ..Setup::default()
+        })
+    };
+    let s = stack(HealthState::Healthy).await;
+    reads_once(&s, &core).await;
+    drop(s);
+    // The exchange made the workload a user of the realm; disabled, it is
+    // refused a token, and nothing more reaches the upstream.
+    let users = admin
+        .get(&format!("/{realm_name}/users?briefRepresentation=true"))
+        .unwrap();
+    let user = users.as_array().unwrap()[0]["id"].as_str().unwrap().to_owned();
+    admin
+        .put(
+            &format!("/{realm_name}/users/{user}"),
+            &json!({"enabled": false}),
+        )
+        .unwrap();
+    let s = stack(HealthState::NeedsCredentials).await;
+    let reason = s.gateway.connections()[0].health().reason.unwrap_or_default();
+    assert!(
+        reason.starts_with("upstream_token_unavailable: the token endpoint refused: invalid_token"),
+        "{reason}"
+    );
+    assert!(!reason.contains(&jwt));
+    let session = s.session().await;
+    let refused = s.call(&session, json!(1), "up_read", json!({})).await;
+    assert!(refused.get("error").is_some(), "{refused}");
+    assert_eq!(calls(&core), 1, "only the first call reached the upstream");
+}

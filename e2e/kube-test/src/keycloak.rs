@@ -19,10 +19,13 @@ use crate::process::Supervised;
 /// How long a start may take on the loaded 2-core machine (the first start
 /// of a copy also runs Quarkus's build step).
 const READY_WITHIN: Duration = Duration::from_secs(240);
-/// The experimental features the tests use (RFC 8707 resource indicators;
-/// federated client authentication, the Kubernetes identity provider and
-/// the JWT authorization grant are on by default in 26.7).
-pub const FEATURES: &str = "resource-indicators";
+/// The features the tests turn on: RFC 8707 resource indicators
+/// (experimental), and token exchange V1 with the fine-grained admin
+/// permissions V1 it is configured by (deprecated previews; 26.7's
+/// standard token exchange takes only Keycloak's own tokens, so an
+/// external subject token needs V1). Federated client authentication and
+/// the JWT authorization grant are on by default in 26.7.
+pub const FEATURES: &str = "resource-indicators,token-exchange,admin-fine-grained-authz:v1";
 
 pub struct Keycloak {
     url: String,
@@ -260,6 +263,38 @@ impl Admin {
             .call()
             .map_err(|e| format!("DELETE {url}: {e}"))?;
         Ok(())
+    }
+
+    /// Lets the client with internal id `client` exchange tokens of the
+    /// identity provider `idp` in `realm` (token exchange V1: the
+    /// provider's `token-exchange` permission, given a client policy
+    /// naming that client).
+    pub fn allow_token_exchange(&self, realm: &str, idp: &str, client: &str) -> Result<(), String> {
+        let permissions = format!("/{realm}/identity-provider/instances/{idp}/management/permissions");
+        self.put(&permissions, &serde_json::json!({"enabled": true}))?;
+        let permission = self.get(&permissions)?["scopePermissions"]["token-exchange"]
+            .as_str()
+            .ok_or("the provider has no token-exchange permission")?
+            .to_owned();
+        let management = self.get(&format!("/{realm}/clients?clientId=realm-management"))?[0]
+            ["id"]
+            .as_str()
+            .ok_or("no realm-management client")?
+            .to_owned();
+        let server = format!("/{realm}/clients/{management}/authz/resource-server");
+        let name = format!("exchange-{idp}");
+        self.post(
+            &format!("{server}/policy/client"),
+            &serde_json::json!({"name": name, "logic": "POSITIVE", "clients": [client]}),
+        )?;
+        let policy = self.get(&format!("{server}/policy?name={name}"))?[0]["id"]
+            .as_str()
+            .ok_or("the new policy is not found")?
+            .to_owned();
+        let path = format!("{server}/permission/scope/{permission}");
+        let mut scope_permission = self.get(&path)?;
+        scope_permission["policies"] = serde_json::json!([policy]);
+        self.put(&path, &scope_permission)
     }
 
     /// A realm of its own for one test.
