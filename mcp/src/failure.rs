@@ -81,7 +81,9 @@ impl Failure {
     /// failure's authorization-server error.
     pub fn explained(&self) -> String {
         match self {
-            Failure::TokenUnavailable(why) => format!("{}: {why}", self.reason()),
+            Failure::TokenUnavailable(why) | Failure::CredentialsMissing(why) => {
+                format!("{}: {why}", self.reason())
+            }
             Failure::InitFailed(inner) => inner.explained(),
             other => other.reason().to_owned(),
         }
@@ -156,6 +158,12 @@ impl Failure {
         }
         if let Failure::Forbidden { scope: Some(scope) } = self {
             data["required_scope"] = json!(scope);
+        }
+        // What the authorization server said (its error code and
+        // description, redacted where the text was made): the agent can
+        // tell a refusal from an outage.
+        if let Failure::TokenUnavailable(why) = self {
+            data["token_error"] = json!(why);
         }
         json!({"code": UPSTREAM_ERROR, "message": self.message(), "data": data})
     }

@@ -41,6 +41,10 @@ const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 /// A token is asked for again when this little of its life is left (or a
 /// fifth of it, if that is less).
 const REFRESH_AHEAD: Duration = Duration::from_secs(60);
+/// A token is not sent in its last moments: its `exp` is whole seconds
+/// after an issue time rounded down, and the server's clock may run
+/// ahead (or a fifth of its life, if that is less).
+const EXPIRY_MARGIN: Duration = Duration::from_secs(5);
 /// The lifetime assumed when the server gives no `expires_in`.
 const DEFAULT_LIFETIME: Duration = Duration::from_secs(300);
 /// The lifetime of a client assertion the gateway signs (RFC 7523 §3).
@@ -71,6 +75,27 @@ pub struct OAuth {
 }
 
 impl OAuth {
+    /// How tokens are had, for a condition's message: the grant, where,
+    /// as which client and how it authenticates (never a secret).
+    pub fn describe(&self) -> String {
+        let server = match &self.server {
+            AuthorizationServer::TokenEndpoint(e) => format!("token endpoint {e}"),
+            AuthorizationServer::Issuer(i) => format!("issuer {i}"),
+            AuthorizationServer::FromResource => {
+                format!(
+                    "the authorization server {}'s metadata names",
+                    self.resource
+                )
+            }
+        };
+        format!(
+            "{} from {server} as client {} ({})",
+            self.grant.name(),
+            self.client_id,
+            self.client_auth.method()
+        )
+    }
+
     /// Whether `other` asks for tokens exactly as this does (secrets
     /// included): a reload keeps the connection, and its token.
     pub fn same_as(&self, other: &OAuth) -> bool {
@@ -206,6 +231,74 @@ pub enum TokenError {
     Discovery(String),
     #[error("client assertion: {0}")]
     Assertion(String),
+}
+
+impl TokenError {
+    /// A Kubernetes condition reason: the authorization server's error
+    /// code in CamelCase (`invalid_grant`: InvalidGrant), or what failed.
+    pub fn reason(&self) -> String {
+        match self {
+            TokenError::Unreachable(_) => "TokenEndpointUnreachable".into(),
+            TokenError::Timeout(_) => "TokenEndpointTimeout".into(),
+            TokenError::Refused { code, .. } => camel(code),
+            TokenError::Status(_) => "TokenEndpointFailed".into(),
+            TokenError::Malformed(_) => "MalformedTokenResponse".into(),
+            TokenError::Discovery(_) => "DiscoveryFailed".into(),
+            TokenError::Assertion(_) => "AssertionUnreadable".into(),
+        }
+    }
+}
+
+/// The [`TokenError::reason`] of an error known only by its text (a
+/// health reason: whatever precedes it, `upstream_token_unavailable: `
+/// and the error); None when the text is not a token error's.
+pub fn reason_of(text: &str) -> Option<String> {
+    const FAILURE: &str = "upstream_token_unavailable: ";
+    let text = text
+        .find(FAILURE)
+        .map_or(text, |at| &text[at + FAILURE.len()..]);
+    let fixed = [
+        (
+            "the token endpoint cannot be reached",
+            "TokenEndpointUnreachable",
+        ),
+        (
+            "the token endpoint did not answer within",
+            "TokenEndpointTimeout",
+        ),
+        ("the token endpoint answered HTTP", "TokenEndpointFailed"),
+        (
+            "the token endpoint's answer is not a token",
+            "MalformedTokenResponse",
+        ),
+        ("authorization server metadata:", "DiscoveryFailed"),
+        ("client assertion:", "AssertionUnreadable"),
+    ];
+    if let Some((_, reason)) = fixed.iter().find(|(p, _)| text.starts_with(p)) {
+        return Some((*reason).to_owned());
+    }
+    let code = text.strip_prefix("the token endpoint refused: ")?;
+    Some(camel(code.split(' ').next().unwrap_or_default()))
+}
+
+/// `invalid_grant` as `InvalidGrant` (letters and digits only; a code
+/// with neither: `Refused`).
+fn camel(code: &str) -> String {
+    let out: String = code
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(|w| {
+            let mut chars = w.chars();
+            chars.next().map_or_else(String::new, |first| {
+                first.to_ascii_uppercase().to_string() + chars.as_str()
+            })
+        })
+        .collect();
+    if out.is_empty() || out.starts_with(|c: char| c.is_ascii_digit()) {
+        "Refused".to_owned()
+    } else {
+        out
+    }
 }
 
 /// A token in hand, with the header that carries it (built once, marked
@@ -513,6 +606,7 @@ impl TokenSource {
             .expires_in
             .map_or(DEFAULT_LIFETIME, Duration::from_secs);
         let ahead = REFRESH_AHEAD.min(lifetime / 5);
+        let margin = EXPIRY_MARGIN.min(lifetime / 5);
         let mut header = HeaderValue::from_str(&format!("Bearer {}", answer.access_token))
             .map_err(|_| TokenError::Malformed("the access_token is not a header value".into()))?;
         header.set_sensitive(true);
@@ -520,7 +614,7 @@ impl TokenSource {
             value: SecretString::from(answer.access_token),
             header,
             refresh_at: sent_at + lifetime.saturating_sub(ahead),
-            expires_at: sent_at + lifetime,
+            expires_at: sent_at + lifetime.saturating_sub(margin),
         })
     }
 
@@ -809,6 +903,43 @@ mod tests {
                 "http://127.0.0.1:9/.well-known/oauth-protected-resource"
             ]
         );
+    }
+
+    #[test]
+    fn every_token_error_is_known_again_by_its_text() {
+        let errors = [
+            TokenError::Unreachable("connection refused".into()),
+            TokenError::Timeout(Duration::from_secs(5)),
+            TokenError::Refused {
+                code: "invalid_grant".into(),
+                description: Some("Invalid token audience".into()),
+            },
+            TokenError::Refused {
+                code: "unauthorized_client".into(),
+                description: None,
+            },
+            TokenError::Refused {
+                code: "???".into(),
+                description: None,
+            },
+            TokenError::Status(502),
+            TokenError::Malformed("an empty access_token".into()),
+            TokenError::Discovery("no metadata".into()),
+            TokenError::Assertion("cannot read /t".into()),
+        ];
+        for e in errors {
+            let said = format!("upstream_token_unavailable: {e}");
+            assert_eq!(reason_of(&said), Some(e.reason()), "{said}");
+        }
+        assert_eq!(
+            TokenError::Refused {
+                code: "invalid_grant".into(),
+                description: None
+            }
+            .reason(),
+            "InvalidGrant"
+        );
+        assert_eq!(reason_of("HTTP 401 from the upstream"), None);
     }
 
     #[test]

@@ -801,7 +801,10 @@ async fn the_workloads_own_jwt_is_exchanged_for_an_access_token() {
     let users = admin
         .get(&format!("/{realm_name}/users?briefRepresentation=true"))
         .unwrap();
-    let user = users.as_array().unwrap()[0]["id"].as_str().unwrap().to_owned();
+    let user = users.as_array().unwrap()[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     admin
         .put(
             &format!("/{realm_name}/users/{user}"),
@@ -809,7 +812,10 @@ async fn the_workloads_own_jwt_is_exchanged_for_an_access_token() {
         )
         .unwrap();
     let s = stack(HealthState::NeedsCredentials).await;
-    let reason = s.gateway.connections()[0].health().reason.unwrap_or_default();
+    let reason = s.gateway.connections()[0]
+        .health()
+        .reason
+        .unwrap_or_default();
     assert!(
         reason.starts_with("upstream_token_unavailable: the token endpoint refused: invalid_token"),
         "{reason}"

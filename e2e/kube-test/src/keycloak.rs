@@ -270,14 +270,14 @@ impl Admin {
     /// provider's `token-exchange` permission, given a client policy
     /// naming that client).
     pub fn allow_token_exchange(&self, realm: &str, idp: &str, client: &str) -> Result<(), String> {
-        let permissions = format!("/{realm}/identity-provider/instances/{idp}/management/permissions");
+        let permissions =
+            format!("/{realm}/identity-provider/instances/{idp}/management/permissions");
         self.put(&permissions, &serde_json::json!({"enabled": true}))?;
         let permission = self.get(&permissions)?["scopePermissions"]["token-exchange"]
             .as_str()
             .ok_or("the provider has no token-exchange permission")?
             .to_owned();
-        let management = self.get(&format!("/{realm}/clients?clientId=realm-management"))?[0]
-            ["id"]
+        let management = self.get(&format!("/{realm}/clients?clientId=realm-management"))?[0]["id"]
             .as_str()
             .ok_or("no realm-management client")?
             .to_owned();

@@ -25,7 +25,17 @@ pub fn ours(conditions: &[Condition], types: &[&str]) -> Vec<Condition> {
 
 impl Conditions<'_> {
     pub fn set(&self, type_: &str, ok: bool, reason: &str, message: String) -> Condition {
-        let status = if ok { "True" } else { "False" };
+        self.set_status(type_, if ok { "True" } else { "False" }, reason, message)
+    }
+
+    /// A condition of any status: "True", "False" or "Unknown".
+    pub fn set_status(
+        &self,
+        type_: &str,
+        status: &str,
+        reason: &str,
+        message: String,
+    ) -> Condition {
         let since = self
             .before
             .iter()

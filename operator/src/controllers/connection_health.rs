@@ -32,11 +32,16 @@ use crate::grpc::Evidence;
 use crate::index::{ObjectKey, ResolvedConnection};
 
 use super::conditions::{Conditions, ours};
-use super::tool_ledger;
 use super::{Context, FIELD_MANAGER};
+use super::{tool_ledger, upstream_auth};
 
 /// The condition types this writer owns.
-const CONDITIONS: &[&str] = &["CredentialsResolved", "Healthy", "ToolsDrifted"];
+const CONDITIONS: &[&str] = &[
+    "CredentialsResolved",
+    "Healthy",
+    "ToolsDrifted",
+    upstream_auth::TYPE,
+];
 
 /// Network failures reported since the last probe that bring the next one
 /// forward.
@@ -95,6 +100,14 @@ pub async fn run(
             Some(key) = touched.recv() => refresh(&ctx, &mut tracked, key),
             Some(e) = evidence.recv() => {
                 if let Some(t) = tracked.get_mut(&e.connection) {
+                    if t.resolved.as_pods() {
+                        // No probe can check it: the sidecar's own judgement
+                        // (its health rules, its token requests) is the status.
+                        if leading && let Some(outcome) = reported(&e) {
+                            write(&ctx, &e.connection, &t.resolved, outcome).await;
+                        }
+                        continue;
+                    }
                     take_evidence(t, &e);
                     if let (Some(why), true) = (t.evidence_needs_credentials.clone(), leading) {
                         write(&ctx, &e.connection, &t.resolved, Outcome::Evidence(why)).await;
@@ -256,6 +269,25 @@ fn take_evidence(t: &mut Tracked, e: &Evidence) {
     }
 }
 
+/// A sidecar's report of a connection the operator cannot probe, as the
+/// status to write; None when it says nothing yet (unchecked).
+fn reported(e: &Evidence) -> Option<Outcome> {
+    use aip_proto::v1::HealthState as Wire;
+    let state = match e.health {
+        Wire::Healthy => HealthState::Healthy,
+        Wire::Degraded => HealthState::Degraded,
+        Wire::Unreachable => HealthState::Unreachable,
+        Wire::NeedsCredentials => HealthState::NeedsCredentials,
+        Wire::Unchecked | Wire::Unspecified => return None,
+    };
+    let reason = (!e.reason.is_empty()).then(|| format!("pod {}: {}", e.pod, e.reason));
+    Some(Outcome::Reported {
+        state,
+        reason: reason.filter(|_| state != HealthState::Healthy),
+        http_status: u16::try_from(e.http_status).ok().filter(|s| *s > 0),
+    })
+}
+
 /// The health a probe outcome means.
 fn health_of(
     result: &Result<Vec<Value>, Failure>,
@@ -292,6 +324,13 @@ enum Outcome {
     Probe(Result<Vec<Value>, Failure>, u64, Option<Arc<Upstream>>),
     /// A sidecar's word that the upstream refused the credential.
     Evidence(String),
+    /// A connection the operator cannot probe (it authenticates as each
+    /// pod): its health as a sidecar last reported it.
+    Reported {
+        state: HealthState,
+        reason: Option<String>,
+        http_status: Option<u16>,
+    },
 }
 
 /// How often a status write that lost a race (someone else wrote the
@@ -414,6 +453,18 @@ fn desired(
             before.tools.clone(),
             before.tool_count.unwrap_or(0) as usize,
         ),
+        Outcome::Reported {
+            state,
+            reason,
+            http_status,
+        } => (
+            *state,
+            reason.clone(),
+            *http_status,
+            None,
+            before.tools.clone(),
+            before.tool_count.unwrap_or(0) as usize,
+        ),
     };
     let previous = before.health.clone().unwrap_or_default();
     let changed_state = previous.state != state;
@@ -477,11 +528,18 @@ fn desired(
             "no tools are pinned: every tool is served as listed".to_owned(),
         ),
     };
+    let judged = upstream_auth::judge(spec, &resolved.credentials, state, reason.as_deref());
+    let authenticated = conditions.set_status(
+        upstream_auth::TYPE,
+        judged.status,
+        &judged.reason,
+        judged.message,
+    );
     let status = ToolConnectionStatus {
         health: Some(health),
         tool_count: Some(u32::try_from(listed).unwrap_or(u32::MAX)),
         tools,
-        conditions: vec![credentials, healthy, tools_drifted],
+        conditions: vec![credentials, healthy, tools_drifted, authenticated],
         observed_generation: current.metadata.generation,
     };
     let ours_before = ToolConnectionStatus {

@@ -9,6 +9,7 @@ pub mod feed;
 pub mod policy_status;
 pub mod sync_report;
 pub mod tool_ledger;
+pub mod upstream_auth;
 
 use std::sync::{Arc, Mutex};
 

@@ -78,6 +78,17 @@ fn joined(errors: &[FieldError]) -> String {
         .join("; ")
 }
 
+impl Credentials {
+    /// Whether tokens are had with each pod's projected ServiceAccount
+    /// token (as the client's assertion or as the grant).
+    pub fn as_pods(&self) -> bool {
+        self.oauth.as_ref().is_some_and(|o| {
+            matches!(o.client_auth, aip_mcp::oauth::ClientAuth::AssertionFile(_))
+                || o.grant != aip_mcp::oauth::Grant::ClientCredentials
+        })
+    }
+}
+
 impl PartialEq for Credentials {
     fn eq(&self, other: &Credentials) -> bool {
         self.ca_pem == other.ca_pem
@@ -100,12 +111,7 @@ impl ResolvedConnection {
     /// ServiceAccount token): the operator has no such token to probe it
     /// with, so only the sidecars check it.
     pub fn as_pods(&self) -> bool {
-        self.credentials.as_ref().is_ok_and(|c| {
-            c.oauth.as_ref().is_some_and(|o| {
-                matches!(o.client_auth, aip_mcp::oauth::ClientAuth::AssertionFile(_))
-                    || o.grant != aip_mcp::oauth::Grant::ClientCredentials
-            })
-        })
+        self.credentials.as_ref().is_ok_and(Credentials::as_pods)
     }
 }
 

@@ -28,12 +28,24 @@ const WRONG: &str = "gw-wrong-s3cret-11";
 
 /// The upstream `files` (read_file): only tokens of `realm` for its URL.
 async fn upstream(kc: &Keycloak, realm: &str, shutdown: &CancellationToken) -> (String, Arc<Core>) {
+    upstream_for(kc, realm, None, shutdown).await
+}
+
+/// The upstream `files`: only tokens of `realm` for `audience` (None: its
+/// URL).
+async fn upstream_for(
+    kc: &Keycloak,
+    realm: &str,
+    audience: Option<&str>,
+    shutdown: &CancellationToken,
+) -> (String, Arc<Core>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/mcp", listener.local_addr().unwrap());
     let issuer = kc.issuer(realm);
+    let audience = audience.unwrap_or(&url);
     let yaml = format!(
-        "apiVersion: aip.io/v1alpha1\nkind: FaultServer\nmetadata: {{name: files}}\nspec:\n  requireJwt: {{issuer: '{issuer}', audience: '{url}', jwksUrl: '{issuer}/protocol/openid-connect/certs'}}\n  tools:\n    - {{name: read_file, responses: [{{sequence: [{}]}}]}}\n",
-        vec!["{return: contents}"; 50].join(", ")
+        "apiVersion: aip.io/v1alpha1\nkind: FaultServer\nmetadata: {{name: files}}\nspec:\n  requireJwt: {{issuer: '{issuer}', audience: '{audience}', jwksUrl: '{issuer}/protocol/openid-connect/certs'}}\n  tools:\n    - {{name: read_file, responses: [{{sequence: [{}]}}]}}\n",
+        vec!["{return: contents}"; 100].join(", ")
     );
     let core = Core::new(
         Script::from_yaml(&yaml, Transport::Http).unwrap(),
@@ -110,6 +122,8 @@ async fn a_connection_gets_its_tokens_from_keycloak_with_a_secret_from_a_secret(
     admin.apply(&policy(&["fs_read_file"]));
     // The operator's own probe gets a token and lists the tools.
     admin.wait("toolconnection/fs", "{.status.health.state}", "Healthy");
+    let authenticated = "{.status.conditions[?(@.type==\"Authenticated\")].reason}";
+    admin.wait("toolconnection/fs", authenticated, "ClientCredentials");
 
     let (sidecar, agent) = agent_pod_with_sidecar(&cluster, &dir, &installed).await;
     reads_through(&agent, "a call through a token from Keycloak").await;
@@ -129,6 +143,7 @@ async fn a_connection_gets_its_tokens_from_keycloak_with_a_secret_from_a_secret(
         ),
         "{reason}"
     );
+    admin.wait("toolconnection/fs", authenticated, "UnauthorizedClient");
     let before = reads(&core);
     let refused = eventually("the sidecar has no token either", || {
         let mut agent = clone_agent(&agent);
@@ -299,9 +314,269 @@ async fn a_pod_authenticates_upstream_as_its_own_service_account() {
     let agent = agent_of(&sidecar).await;
     reads_through(&agent, "a call as the pod's own service account").await;
     assert!(reads(&core) >= 1);
-    // The operator has no such token: it does not probe the connection,
-    // and so never calls it broken.
-    let state = admin.get("toolconnection/fs", "{.status.health.state}");
-    assert_ne!(state, "NeedsCredentials");
+    // The operator has no such token: it does not probe the connection;
+    // the sidecar's report is its status.
+    admin.wait("toolconnection/fs", "{.status.health.state}", "Healthy");
+    admin.wait(
+        "toolconnection/fs",
+        "{.status.conditions[?(@.type==\"Authenticated\")].reason}",
+        "ClientCredentials",
+    );
     assert!(!sidecar.all_output().contains(&projected));
+}
+
+/// One agent pod, two connections that trade its ServiceAccount token
+/// (projected by audience, as the injector asks the kubelet) for access
+/// tokens: `fs` by the JWT authorization grant (RFC 7523 §2.1), `ex` by
+/// token exchange (RFC 8693), each in a Keycloak realm that trusts the
+/// API server's issuer. A disabled workload user gates `fs` alone, named
+/// in its condition, and comes back without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pod_trades_its_service_account_token_for_access_tokens() {
+    let dir = tempdir();
+    let cluster = Cluster::dedicated().await;
+    if !cluster.calls_back_here("a_pod_trades_its_service_account_token_for_access_tokens") {
+        return;
+    }
+    let kc = keycloak::shared().await;
+    let admin = cluster.kubectl(User::Admin, "agents");
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let (fs_url, fs_core) = upstream_for(kc, "pods-grant", Some("files-mcp"), &shutdown).await;
+    let (ex_url, ex_core) = upstream_for(kc, "pods-exchange", Some("files-mcp"), &shutdown).await;
+    let (grant_audience, exchange_audience) = (kc.issuer("pods-grant"), kc.issuer("pods-exchange"));
+
+    let (installed, operator) = Installed::start(&cluster, &admin, &dir).await;
+    admin.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: agents}\n");
+    cluster.service_account("agents", "agent").await;
+    let uid = cluster
+        .pod("agents", "agent-1", "agent", json!({"app": "agent"}))
+        .await;
+    let grant_token = cluster
+        .token("agents", "agent", "agent-1", &uid, &[&grant_audience])
+        .await;
+    let exchange_token = cluster
+        .token("agents", "agent", "agent-1", &uid, &[&exchange_audience])
+        .await;
+    let issuer = claims(&grant_token)["iss"].as_str().unwrap().to_owned();
+    let sub = "system:serviceaccount:agents:agent";
+    let jwks = api_server_keys(&cluster, &shutdown).await;
+
+    // Keycloak: realm pods-grant takes the API server's tokens as a JWT
+    // authorization grant for the workload user they are linked to (tokens
+    // of 10 s, asked for again every 8); realm pods-exchange exchanges them.
+    let kadmin = kc.admin().unwrap();
+    kadmin.realm("pods-grant").unwrap();
+    kadmin
+        .put("/pods-grant", &json!({"accessTokenLifespan": 10}))
+        .unwrap();
+    kadmin
+        .post(
+            "/pods-grant/identity-provider/instances",
+            &json!({"alias": "cluster", "providerId": "jwt-authorization-grant", "enabled": true,
+                "config": {"issuer": issuer, "useJwksUrl": "true", "jwksUrl": jwks,
+                    "jwtAuthorizationGrantMaxAllowedAssertionExpiration": "3600",
+                    "jwtAuthorizationGrantAssertionReuseAllowed": "true"}}),
+        )
+        .unwrap();
+    kadmin
+        .gateway_for(
+            "pods-grant",
+            &fs_url,
+            &json!({"secret": SECRET, "attributes": {
+                "oauth2.jwt.authorization.grant.enabled": "true",
+                "oauth2.jwt.authorization.grant.idp": "cluster"}}),
+        )
+        .unwrap();
+    let user = kadmin
+        .post(
+            "/pods-grant/users",
+            &json!({"username": "agents-agent", "enabled": true}),
+        )
+        .unwrap()
+        .unwrap();
+    kadmin
+        .post(
+            &format!("/pods-grant/users/{user}/federated-identity/cluster"),
+            &json!({"identityProvider": "cluster", "userId": sub, "userName": sub}),
+        )
+        .unwrap();
+    kadmin.realm("pods-exchange").unwrap();
+    kadmin
+        .post(
+            "/pods-exchange/identity-provider/instances",
+            &json!({"alias": "cluster", "providerId": "oidc", "enabled": true, "config": {
+                "issuer": issuer, "jwksUrl": jwks, "useJwksUrl": "true", "validateSignature": "true",
+                "disableUserInfo": "true", "disableTypeClaimCheck": "true", "syncMode": "IMPORT",
+                "clientId": "unused", "clientSecret": "unused",
+                "authorizationUrl": format!("{jwks}/authorize"), "tokenUrl": format!("{jwks}/token")}}),
+        )
+        .unwrap();
+    let exchanger = kadmin
+        .gateway_for("pods-exchange", &ex_url, &json!({"secret": SECRET}))
+        .unwrap();
+    kadmin
+        .allow_token_exchange("pods-exchange", "cluster", &exchanger)
+        .unwrap();
+
+    admin.apply(&format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: gateway-client, namespace: agents}}\nstringData: {{secret: {SECRET}}}\n"
+    ));
+    let connection = |name: &str, url: &str, grant: &str, audience: &str, extra: &str| {
+        format!(
+            "apiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {{name: {name}, namespace: agents}}\nspec:\n  url: {url}\n  toolPrefix: {name}_\n  healthCheck: {{intervalSeconds: 2}}\n  auth:\n    {grant}:\n      issuer: {audience}\n      clientId: gateway\n      clientSecret: {{valueFrom: {{secretKeyRef: {{name: gateway-client, key: secret}}}}}}\n      serviceAccountToken: {{audience: '{audience}', expirationSeconds: 600}}\n      sendResource: false\n{extra}"
+        )
+    };
+    admin.apply(&connection("fs", &fs_url, "jwtBearer", &grant_audience, ""));
+    admin.apply(&connection(
+        "ex",
+        &ex_url,
+        "tokenExchange",
+        &exchange_audience,
+        "      subjectIssuer: cluster\n",
+    ));
+    // The operator reads the Secret only where it is let.
+    for name in ["fs", "ex"] {
+        let (ok, out, err) = admin.aip(&["grant", name, "-n", "agents"]);
+        assert!(ok && out.contains("gateway-client"), "{out}{err}");
+    }
+    admin.apply(
+        &policy(&["fs_read_file", "ex_read_file"])
+            .replace("toolConnections: [fs]", "toolConnections: [fs, ex]"),
+    );
+    admin.ok(
+        &[
+            "label",
+            "namespace",
+            "agents",
+            "aip.io/inject=enabled",
+            "--overwrite",
+        ],
+        None,
+    );
+
+    // The kubelet's part: each audience's token where the injector asks
+    // for it, beside the sidecar's own.
+    let token = sidecar_token(&cluster, &dir, "agent", "agent-1", &uid).await;
+    for (audience, jwt) in [
+        (&grant_audience, &grant_token),
+        (&exchange_audience, &exchange_token),
+    ] {
+        let path = aip_api::tool_connection::ServiceAccountTokenSpec {
+            audience: audience.clone(),
+            expiration_seconds: None,
+        }
+        .path();
+        let file = token.parent().unwrap().join(path);
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, jwt).unwrap();
+    }
+    let sidecar = start_sidecar(&installed.ca, installed.ports.grpc, &token);
+    let agent = agent_of(&sidecar).await;
+    let read = |tool: &'static str| {
+        let agent = clone_agent(&agent);
+        async move {
+            let mut agent = agent;
+            agent.call(tool, json!({"path": "a"})).await
+        }
+    };
+    let through = |r: &serde_json::Value| r["result"]["content"][0]["text"] == "contents";
+    eventually("fs reads with a token for the pod's grant", || async {
+        through(&read("fs_read_file").await).then_some(())
+    })
+    .await;
+    eventually(
+        "ex reads with a token for the pod's exchanged token",
+        || async { through(&read("ex_read_file").await).then_some(()) },
+    )
+    .await;
+    let reason = |name: &str| {
+        (
+            format!("toolconnection/{name}"),
+            "{.status.conditions[?(@.type==\"Authenticated\")].reason}",
+        )
+    };
+    let (fs, authenticated) = reason("fs");
+    admin.wait(&fs, authenticated, "JwtBearer");
+    let (ex, _) = reason("ex");
+    admin.wait(&ex, authenticated, "TokenExchange");
+
+    // The workload user disabled: the next token request is refused, the
+    // token in hand runs out, and fs alone is gated, named by Keycloak's
+    // code in its condition; nothing more reaches its upstream.
+    // (An admin token is good for a minute.)
+    let kadmin = kc.admin().unwrap();
+    kadmin
+        .put(
+            &format!("/pods-grant/users/{user}"),
+            &json!({"enabled": false}),
+        )
+        .unwrap();
+    // (Calls once a second: each call before the token runs out reaches
+    // the upstream, whose script has 100 answers.)
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    let refused = loop {
+        let r = read("fs_read_file").await;
+        if error_code(&r).is_some() {
+            break r;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "fs is never refused"
+        );
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    };
+    assert!(
+        refused.to_string().contains("User is not enabled"),
+        "the agent is told why: {refused}"
+    );
+    let before = reads(&fs_core);
+    assert!(error_code(&read("fs_read_file").await).is_some());
+    assert_eq!(
+        reads(&fs_core),
+        before,
+        "a call without a token went upstream"
+    );
+    assert!(
+        through(&read("ex_read_file").await),
+        "its sibling still works"
+    );
+    admin.wait(&fs, authenticated, "InvalidGrant");
+    let message = admin.get(
+        &fs,
+        "{.status.conditions[?(@.type==\"Authenticated\")].message}",
+    );
+    assert!(message.contains("jwtBearer from issuer"), "{message}");
+    assert!(message.contains("User is not enabled"), "{message}");
+
+    // Enabled again: the next token request succeeds, with no restart.
+    let kadmin = kc.admin().unwrap();
+    kadmin
+        .put(
+            &format!("/pods-grant/users/{user}"),
+            &json!({"enabled": true}),
+        )
+        .unwrap();
+    eventually("fs reads again", || async {
+        through(&read("fs_read_file").await).then_some(())
+    })
+    .await;
+    admin.wait(&fs, authenticated, "JwtBearer");
+    assert!(reads(&ex_core) >= 2);
+
+    // No secret, projected token or access token (a JWT: `eyJ`) is where
+    // a person or a log collector looks.
+    let status = admin.ok(
+        &["get", "toolconnections", "-n", "agents", "-o", "yaml"],
+        None,
+    );
+    let said = format!(
+        "{status}\n{}\n{}\n{}",
+        events(&admin),
+        operator.all_output(),
+        sidecar.all_output()
+    );
+    for secret in [SECRET, grant_token.as_str(), exchange_token.as_str(), "eyJ"] {
+        assert!(!said.contains(secret), "{secret} was shown:\n{said}");
+    }
 }

@@ -44,6 +44,11 @@ pub struct Health {
     pub http_status: Option<u16>,
     pub last_check: Option<String>,
     pub last_transition: Option<String>,
+    /// The failure that set the state, if one did: a call refused while
+    /// the connection needs credentials is refused as that (a token the
+    /// authorization server would not give says so).
+    #[serde(skip)]
+    pub failure: Option<Failure>,
 }
 
 /// A tool hidden and refused after a 403, until the credential changes.
@@ -131,6 +136,7 @@ impl ConnectionState {
                 http_status: None,
                 last_check: None,
                 last_transition: None,
+                failure: None,
             }),
             tools,
             gates: Mutex::new(BTreeMap::new()),
@@ -166,7 +172,13 @@ impl ConnectionState {
             }
             match self.state() {
                 HealthState::Healthy | HealthState::Degraded => {}
-                HealthState::NeedsCredentials => return Err(Failure::AuthFailed),
+                HealthState::NeedsCredentials => {
+                    let failure = lock(&self.health).failure.clone();
+                    return Err(match failure {
+                        Some(f @ Failure::TokenUnavailable(_)) => f,
+                        _ => Failure::AuthFailed,
+                    });
+                }
                 HealthState::Unchecked | HealthState::Unreachable => {
                     return Err(Failure::Network("the connection is not reachable".into()));
                 }
@@ -264,8 +276,12 @@ impl ConnectionState {
                     self.changed();
                 }
                 // Leaving NeedsCredentials takes a changed credential, which
-                // arrives as a new connection, not a passing check.
-                if health.state != HealthState::NeedsCredentials {
+                // arrives as a new connection, not a passing check; but an
+                // OAuth connection's credential is the token it asks for, and
+                // a check that was given one the server accepts has it.
+                if health.state != HealthState::NeedsCredentials
+                    || self.connection().oauth.is_some()
+                {
                     set(&self.state, &mut health, HealthState::Healthy, None, None);
                 }
             }
@@ -417,6 +433,7 @@ fn set(
     health.state = state;
     health.reason = reason.map(str::to_owned);
     health.http_status = http_status;
+    health.failure = None;
 }
 
 /// `state`, explained by the failure that caused it.
@@ -428,4 +445,5 @@ fn set_failed(
 ) {
     let reason = failure.explained();
     set(publish, health, state, Some(&reason), failure.http_status());
+    health.failure = Some(failure.clone());
 }
