@@ -93,13 +93,135 @@ fn main() {
 async fn run() -> Value {
     let (http, rss) = http_figures(Era::Legacy).await;
     let (http_modern, _) = http_figures(Era::Modern).await;
+    let token = token_figures().await;
     let stdio = stdio_figures();
     json!({
         "http": http,
         "http_modern": http_modern,
+        "token": token,
         "stdio": stdio,
         "rss": rss,
     })
+}
+
+/// The lifetime the benchmark's token endpoint gives its tokens: the
+/// gateway asks again after four fifths of it.
+const TOKEN_LIFETIME: Duration = Duration::from_secs(10);
+
+/// A call through a connection whose token comes from an authorization
+/// server (client credentials, cached) against one through a static
+/// bearer token, same upstream, same load, interleaved; and how many token
+/// requests the run made against how many expiries it spanned.
+async fn token_figures() -> Value {
+    let upstream = null_upstream(Era::Legacy).await;
+    let url = format!("http://{upstream}/mcp");
+    let (endpoint, requests) = token_endpoint().await;
+    let started = Instant::now();
+    let bearer = Gateway::start_with(
+        &url,
+        Era::Legacy,
+        "  bearerToken: {valueFrom: {file: SECRET}}\n",
+    )
+    .await;
+    let oauth = Gateway::start_with(
+        &url,
+        Era::Legacy,
+        &format!(
+            "  auth:\n    clientCredentials:\n      tokenEndpoint: {endpoint}\n      clientId: bench\n      clientSecret: {{valueFrom: {{file: SECRET}}}}\n"
+        ),
+    )
+    .await;
+    let ways = [&bearer, &oauth];
+    let urls: Vec<String> = ways
+        .iter()
+        .map(|g| format!("http://{}/mcp", g.agent))
+        .collect();
+    let mut reps = Vec::with_capacity(REPS);
+    for _ in 0..REPS {
+        let targets: Vec<(&str, &str)> = urls.iter().map(|u| (u.as_str(), "up_read")).collect();
+        let p50: Vec<f64> = latencies(&targets, Era::Legacy)
+            .await
+            .into_iter()
+            .map(|(p50, _)| p50)
+            .collect();
+        let mut cpu = Vec::new();
+        let mut rate = Vec::new();
+        for (g, u) in ways.iter().zip(&urls) {
+            let (r, seconds) = measured(
+                g.child.id(),
+                throughput(u, "up_read", CONCURRENT_CLIENTS, Era::Legacy),
+            )
+            .await;
+            cpu.push(seconds * 1e6 / (r * THROUGHPUT_WINDOW.as_secs_f64()));
+            rate.push(r);
+        }
+        reps.push((p50, cpu, rate));
+    }
+    let elapsed = started.elapsed();
+    let made = requests.load(std::sync::atomic::Ordering::Relaxed);
+    drop(oauth);
+    drop(bearer);
+    let med =
+        |f: &dyn Fn(&(Vec<f64>, Vec<f64>, Vec<f64>)) -> f64| median(reps.iter().map(f).collect());
+    let way = |i: usize| {
+        json!({
+            "p50_us": med(&|r| r.0[i]),
+            "cpu_us_per_call": round1(med(&|r| r.1[i])),
+            "calls_per_s_32": med(&|r| r.2[i]),
+        })
+    };
+    // A refresh every four fifths of a lifetime, and the first request.
+    let refresh = TOKEN_LIFETIME.as_secs_f64() * 0.8;
+    json!({
+        "reps": REPS,
+        "bearer": way(0),
+        "oauth": way(1),
+        // Paired within each repetition: oauth / bearer.
+        "oauth_vs_bearer": {
+            "p50": med(&|r| ratio(r.0[1], r.0[0])),
+            "cpu_per_call": med(&|r| ratio(r.1[1], r.1[0])),
+            "calls_per_s_32": med(&|r| ratio(r.2[1], r.2[0])),
+        },
+        "token_lifetime_s": TOKEN_LIFETIME.as_secs(),
+        "seconds": round1(elapsed.as_secs_f64()),
+        "token_requests": made,
+        "token_requests_expected": (elapsed.as_secs_f64() / refresh).floor() + 1.0,
+    })
+}
+
+/// A token endpoint on loopback: every request gets a new opaque token of
+/// TOKEN_LIFETIME; the count of requests it answered.
+async fn token_endpoint() -> (String, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/token", listener.local_addr().unwrap());
+    let count = std::sync::Arc::new(AtomicU64::new(0));
+    let counted = count.clone();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let counted = counted.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |_req: Request<Incoming>| {
+                    let n = counted.fetch_add(1, Ordering::Relaxed);
+                    // About the size of a real JWT access token.
+                    let token = format!("bench-{n}-{}", "x".repeat(900));
+                    let body = json!({"access_token": token, "token_type": "Bearer",
+                                      "expires_in": TOKEN_LIFETIME.as_secs()});
+                    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+                    r.headers_mut().insert(
+                        hyper::header::CONTENT_TYPE,
+                        hyper::header::HeaderValue::from_static("application/json"),
+                    );
+                    async move { Ok::<_, Infallible>(r) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (url, count)
 }
 
 /// The protocol era the HTTP figures are taken in: the client, the
@@ -681,14 +803,23 @@ struct Gateway {
 
 impl Gateway {
     async fn start(upstream: &str, era: Era) -> Gateway {
+        Gateway::start_with(upstream, era, "").await
+    }
+
+    /// With `connection` (spec lines; `SECRET` stands for a file holding a
+    /// secret) added to its connection.
+    async fn start_with(upstream: &str, era: Era, connection: &str) -> Gateway {
         let tmp = tempfile::Builder::new()
             .prefix("aip-bench-")
             .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
             .unwrap();
         let dir = tmp.path();
         let config = dir.join("gateway.yaml");
+        let secret = dir.join("secret");
+        std::fs::write(&secret, "bench-s3cret").unwrap();
+        let connection = connection.replace("SECRET", &secret.display().to_string());
         std::fs::write(&config, format!(
-            "apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {{name: bench}}\nspec:\n  allowed_tools: [up_read]\n  dlp:\n    patterns:\n      - {{name: Email, regex: '[a-z]+@[a-z]+\\.[a-z]{{2,}}'}}\n---\napiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {{name: up}}\nspec:\n  url: {upstream}\n  toolPrefix: up_\n"
+            "apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {{name: bench}}\nspec:\n  allowed_tools: [up_read]\n  dlp:\n    patterns:\n      - {{name: Email, regex: '[a-z]+@[a-z]+\\.[a-z]{{2,}}'}}\n---\napiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {{name: up}}\nspec:\n  url: {upstream}\n  toolPrefix: up_\n{connection}"
         )).unwrap();
         let spawned = Instant::now();
         let mut child = wrapped(&sidecar_binary(), "sidecar")

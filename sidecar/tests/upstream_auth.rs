@@ -554,38 +554,18 @@ async fn jwt_grant_realm(
     let admin = kc.admin().unwrap();
     admin.realm(realm).unwrap();
     admin
-        .post(
-            &format!("/{realm}/identity-provider/instances"),
-            &json!({"alias": "workloads", "providerId": "jwt-authorization-grant", "enabled": true,
-                "config": {"issuer": issuer, "useJwksUrl": "true", "jwksUrl": format!("{issuer}/jwks"),
-                    "jwtAuthorizationGrantMaxAllowedAssertionExpiration": "3600",
-                    "jwtAuthorizationGrantAssertionReuseAllowed": reuse.to_string(),
-                    "jwtAuthorizationGrantAssertionSignatureAlg": "ES256"}}),
-        )
-        .unwrap();
-    admin
-        .gateway_for(
+        .jwt_grant_provider(
             realm,
-            url,
-            &json!({"secret": SECRET, "attributes": {
-                "oauth2.jwt.authorization.grant.enabled": "true",
-                "oauth2.jwt.authorization.grant.idp": "workloads"}}),
+            "workloads",
+            &issuer,
+            &format!("{issuer}/jwks"),
+            reuse,
         )
         .unwrap();
-    let user = admin
-        .post(
-            &format!("/{realm}/users"),
-            &json!({"username": "agent", "enabled": true}),
-        )
-        .unwrap()
-        .unwrap();
-    let user = user.rsplit('/').next().unwrap().to_owned();
     admin
-        .post(
-            &format!("/{realm}/users/{user}/federated-identity/workloads"),
-            &json!({"identityProvider": "workloads", "userId": sub, "userName": sub}),
-        )
+        .jwt_grant_gateway(realm, url, "workloads", SECRET)
         .unwrap();
+    let user = admin.linked_user(realm, "workloads", "agent", sub).unwrap();
     (issuer, pem, user)
 }
 

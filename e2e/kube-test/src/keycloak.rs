@@ -105,7 +105,14 @@ impl Keycloak {
             )));
         }
         let (port, management) = two_free_ports()?;
-        let url = format!("http://127.0.0.1:{port}");
+        // On the test node, its address: the node's pods reach it there
+        // (an interface of the node's own network namespace); else loopback.
+        let host = if std::env::var_os(crate::node::ENV).is_some() {
+            crate::node::NODE_ADDRESS
+        } else {
+            "127.0.0.1"
+        };
+        let url = format!("http://{host}:{port}");
         let admin_password = format!("{:032x}", rand::random::<u128>());
         let args: Vec<String> = vec![
             format!("JAVA_HOME={}", java_home.trim()),
@@ -114,7 +121,7 @@ impl Keycloak {
             copy.join("bin/kc.sh").display().to_string(),
             "start-dev".to_owned(),
             "--db=dev-mem".to_owned(),
-            "--http-host=127.0.0.1".to_owned(),
+            format!("--http-host={host}"),
             format!("--http-port={port}"),
             format!("--http-management-port={management}"),
             "--health-enabled=true".to_owned(),
@@ -129,7 +136,7 @@ impl Keycloak {
             &dir,
             Some(&dir),
         )?;
-        let ready = format!("http://127.0.0.1:{management}/health/ready");
+        let ready = format!("http://{host}:{management}/health/ready");
         let mut last;
         loop {
             if let Some(status) = process.exit_status() {
@@ -295,6 +302,70 @@ impl Admin {
         let mut scope_permission = self.get(&path)?;
         scope_permission["policies"] = serde_json::json!([policy]);
         self.put(&path, &scope_permission)
+    }
+
+    /// An identity provider `alias` of `realm` whose JWTs are a grant
+    /// (RFC 7523 §2.1, Keycloak's JWT authorization grant): issued by
+    /// `issuer`, checked with the keys at `jwks_url`, up to an hour old,
+    /// each good for many requests if `reuse` (a projected token is).
+    pub fn jwt_grant_provider(
+        &self,
+        realm: &str,
+        alias: &str,
+        issuer: &str,
+        jwks_url: &str,
+        reuse: bool,
+    ) -> Result<(), String> {
+        self.post(
+            &format!("/{realm}/identity-provider/instances"),
+            &serde_json::json!({"alias": alias, "providerId": "jwt-authorization-grant",
+                "enabled": true, "config": {"issuer": issuer, "useJwksUrl": "true",
+                    "jwksUrl": jwks_url,
+                    "jwtAuthorizationGrantMaxAllowedAssertionExpiration": "3600",
+                    "jwtAuthorizationGrantAssertionReuseAllowed": reuse.to_string()}}),
+        )
+        .map(|_| ())
+    }
+
+    /// The gateway's client (see [`Admin::gateway_for`]) with `secret`,
+    /// allowed the JWT grant of provider `alias`; its id.
+    pub fn jwt_grant_gateway(
+        &self,
+        realm: &str,
+        url: &str,
+        alias: &str,
+        secret: &str,
+    ) -> Result<String, String> {
+        self.gateway_for(
+            realm,
+            url,
+            &serde_json::json!({"secret": secret, "attributes": {
+                "oauth2.jwt.authorization.grant.enabled": "true",
+                "oauth2.jwt.authorization.grant.idp": alias}}),
+        )
+    }
+
+    /// A user `username` of `realm`, linked to provider `alias` as `sub`
+    /// (the JWT grant finds its user so: Keycloak does not create it); its
+    /// id.
+    pub fn linked_user(
+        &self,
+        realm: &str,
+        alias: &str,
+        username: &str,
+        sub: &str,
+    ) -> Result<String, String> {
+        let user = self
+            .post(
+                &format!("/{realm}/users"),
+                &serde_json::json!({"username": username, "enabled": true}),
+            )?
+            .ok_or("the new user has no Location")?;
+        self.post(
+            &format!("/{realm}/users/{user}/federated-identity/{alias}"),
+            &serde_json::json!({"identityProvider": alias, "userId": sub, "userName": sub}),
+        )?;
+        Ok(user)
     }
 
     /// A realm of its own for one test.

@@ -343,7 +343,8 @@ async fn kubectl_to_sidecar_enforcement() {
     );
     let hidden = agent.call("fs_read_file", json!({"path": "e"})).await;
     assert_eq!(
-        hidden["error"]["message"], "Unknown tool: fs_read_file",
+        hidden["error"]["message"],
+        "Unknown tool: fs_read_file (connection fs is NeedsCredentials: upstream_auth_failed)",
         "{hidden}"
     );
 

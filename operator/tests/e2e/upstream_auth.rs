@@ -371,35 +371,13 @@ async fn a_pod_trades_its_service_account_token_for_access_tokens() {
         .put("/pods-grant", &json!({"accessTokenLifespan": 10}))
         .unwrap();
     kadmin
-        .post(
-            "/pods-grant/identity-provider/instances",
-            &json!({"alias": "cluster", "providerId": "jwt-authorization-grant", "enabled": true,
-                "config": {"issuer": issuer, "useJwksUrl": "true", "jwksUrl": jwks,
-                    "jwtAuthorizationGrantMaxAllowedAssertionExpiration": "3600",
-                    "jwtAuthorizationGrantAssertionReuseAllowed": "true"}}),
-        )
+        .jwt_grant_provider("pods-grant", "cluster", &issuer, &jwks, true)
         .unwrap();
     kadmin
-        .gateway_for(
-            "pods-grant",
-            &fs_url,
-            &json!({"secret": SECRET, "attributes": {
-                "oauth2.jwt.authorization.grant.enabled": "true",
-                "oauth2.jwt.authorization.grant.idp": "cluster"}}),
-        )
+        .jwt_grant_gateway("pods-grant", &fs_url, "cluster", SECRET)
         .unwrap();
     let user = kadmin
-        .post(
-            "/pods-grant/users",
-            &json!({"username": "agents-agent", "enabled": true}),
-        )
-        .unwrap()
-        .unwrap();
-    kadmin
-        .post(
-            &format!("/pods-grant/users/{user}/federated-identity/cluster"),
-            &json!({"identityProvider": "cluster", "userId": sub, "userName": sub}),
-        )
+        .linked_user("pods-grant", "cluster", "agents-agent", sub)
         .unwrap();
     kadmin.realm("pods-exchange").unwrap();
     kadmin

@@ -74,17 +74,7 @@ async fn the_cluster_example_runs_in_real_pods_as_the_quickstart_says() {
         "{args}"
     );
     let operator = cluster.kubectl(User::Admin, OPERATOR_NAMESPACE);
-    let connected = operator.ok(
-        &[
-            "logs",
-            "-n",
-            OPERATOR_NAMESPACE,
-            "-l",
-            "app.kubernetes.io/name=aip-operator",
-            "--tail=-1",
-        ],
-        None,
-    );
+    let connected = operator_logs(&operator);
     assert!(
         connected
             .lines()

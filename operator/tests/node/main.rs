@@ -22,3 +22,4 @@ mod example;
 mod faults;
 mod support;
 mod tool_drift;
+mod upstream_auth;

@@ -210,6 +210,21 @@ pub async fn pod(kubectl: &Kubectl, selector: &str) -> Value {
 }
 
 /// `kubectl logs` of one container of the pods matching `selector`.
+/// Every line the operator's pods logged.
+pub fn operator_logs(kubectl: &Kubectl) -> String {
+    kubectl.ok(
+        &[
+            "logs",
+            "-n",
+            OPERATOR_NAMESPACE,
+            "-l",
+            "app.kubernetes.io/name=aip-operator",
+            "--tail=-1",
+        ],
+        None,
+    )
+}
+
 pub fn logs(kubectl: &Kubectl, object: &str, container: &str) -> String {
     kubectl
         .run(
@@ -357,8 +372,40 @@ impl Story {
     /// lines, indented) added to the connection.
     pub fn tools_scripted(&self, script: &str, secret_token: &str, extra: &str) {
         let ns = &self.namespace;
-        let script = script.replace('\n', "\n    ");
         self.admin.apply(&format!(
+            "{}---
+apiVersion: v1
+kind: Secret
+metadata: {{name: fs-token, namespace: {ns}}}
+stringData: {{token: {secret_token}}}
+---
+apiVersion: aip.io/v1alpha1
+kind: ToolConnection
+metadata: {{name: fs, namespace: {ns}}}
+spec:
+  url: http://files.{ns}.svc.cluster.local:8080/mcp
+  toolPrefix: fs_
+  bearerToken: {{valueFrom: {{secretKeyRef: {{name: fs-token, key: token}}}}}}
+  healthCheck: {{intervalSeconds: 5}}
+{extra}",
+            self.files_server(script)
+        ));
+        let (ok, out, err) = self.admin.aip(&["grant", "fs", "-n", ns]);
+        assert!(ok, "{out}{err}");
+        wait_for(
+            &self.admin,
+            "deployment/files",
+            "condition=Available",
+            POD_PATIENCE,
+        );
+    }
+
+    /// The tool server playing `script` (its ConfigMap, Deployment and
+    /// Service `files`), as YAML documents to apply.
+    pub fn files_server(&self, script: &str) -> String {
+        let ns = &self.namespace;
+        let script = script.replace('\n', "\n    ");
+        format!(
             "apiVersion: v1
 kind: ConfigMap
 metadata: {{name: files-script, namespace: {ns}}}
@@ -390,30 +437,8 @@ metadata: {{name: files, namespace: {ns}}}
 spec:
   selector: {{app: files}}
   ports: [{{name: mcp, port: 8080, targetPort: mcp}}]
----
-apiVersion: v1
-kind: Secret
-metadata: {{name: fs-token, namespace: {ns}}}
-stringData: {{token: {secret_token}}}
----
-apiVersion: aip.io/v1alpha1
-kind: ToolConnection
-metadata: {{name: fs, namespace: {ns}}}
-spec:
-  url: http://files.{ns}.svc.cluster.local:8080/mcp
-  toolPrefix: fs_
-  bearerToken: {{valueFrom: {{secretKeyRef: {{name: fs-token, key: token}}}}}}
-  healthCheck: {{intervalSeconds: 5}}
-{extra}"
-        ));
-        let (ok, out, err) = self.admin.aip(&["grant", "fs", "-n", ns]);
-        assert!(ok, "{out}{err}");
-        wait_for(
-            &self.admin,
-            "deployment/files",
-            "condition=Available",
-            POD_PATIENCE,
-        );
+"
+        )
     }
 
     /// AgentPolicy `files` for pods `app=agent`: `allowed` tools, and

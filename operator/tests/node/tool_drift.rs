@@ -70,17 +70,7 @@ async fn a_rug_pull_in_a_running_pod_waits_for_a_person() {
         "{.status.conditions[?(@.type==\"ToolsDrifted\")].reason}",
         "Drifted",
     );
-    let logs = story.admin.ok(
-        &[
-            "logs",
-            "-n",
-            OPERATOR_NAMESPACE,
-            "-l",
-            "app.kubernetes.io/name=aip-operator",
-            "--tail=-1",
-        ],
-        None,
-    );
+    let logs = operator_logs(&story.admin);
     assert!(
         logs.lines()
             .any(|l| l.contains("\"event\":\"tool_withheld\"")
