@@ -806,3 +806,65 @@ async fn the_workloads_own_jwt_is_exchanged_for_an_access_token() {
     assert!(refused.get("error").is_some(), "{refused}");
     assert_eq!(calls(&core), 1, "only the first call reached the upstream");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_rotation_at_the_authorization_server_needs_no_restart() {
+    let kc = keycloak::shared().await;
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let (url, core) = upstream(kc, "cc-rotation", &shutdown).await;
+    realm(kc, "cc-rotation", &url, json!({"secret": SECRET}));
+    let admin = kc.admin().unwrap();
+    // Tokens of 10 s: the gateway asks again after 8.
+    admin
+        .put("/cc-rotation", &json!({"accessTokenLifespan": 10}))
+        .unwrap();
+    let (s, _dir) = secret_stack(kc, "cc-rotation", &url, SECRET, None, HealthState::Healthy).await;
+    let session = reads_once(&s, &core).await;
+    // A new signing key, and the old one gone: every token from now on is
+    // signed by a key the upstream has not seen (it fetches the JWKS again).
+    let realm_id = admin.get("/cc-rotation").unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let keys = admin
+        .get("/cc-rotation/components?type=org.keycloak.keys.KeyProvider")
+        .unwrap();
+    let old: Vec<String> = keys
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|k| k["providerId"] == "rsa-generated")
+        .map(|k| k["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(!old.is_empty(), "{keys}");
+    admin
+        .post(
+            "/cc-rotation/components",
+            &json!({"name": "rotated", "providerId": "rsa-generated",
+                "providerType": "org.keycloak.keys.KeyProvider", "parentId": realm_id,
+                "config": {"priority": ["200"], "active": ["true"], "enabled": ["true"],
+                    "algorithm": ["RS256"], "keySize": ["2048"]}}),
+        )
+        .unwrap();
+    for id in &old {
+        admin
+            .delete(&format!("/cc-rotation/components/{id}"))
+            .unwrap();
+    }
+    // Calls go on through the refresh, which brings a token of the new key.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut id = 2;
+    while tokens_seen(&core).len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no token of the new key"
+        );
+        let read = s.call(&session, json!(id), "up_read", json!({})).await;
+        assert_eq!(read["result"]["content"][0]["text"], "contents", "{read}");
+        id += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    let read = s.call(&session, json!(id), "up_read", json!({})).await;
+    assert_eq!(read["result"]["content"][0]["text"], "contents", "{read}");
+}

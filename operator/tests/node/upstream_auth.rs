@@ -142,11 +142,17 @@ spec:
     assert_eq!(story.upstream_calls("read_file").len(), 1);
     // The operator (in its pod, with no such token) shows what the
     // sidecar reported.
-    story.admin.wait(
-        "toolconnection/fs",
-        "{.status.conditions[?(@.type==\"Authenticated\")].reason}",
-        "JwtBearer",
-    );
+    // (The sidecar reports every 30 s.)
+    let reason = "{.status.conditions[?(@.type==\"Authenticated\")].reason}";
+    eventually(
+        "the operator shows the sidecar's report",
+        POD_PATIENCE,
+        || {
+            let said = story.admin.get("toolconnection/fs", reason);
+            async move { (said == "JwtBearer").then_some(()) }
+        },
+    )
+    .await;
 
     // No secret, projected token or access token (a JWT: `eyJ`) in the
     // sidecar's log, the operator's, the status or the Events.
