@@ -102,8 +102,11 @@ pub async fn run(
                 if let Some(t) = tracked.get_mut(&e.connection) {
                     if t.resolved.as_pods() {
                         // No probe can check it: the sidecar's own judgement
-                        // (its health rules, its token requests) is the status.
-                        if leading && let Some(outcome) = reported(&e) {
+                        // (its health rules, its token requests) is the status,
+                        // written by whichever replica the sidecar reports to
+                        // (a report reaches only one; the write is conditional
+                        // and changes nothing when the status already says it).
+                        if let Some(outcome) = reported(&e) {
                             write(&ctx, &e.connection, &t.resolved, outcome).await;
                         }
                         continue;
