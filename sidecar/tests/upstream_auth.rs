@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use aip_fault_server::core::Core;
 use aip_fault_server::log::AttemptLog;
 use aip_fault_server::script::{Script, Transport};
-use aip_kube_test::keycloak::{self, Keycloak};
+use aip_kube_test::keycloak::{self, Keycloak, ec_key};
 use aip_sidecar::upstream::health::HealthState;
 use common::{Setup, Stack, scratch};
 use serde_json::{Value, json};
@@ -219,18 +219,6 @@ async fn a_wrong_secret_needs_credentials_with_the_servers_error_and_reaches_not
     assert!(tokens_seen(&core).is_empty());
     let audit = std::fs::read_to_string(&s.audit).unwrap();
     assert!(!audit.contains(wrong), "{audit}");
-}
-
-/// A P-256 key: its PEM (PKCS#8) and its public JWK named `kid`.
-fn ec_key(kid: &str) -> (String, Value) {
-    use base64::Engine;
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-    let point = key.public_key_raw();
-    assert_eq!(point.len(), 65, "an uncompressed P-256 point");
-    let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
-    let jwk = json!({"kty": "EC", "crv": "P-256", "x": b64(&point[1..33]), "y": b64(&point[33..65]),
-                     "kid": kid, "use": "sig", "alg": "ES256"});
-    (key.serialize_pem(), jwk)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

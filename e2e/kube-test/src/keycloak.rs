@@ -416,6 +416,24 @@ impl Admin {
     }
 }
 
+/// A fresh P-256 key: its PEM (PKCS#8) and its public JWK named `kid`
+/// (for a client that signs its own assertions, or an issuer of JWTs).
+///
+/// # Panics
+///
+/// If the key cannot be generated.
+pub fn ec_key(kid: &str) -> (String, Value) {
+    use base64::Engine;
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+        .unwrap_or_else(|e| panic!("cannot generate a P-256 key: {e}"));
+    let point = key.public_key_raw();
+    assert_eq!(point.len(), 65, "an uncompressed P-256 point");
+    let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+    let jwk = serde_json::json!({"kty": "EC", "crv": "P-256", "x": b64(&point[1..33]),
+        "y": b64(&point[33..65]), "kid": kid, "use": "sig", "alg": "ES256"});
+    (key.serialize_pem(), jwk)
+}
+
 /// Serves `body` as JSON to every request on a loopback port until
 /// `shutdown` (a JWKS, say, for Keycloak to fetch); its URL.
 pub async fn serve_json(

@@ -95,13 +95,25 @@ async fn a_connection_gets_its_tokens_from_keycloak_with_a_secret_from_a_secret(
     let shutdown = CancellationToken::new();
     let _stop = shutdown.clone().drop_guard();
     let (url, core) = upstream(kc, "cluster", &shutdown).await;
+    let (key_url, key_core) = upstream(kc, "cluster-key", &shutdown).await;
 
     // Keycloak: the upstream a resource, the gateway a client whose tokens
-    // name it.
+    // name it; in a second realm, a client that signs its own assertions.
     let kadmin = kc.admin().unwrap();
     kadmin.realm("cluster").unwrap();
     kadmin
         .gateway_for("cluster", &url, &json!({"secret": SECRET}))
+        .unwrap();
+    let (pem, jwk) = keycloak::ec_key("gw-1");
+    kadmin.realm("cluster-key").unwrap();
+    kadmin
+        .gateway_for(
+            "cluster-key",
+            &key_url,
+            &json!({"clientAuthenticatorType": "client-jwt", "attributes": {
+                "use.jwks.string": "true", "jwks.string": json!({"keys": [jwk]}).to_string(),
+                "token.endpoint.auth.signing.alg": "ES256"}}),
+        )
         .unwrap();
 
     let (installed, operator) = Installed::start(&cluster, &admin, &dir).await;
@@ -116,17 +128,37 @@ async fn a_connection_gets_its_tokens_from_keycloak_with_a_secret_from_a_secret(
         "apiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {{name: fs, namespace: agents}}\nspec:\n  url: {url}\n  toolPrefix: fs_\n  healthCheck: {{intervalSeconds: 2}}\n  auth:\n    clientCredentials:\n      issuer: {}\n      clientId: gateway\n      clientSecret: {{valueFrom: {{secretKeyRef: {{name: gateway-client, key: secret}}}}}}\n",
         kc.issuer("cluster")
     ));
-    let (ok, out, err) = admin.aip(&["grant", "fs", "-n", "agents"]);
-    assert!(ok, "{out}{err}");
-    assert!(out.contains("gateway-client"), "{out}");
-    admin.apply(&policy(&["fs_read_file"]));
+    let indented = pem.trim_end().replace('\n', "\n    ");
+    admin.apply(&format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: gateway-key, namespace: agents}}\nstringData:\n  tls.key: |\n    {indented}\n---\napiVersion: aip.io/v1alpha1\nkind: ToolConnection\nmetadata: {{name: fk, namespace: agents}}\nspec:\n  url: {key_url}\n  toolPrefix: fk_\n  auth:\n    clientCredentials:\n      issuer: {}\n      clientId: gateway\n      privateKey: {{valueFrom: {{secretKeyRef: {{name: gateway-key, key: tls.key}}}}}}\n      keyId: gw-1\n",
+        kc.issuer("cluster-key")
+    ));
+    for (name, secret) in [("fs", "gateway-client"), ("fk", "gateway-key")] {
+        let (ok, out, err) = admin.aip(&["grant", name, "-n", "agents"]);
+        assert!(ok, "{out}{err}");
+        assert!(out.contains(secret), "{out}");
+    }
+    admin.apply(
+        &policy(&["fs_read_file", "fk_read_file"])
+            .replace("toolConnections: [fs]", "toolConnections: [fs, fk]"),
+    );
     // The operator's own probe gets a token and lists the tools.
     admin.wait("toolconnection/fs", "{.status.health.state}", "Healthy");
+    admin.wait("toolconnection/fk", "{.status.health.state}", "Healthy");
     let authenticated = "{.status.conditions[?(@.type==\"Authenticated\")].reason}";
     admin.wait("toolconnection/fs", authenticated, "ClientCredentials");
 
     let (sidecar, agent) = agent_pod_with_sidecar(&cluster, &dir, &installed).await;
     reads_through(&agent, "a call through a token from Keycloak").await;
+    eventually("a call through a token for the gateway's own key", || {
+        let mut agent = clone_agent(&agent);
+        async move {
+            let r = agent.call("fk_read_file", json!({"path": "a"})).await;
+            (r["result"]["content"][0]["text"] == "contents").then_some(())
+        }
+    })
+    .await;
+    assert!(reads(&key_core) >= 1);
 
     // A wrong secret: no token, so the connection needs credentials, with
     // Keycloak's error, and nothing more reaches the upstream.
@@ -160,9 +192,10 @@ async fn a_connection_gets_its_tokens_from_keycloak_with_a_secret_from_a_secret(
         "a call without a token reached the upstream"
     );
 
-    // Neither secret is anywhere a person or a log collector looks.
+    // Neither secret, nor the key, nor any access token (a JWT: `eyJ`) is
+    // anywhere a person or a log collector looks.
     let status = admin.ok(
-        &["get", "toolconnection", "fs", "-n", "agents", "-o", "yaml"],
+        &["get", "toolconnections", "-n", "agents", "-o", "yaml"],
         None,
     );
     let said = format!(
@@ -171,7 +204,8 @@ async fn a_connection_gets_its_tokens_from_keycloak_with_a_secret_from_a_secret(
         operator.all_output(),
         sidecar.all_output()
     );
-    for secret in [SECRET, WRONG] {
+    let key_lines = pem.lines().filter(|l| !l.starts_with("-----"));
+    for secret in [SECRET, WRONG, "eyJ"].into_iter().chain(key_lines) {
         assert!(!said.contains(secret), "{secret} was shown:\n{said}");
     }
 }
