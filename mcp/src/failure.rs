@@ -209,6 +209,17 @@ pub fn insufficient_scope(challenge: &str) -> Option<String> {
         .map(|(_, v)| v)
 }
 
+/// The `resource_metadata` URL of a `WWW-Authenticate: Bearer ...`
+/// challenge (RFC 9728 §5.1): where the resource's metadata is.
+pub fn resource_metadata(challenge: &str) -> Option<String> {
+    let rest = challenge.trim().strip_prefix("Bearer")?.trim_start();
+    auth_params(rest)
+        .into_iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("resource_metadata"))
+        .map(|(_, v)| v)
+        .filter(|v| v.starts_with("https://") || v.starts_with("http://"))
+}
+
 /// `k=v, k="quoted, value"` pairs of an auth challenge.
 fn auth_params(text: &str) -> Vec<(String, String)> {
     let mut out = Vec::new();
@@ -248,6 +259,25 @@ fn auth_params(text: &str) -> Vec<(String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resource_metadata_from_challenge() {
+        assert_eq!(
+            resource_metadata(
+                r#"Bearer error="invalid_token", resource_metadata="http://127.0.0.1:9/.well-known/oauth-protected-resource/mcp""#
+            ),
+            Some("http://127.0.0.1:9/.well-known/oauth-protected-resource/mcp".into())
+        );
+        assert_eq!(resource_metadata(r#"Bearer realm="x""#), None);
+        assert_eq!(
+            resource_metadata(r#"Basic resource_metadata="http://x""#),
+            None
+        );
+        assert_eq!(
+            resource_metadata(r#"Bearer resource_metadata="file:///etc/passwd""#),
+            None
+        );
+    }
 
     #[test]
     fn scope_from_challenge() {

@@ -637,13 +637,20 @@ impl TokenSource {
     }
 
     /// The authorization server the resource's RFC 9728 metadata names
-    /// (its first): looked for at the well-known URL with the resource's
-    /// path, then without it. The metadata must name this resource.
+    /// (its first), as MCP authorization finds it: at the URL the
+    /// resource's own 401 names (`WWW-Authenticate: Bearer
+    /// resource_metadata=...`), else at the well-known URL with the
+    /// resource's path, then without it. The metadata must name this
+    /// resource.
     async fn resource_issuer(&self) -> Result<String, TokenError> {
         let resource = self.oauth.resource.trim_end_matches('/');
-        let (url, metadata) = self
-            .metadata(resource_metadata_urls(resource), "resource", resource)
-            .await?;
+        let mut urls = resource_metadata_urls(resource);
+        if let Some(named) = self.challenged_metadata_url().await
+            && !urls.contains(&named)
+        {
+            urls.insert(0, named);
+        }
+        let (url, metadata) = self.metadata(urls, "resource", resource).await?;
         metadata
             .get("authorization_servers")
             .and_then(Value::as_array)
@@ -651,6 +658,36 @@ impl TokenSource {
             .and_then(Value::as_str)
             .map(|s| s.trim_end_matches('/').to_owned())
             .ok_or_else(|| TokenError::Discovery(format!("{url} names no authorization server")))
+    }
+
+    /// The metadata URL the resource names when asked without a token: an
+    /// MCP POST (nothing it would act on: a request without a token is
+    /// refused before it is read), its 401's challenge. None when it does
+    /// not answer so.
+    async fn challenged_metadata_url(&self) -> Option<String> {
+        let request = Request::builder()
+            .method(Method::POST)
+            .uri(&self.oauth.resource)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(Full::new(Bytes::from_static(
+                br#"{"jsonrpc":"2.0","id":0,"method":"ping"}"#,
+            )))
+            .ok()?;
+        let timeout = self.oauth.timeout;
+        let response = tokio::time::timeout(timeout, self.client.request(request))
+            .await
+            .ok()?
+            .ok()?;
+        if response.status() != StatusCode::UNAUTHORIZED {
+            return None;
+        }
+        response
+            .headers()
+            .get_all(hyper::header::WWW_AUTHENTICATE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .find_map(crate::failure::resource_metadata)
     }
 
     /// The first of `urls` that answers a metadata document; it must say

@@ -140,6 +140,22 @@ fn tokens_seen(core: &Core) -> BTreeSet<String> {
         .collect()
 }
 
+/// Reads through `s` (every call must get the upstream's answer) until
+/// the upstream has seen a second token, within 30 s (else fails saying
+/// `what`); the next call id.
+async fn reads_until_a_second_token(s: &Stack, core: &Core, session: &str, what: &str) -> u64 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut id = 2;
+    while tokens_seen(core).len() < 2 {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        let read = s.call(session, json!(id), "up_read", json!({})).await;
+        assert_eq!(read["result"]["content"][0]["text"], "contents", "{read}");
+        id += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    id
+}
+
 fn calls(core: &Core) -> usize {
     core.log
         .lines()
@@ -324,15 +340,7 @@ async fn a_federated_assertion_file_is_the_client_credential_and_is_reread() {
         assertion(&pem, "sa-1", &issuer, sub, &audience, 120),
     )
     .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let mut id = 2;
-    while tokens_seen(&core).len() < 2 {
-        assert!(std::time::Instant::now() < deadline, "no second token");
-        let read = s.call(&session, json!(id), "up_read", json!({})).await;
-        assert_eq!(read["result"]["content"][0]["text"], "contents", "{read}");
-        id += 1;
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    }
+    reads_until_a_second_token(&s, &core, &session, "no second token").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -601,15 +609,7 @@ async fn the_workloads_own_jwt_is_the_grant_and_is_reread_when_rotated() {
     // this realm (no reuse): a second token comes only from the file read
     // again.
     std::fs::write(&file, assertion_aged(&pem, &issuer, sub, &audience, 0, 600)).unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let mut id = 2;
-    while tokens_seen(&core).len() < 2 {
-        assert!(std::time::Instant::now() < deadline, "no second token");
-        let read = s.call(&session, json!(id), "up_read", json!({})).await;
-        assert_eq!(read["result"]["content"][0]["text"], "contents", "{read}");
-        id += 1;
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    }
+    reads_until_a_second_token(&s, &core, &session, "no second token").await;
     let audit = std::fs::read_to_string(&s.audit).unwrap();
     assert!(!audit.contains(&first), "the assertion is never audited");
 }
@@ -841,18 +841,7 @@ async fn a_key_rotation_at_the_authorization_server_needs_no_restart() {
             .unwrap();
     }
     // Calls go on through the refresh, which brings a token of the new key.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let mut id = 2;
-    while tokens_seen(&core).len() < 2 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no token of the new key"
-        );
-        let read = s.call(&session, json!(id), "up_read", json!({})).await;
-        assert_eq!(read["result"]["content"][0]["text"], "contents", "{read}");
-        id += 1;
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    }
+    let id = reads_until_a_second_token(&s, &core, &session, "no token of the new key").await;
     let read = s.call(&session, json!(id), "up_read", json!({})).await;
     assert_eq!(read["result"]["content"][0]["text"], "contents", "{read}");
 }
