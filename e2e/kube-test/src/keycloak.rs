@@ -49,7 +49,11 @@ pub async fn shared() -> &'static Keycloak {
                 .await
                 .unwrap_or_else(|e| Err(Error::Setup(format!("the start panicked: {e}"))));
             if let Ok(k) = &started {
-                eprintln!(
+                // Straight to the process's stderr, past the test harness's
+                // capture: `make test` shows how long each start took.
+                use std::io::Write;
+                let _ = writeln!(
+                    std::io::stderr().lock(),
                     "aip-kube-test: keycloak {} ready in {:.1} s",
                     k.url,
                     k.started_in.as_secs_f64()
