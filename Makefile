@@ -119,9 +119,10 @@ unit: check-shared build interop-deps kubectl helm controlplane keycloak
 ## `make images` imported, runs the tests inside, stops it and checks that
 ## the host is as it was (iptables-save, sysctls, mounts, cgroups). Before
 ## them, e2e/kube-test/tests/node_lifecycle.rs stops nodes with SIGTERM,
-## SIGINT and SIGKILL and checks the same. Root.
+## SIGINT and SIGKILL and checks the same. Keycloak is fetched first: the
+## identity story starts it inside the node, which has no route out. Root.
 NODE_TEST_ARGS ?=
-node-test: build images controlplane node-deps kubectl helm
+node-test: build images controlplane node-deps kubectl helm keycloak
 	$(CARGO) test --locked -p aip-operator --test node --no-run
 	$(CARGO) test --locked -p aip-kube-test --test node_lifecycle -- --test-threads=1
 	PATH="$(CURDIR)/target/bin:$$PATH" target/debug/aip-node run --check-host -- \
