@@ -87,16 +87,22 @@ impl Kubectl {
 
     /// `kubectl wait` for a JSONPath value (kubectl watches; no polling here).
     pub fn wait(&self, object: &str, jsonpath: &str, value: &str) {
+        self.wait_within(object, jsonpath, value, std::time::Duration::from_secs(30));
+    }
+
+    /// The same, for as long as `patience` (a status the sidecars' reports
+    /// write, every 30 s, needs longer).
+    pub fn wait_within(
+        &self,
+        object: &str,
+        jsonpath: &str,
+        value: &str,
+        patience: std::time::Duration,
+    ) {
         let condition = format!("--for=jsonpath={jsonpath}={value}");
+        let timeout = format!("--timeout={}s", patience.as_secs());
         self.ok(
-            &[
-                "wait",
-                "-n",
-                &self.namespace,
-                object,
-                &condition,
-                "--timeout=30s",
-            ],
+            &["wait", "-n", &self.namespace, object, &condition, &timeout],
             None,
         );
     }

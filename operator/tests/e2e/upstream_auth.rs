@@ -24,6 +24,8 @@ use crate::support::{
 };
 
 const SECRET: &str = "gw-cluster-s3cret-77";
+/// How long a status the sidecars' reports write (every 30 s) may take.
+const REPORTED: std::time::Duration = std::time::Duration::from_secs(90);
 const WRONG: &str = "gw-wrong-s3cret-11";
 
 /// The upstream `files` (read_file): only tokens of `realm` for its URL.
@@ -350,11 +352,17 @@ async fn a_pod_authenticates_upstream_as_its_own_service_account() {
     assert!(reads(&core) >= 1);
     // The operator has no such token: it does not probe the connection;
     // the sidecar's report is its status.
-    admin.wait("toolconnection/fs", "{.status.health.state}", "Healthy");
-    admin.wait(
+    admin.wait_within(
+        "toolconnection/fs",
+        "{.status.health.state}",
+        "Healthy",
+        REPORTED,
+    );
+    admin.wait_within(
         "toolconnection/fs",
         "{.status.conditions[?(@.type==\"Authenticated\")].reason}",
         "ClientCredentials",
+        REPORTED,
     );
     assert!(!sidecar.all_output().contains(&projected));
 }
@@ -509,9 +517,9 @@ async fn a_pod_trades_its_service_account_token_for_access_tokens() {
         )
     };
     let (fs, authenticated) = reason("fs");
-    admin.wait(&fs, authenticated, "JwtBearer");
+    admin.wait_within(&fs, authenticated, "JwtBearer", REPORTED);
     let (ex, _) = reason("ex");
-    admin.wait(&ex, authenticated, "TokenExchange");
+    admin.wait_within(&ex, authenticated, "TokenExchange", REPORTED);
 
     // The workload user disabled: the next token request is refused, the
     // token in hand runs out, and fs alone is gated, named by Keycloak's
@@ -553,7 +561,7 @@ async fn a_pod_trades_its_service_account_token_for_access_tokens() {
         through(&read("ex_read_file").await),
         "its sibling still works"
     );
-    admin.wait(&fs, authenticated, "InvalidGrant");
+    admin.wait_within(&fs, authenticated, "InvalidGrant", REPORTED);
     let message = admin.get(
         &fs,
         "{.status.conditions[?(@.type==\"Authenticated\")].message}",
@@ -573,7 +581,7 @@ async fn a_pod_trades_its_service_account_token_for_access_tokens() {
         through(&read("fs_read_file").await).then_some(())
     })
     .await;
-    admin.wait(&fs, authenticated, "JwtBearer");
+    admin.wait_within(&fs, authenticated, "JwtBearer", REPORTED);
     assert!(reads(&ex_core) >= 2);
 
     // No secret, projected token or access token (a JWT: `eyJ`) is where
