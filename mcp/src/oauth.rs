@@ -142,12 +142,21 @@ pub enum Grant {
 }
 
 impl Grant {
-    /// The name the docs, the CRD and the conditions use.
+    /// The name the docs and the CRD use.
     pub fn name(&self) -> &'static str {
         match self {
             Grant::ClientCredentials => "clientCredentials",
             Grant::JwtBearer { .. } => "jwtBearer",
             Grant::TokenExchange { .. } => "tokenExchange",
+        }
+    }
+
+    /// The name as a Kubernetes condition reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Grant::ClientCredentials => "ClientCredentials",
+            Grant::JwtBearer { .. } => "JwtBearer",
+            Grant::TokenExchange { .. } => "TokenExchange",
         }
     }
 }

@@ -200,35 +200,27 @@ struct TokenRep {
 /// TOKEN_LIFETIME; the count of requests it answered.
 async fn token_endpoint() -> (String, std::sync::Arc<std::sync::atomic::AtomicU64>) {
     use std::sync::atomic::{AtomicU64, Ordering};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/token", listener.local_addr().unwrap());
     let count = std::sync::Arc::new(AtomicU64::new(0));
     let counted = count.clone();
-    tokio::spawn(async move {
-        loop {
-            let (stream, _) = listener.accept().await.unwrap();
-            let counted = counted.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |_req: Request<Incoming>| {
-                    let n = counted.fetch_add(1, Ordering::Relaxed);
-                    // About the size of a real JWT access token.
-                    let token = format!("bench-{n}-{}", "x".repeat(900));
-                    let body = json!({"access_token": token, "token_type": "Bearer",
-                                      "expires_in": TOKEN_LIFETIME.as_secs()});
-                    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
-                    r.headers_mut().insert(
-                        hyper::header::CONTENT_TYPE,
-                        hyper::header::HeaderValue::from_static("application/json"),
-                    );
-                    async move { Ok::<_, Infallible>(r) }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    (url, count)
+    let addr = aip_kube_test::keycloak::serve_loopback(
+        move |_req: Request<Incoming>| {
+            let n = counted.fetch_add(1, Ordering::Relaxed);
+            // About the size of a real JWT access token.
+            let token = format!("bench-{n}-{}", "x".repeat(900));
+            let body = json!({"access_token": token, "token_type": "Bearer",
+                              "expires_in": TOKEN_LIFETIME.as_secs()});
+            let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+            r.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static("application/json"),
+            );
+            async move { r }
+        },
+        tokio_util::sync::CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    (format!("http://{addr}/token"), count)
 }
 
 /// The protocol era the HTTP figures are taken in: the client, the

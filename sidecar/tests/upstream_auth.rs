@@ -12,8 +12,6 @@ mod common;
 use std::collections::BTreeSet;
 
 use aip_fault_server::core::Core;
-use aip_fault_server::log::AttemptLog;
-use aip_fault_server::script::{Script, Transport};
 use aip_kube_test::keycloak::{self, Keycloak, ec_key};
 use aip_sidecar::upstream::health::HealthState;
 use common::{Setup, Stack, scratch};
@@ -40,29 +38,11 @@ async fn upstream_for(
     audience: Option<&str>,
     shutdown: &CancellationToken,
 ) -> (String, std::sync::Arc<Core>) {
-    // The URL is needed for the audience before the server can start: a
-    // port is taken, then the server started on it.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
     let issuer = kc.issuer(realm);
-    let audience = audience.unwrap_or(&url);
-    let yaml = format!(
-        "apiVersion: aip.io/v1alpha1\nkind: FaultServer\nmetadata: {{name: files}}\nspec:\n  requireJwt: {{issuer: '{issuer}', audience: '{audience}', jwksUrl: '{issuer}/protocol/openid-connect/certs'}}\n  tools:\n    - {{name: read, responses: [{{sequence: [{}]}}]}}\n",
-        vec!["{return: contents}"; 50].join(", ")
-    );
-    let core = Core::new(
-        Script::from_yaml(&yaml, Transport::Http).unwrap(),
-        AttemptLog::new(Box::new(std::io::sink()), true),
-    );
-    let served = aip_fault_server::http::serve(
-        core.clone(),
-        listener,
-        aip_fault_server::http::HttpOptions::default(),
-        shutdown.clone(),
-    );
-    tokio::spawn(served);
-    tokio::spawn(core.clone().run(shutdown.clone()));
-    (url, core)
+    let jwks = format!("{issuer}/protocol/openid-connect/certs");
+    aip_fault_server::http::jwt_protected(&issuer, &jwks, audience, "read", shutdown)
+        .await
+        .unwrap()
 }
 
 /// Realm `realm`, the upstream at `url` its resource, and the gateway's
@@ -272,20 +252,6 @@ async fn issuer_serving(jwks: Value, shutdown: &CancellationToken) -> String {
         .unwrap()
 }
 
-/// An assertion of the test's issuer about `sub`, for `audience`.
-fn assertion(pem: &str, kid: &str, issuer: &str, sub: &str, audience: &str, life: u64) -> String {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
-    header.kid = Some(kid.to_owned());
-    let claims = json!({"iss": issuer, "sub": sub, "aud": audience, "iat": now, "exp": now + life,
-                        "jti": format!("{:032x}", rand::random::<u128>())});
-    let key = jsonwebtoken::EncodingKey::from_ec_pem(pem.as_bytes()).unwrap();
-    jsonwebtoken::encode(&header, &claims, &key).unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_federated_assertion_file_is_the_client_credential_and_is_reread() {
     let kc = keycloak::shared().await;
@@ -323,7 +289,7 @@ async fn a_federated_assertion_file_is_the_client_credential_and_is_reread() {
     let audience = kc.issuer("cc-federated");
     std::fs::write(
         &token_file,
-        assertion(&pem, "sa-1", &issuer, sub, &audience, 120),
+        assertion_aged(&pem, &issuer, sub, &audience, 0, 120),
     )
     .unwrap();
     let client = format!(
@@ -337,7 +303,7 @@ async fn a_federated_assertion_file_is_the_client_credential_and_is_reread() {
     // succeeds only with the file read again.
     std::fs::write(
         &token_file,
-        assertion(&pem, "sa-1", &issuer, sub, &audience, 120),
+        assertion_aged(&pem, &issuer, sub, &audience, 0, 120),
     )
     .unwrap();
     reads_until_a_second_token(&s, &core, &session, "no second token").await;
@@ -394,62 +360,46 @@ async fn thirty_two_sessions_share_one_token_request_per_expiry() {
 async fn echoing_upstream(shutdown: &CancellationToken) -> String {
     use base64::Engine;
     use http_body_util::{BodyExt, Full};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
-    let shutdown = shutdown.clone();
-    tokio::spawn(async move {
-        loop {
-            let accepted = tokio::select! {
-                a = listener.accept() => a,
-                () = shutdown.cancelled() => return,
+    let addr = keycloak::serve_loopback(
+        |req: hyper::Request<hyper::body::Incoming>| async move {
+            let auth = req
+                .headers()
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            let body = req.into_body().collect().await.unwrap().to_bytes();
+            let message: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            let result = match message["method"].as_str() {
+                Some("initialize") => json!({"protocolVersion": "2025-11-25",
+                    "capabilities": {"tools": {}}, "serverInfo": {"name": "echo", "version": "1"}}),
+                Some("tools/list") => {
+                    json!({"tools": [{"name": "read", "inputSchema": {"type": "object"}}]})
+                }
+                Some(_) => json!({"content": [{"type": "text", "text": format!(
+                    "debug: you sent {auth} ({})",
+                    base64::engine::general_purpose::STANDARD.encode(auth.trim_start_matches("Bearer "))
+                )}]}),
+                None => Value::Null,
             };
-            let Ok((stream, _)) = accepted else { continue };
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(
-                    |req: hyper::Request<hyper::body::Incoming>| async move {
-                        let auth = req
-                            .headers()
-                            .get("authorization")
-                            .and_then(|v| v.to_str().ok())
-                            .unwrap_or_default()
-                            .to_owned();
-                        let body = req.into_body().collect().await.unwrap().to_bytes();
-                        let message: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                        let result = match message["method"].as_str() {
-                            Some("initialize") => json!({"protocolVersion": "2025-11-25",
-                            "capabilities": {"tools": {}}, "serverInfo": {"name": "echo", "version": "1"}}),
-                            Some("tools/list") => {
-                                json!({"tools": [{"name": "read", "inputSchema": {"type": "object"}}]})
-                            }
-                            Some(_) => json!({"content": [{"type": "text", "text": format!(
-                                "debug: you sent {auth} ({})",
-                                base64::engine::general_purpose::STANDARD.encode(auth.trim_start_matches("Bearer "))
-                            )}]}),
-                            None => Value::Null,
-                        };
-                        let response = if message.get("id").is_some() {
-                            let mut r = hyper::Response::new(Full::new(bytes::Bytes::from(
-                                json!({"jsonrpc": "2.0", "id": message["id"], "result": result})
-                                    .to_string(),
-                            )));
-                            r.headers_mut()
-                                .insert("content-type", "application/json".parse().unwrap());
-                            r
-                        } else {
-                            let mut r = hyper::Response::new(Full::new(bytes::Bytes::new()));
-                            *r.status_mut() = hyper::StatusCode::ACCEPTED;
-                            r
-                        };
-                        Ok::<_, std::convert::Infallible>(response)
-                    },
-                );
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    url
+            if message.get("id").is_some() {
+                let mut r = hyper::Response::new(Full::new(bytes::Bytes::from(
+                    json!({"jsonrpc": "2.0", "id": message["id"], "result": result}).to_string(),
+                )));
+                r.headers_mut()
+                    .insert("content-type", "application/json".parse().unwrap());
+                r
+            } else {
+                let mut r = hyper::Response::new(Full::new(bytes::Bytes::new()));
+                *r.status_mut() = hyper::StatusCode::ACCEPTED;
+                r
+            }
+        },
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    format!("http://{addr}/mcp")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

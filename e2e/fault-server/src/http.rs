@@ -88,6 +88,43 @@ pub async fn start_on_loopback(
     Ok(url)
 }
 
+/// For tests: a server on a loopback port, until `shutdown`, whose one
+/// tool `tool` answers `contents` (to 100 calls) to callers with a JWT of
+/// `issuer` for `audience` (None: the server's own URL), signed by a key
+/// at `jwks_url`. Its URL (`http://ADDR/mcp`) and its core, whose attempt
+/// log shows every call and the hash of each token it was given.
+pub async fn jwt_protected(
+    issuer: &str,
+    jwks_url: &str,
+    audience: Option<&str>,
+    tool: &str,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<(String, Arc<Core>)> {
+    use crate::log::AttemptLog;
+    use crate::script::{Script, Transport};
+    // The URL is the audience before the server can start: a port is
+    // taken, then the server started on it.
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/mcp", listener.local_addr()?);
+    let audience = audience.unwrap_or(&url);
+    let answers = vec!["{return: contents}"; crate::script::MAX_STEPS].join(", ");
+    let yaml = format!(
+        "apiVersion: aip.io/v1alpha1\nkind: FaultServer\nmetadata: {{name: files}}\nspec:\n  requireJwt: {{issuer: '{issuer}', audience: '{audience}', jwksUrl: '{jwks_url}'}}\n  tools:\n    - {{name: {tool}, responses: [{{sequence: [{answers}]}}]}}\n"
+    );
+    let core = Core::new(
+        Script::from_yaml(&yaml, Transport::Http)?,
+        AttemptLog::new(Box::new(std::io::sink()), true),
+    );
+    tokio::spawn(serve(
+        core.clone(),
+        listener,
+        HttpOptions::default(),
+        shutdown.clone(),
+    ));
+    tokio::spawn(core.clone().run(shutdown.clone()));
+    Ok((url, core))
+}
+
 /// Serves HTTP on `listener` until `shutdown`.
 pub async fn serve(
     core: Arc<Core>,

@@ -444,10 +444,37 @@ pub async fn serve_json(
     body: String,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<String> {
-    use http_body_util::Full;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}", listener.local_addr()?);
     let body = bytes::Bytes::from(body);
+    let addr = serve_loopback(
+        move |_req| {
+            let mut r = hyper::Response::new(http_body_util::Full::new(body.clone()));
+            r.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static("application/json"),
+            );
+            async move { r }
+        },
+        shutdown,
+    )
+    .await?;
+    Ok(format!("http://{addr}"))
+}
+
+/// Answers every request on a loopback port with `answer` until
+/// `shutdown` (a JWKS, an upstream of the test's making); the port's
+/// address.
+pub async fn serve_loopback<F, Fut>(
+    answer: F,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> std::io::Result<std::net::SocketAddr>
+where
+    F: Fn(hyper::Request<hyper::body::Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = hyper::Response<http_body_util::Full<bytes::Bytes>>>
+        + Send
+        + 'static,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
     tokio::spawn(async move {
         loop {
             let accepted = tokio::select! {
@@ -455,15 +482,11 @@ pub async fn serve_json(
                 () = shutdown.cancelled() => return,
             };
             let Ok((stream, _)) = accepted else { continue };
-            let body = body.clone();
+            let answer = answer.clone();
             tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |_req| {
-                    let mut r = hyper::Response::new(Full::new(body.clone()));
-                    r.headers_mut().insert(
-                        hyper::header::CONTENT_TYPE,
-                        hyper::header::HeaderValue::from_static("application/json"),
-                    );
-                    async move { Ok::<_, std::convert::Infallible>(r) }
+                let service = hyper::service::service_fn(move |req| {
+                    let answered = answer(req);
+                    async move { Ok::<_, std::convert::Infallible>(answered.await) }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
@@ -471,7 +494,7 @@ pub async fn serve_json(
             });
         }
     });
-    Ok(url)
+    Ok(addr)
 }
 
 fn two_free_ports() -> Result<(u16, u16), Error> {

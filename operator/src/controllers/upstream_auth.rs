@@ -48,7 +48,7 @@ pub fn judge(
                 ""
             };
             (
-                capitalized(o.grant.name()),
+                o.grant.reason().to_owned(),
                 format!("{}{as_pods}", o.describe()),
             )
         }
@@ -83,13 +83,6 @@ pub fn judge(
             message: format!("{how}: not known yet whether the server accepts it"),
         },
     }
-}
-
-fn capitalized(name: &str) -> String {
-    let mut chars = name.chars();
-    chars.next().map_or_else(String::new, |first| {
-        first.to_ascii_uppercase().to_string() + chars.as_str()
-    })
 }
 
 #[cfg(test)]

@@ -9,8 +9,6 @@
 use std::sync::Arc;
 
 use aip_fault_server::core::Core;
-use aip_fault_server::log::AttemptLog;
-use aip_fault_server::script::{Script, Transport};
 use aip_kube_test::User;
 use aip_kube_test::keycloak::{self, Keycloak};
 use serde_json::json;
@@ -41,26 +39,11 @@ async fn upstream_for(
     audience: Option<&str>,
     shutdown: &CancellationToken,
 ) -> (String, Arc<Core>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
     let issuer = kc.issuer(realm);
-    let audience = audience.unwrap_or(&url);
-    let yaml = format!(
-        "apiVersion: aip.io/v1alpha1\nkind: FaultServer\nmetadata: {{name: files}}\nspec:\n  requireJwt: {{issuer: '{issuer}', audience: '{audience}', jwksUrl: '{issuer}/protocol/openid-connect/certs'}}\n  tools:\n    - {{name: read_file, responses: [{{sequence: [{}]}}]}}\n",
-        vec!["{return: contents}"; 100].join(", ")
-    );
-    let core = Core::new(
-        Script::from_yaml(&yaml, Transport::Http).unwrap(),
-        AttemptLog::new(Box::new(std::io::sink()), true),
-    );
-    tokio::spawn(aip_fault_server::http::serve(
-        core.clone(),
-        listener,
-        aip_fault_server::http::HttpOptions::default(),
-        shutdown.clone(),
-    ));
-    tokio::spawn(core.clone().run(shutdown.clone()));
-    (url, core)
+    let jwks = format!("{issuer}/protocol/openid-connect/certs");
+    aip_fault_server::http::jwt_protected(&issuer, &jwks, audience, "read_file", shutdown)
+        .await
+        .unwrap()
 }
 
 /// Waits until the agent's read_file call gets the upstream's answer.
