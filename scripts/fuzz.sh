@@ -5,7 +5,7 @@
 # unsafe code, which is what a sanitizer would watch), starting from the seed corpus in fuzz/corpus/TARGET (never modified: what
 # a run finds goes to target/fuzz-corpus/TARGET). Prints the executions per
 # target; exits 1 if any target found a crash (its input is kept in
-# fuzz/artifacts/TARGET). cargo-fuzz is installed into target/tools on
+# fuzz/artifacts/TARGET), 2 if the targets did not build. cargo-fuzz is installed into target/tools on
 # first use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,15 +17,28 @@ if ! "$tools/bin/cargo-fuzz" --version 2>/dev/null | grep -q "$fuzz_version"; th
   cargo install --quiet --locked --root "$tools" --version "$fuzz_version" cargo-fuzz
 fi
 targets=$(sed -n 's/^name = "\(.*\)"$/\1/p' fuzz/Cargo.toml | grep -v '^aip-fuzz$')
+# Build every target once, apart from running them: a build that fails is
+# reported as such (with its first errors, which name the crate), never as
+# a crash found.
+echo "building the fuzz targets (release, first run about 3 minutes) ..."
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+if ! PATH="$tools/bin:$PATH" cargo fuzz build --sanitizer none --fuzz-dir fuzz </dev/null >"$log" 2>&1; then
+  echo "the fuzz targets did not build; the first errors:" >&2
+  grep -n -m 1 -A 60 -E '^(error|warning: build failed|--- stderr)' "$log" >&2 || true
+  echo "... the last lines:" >&2
+  tail -n 20 "$log" >&2
+  df -h . "${TMPDIR:-/tmp}" >&2
+  exit 2
+fi
 status=0
 summary=()
 for target in $targets; do
   work=target/fuzz-corpus/$target
   mkdir -p "$work"
   echo "fuzzing $target for ${seconds}s ..."
-  log=$(mktemp)
   if PATH="$tools/bin:$PATH" cargo fuzz run --sanitizer none --fuzz-dir fuzz "$target" "$work" "fuzz/corpus/$target" \
-      -- -max_total_time="$seconds" -print_final_stats=1 >"$log" 2>&1; then
+      -- -max_total_time="$seconds" -print_final_stats=1 </dev/null >"$log" 2>&1; then
     outcome=ok
   else
     outcome="FOUND A CRASH (see fuzz/artifacts/$target)"
@@ -34,7 +47,6 @@ for target in $targets; do
   fi
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
   summary+=("$target: ${runs:-?} executions in ${seconds}s, $outcome")
-  rm -f "$log"
 done
 printf '%s\n' "${summary[@]}"
 exit "$status"
