@@ -16,7 +16,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::header::{HeaderMap, HeaderValue};
+use hyper::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode, Uri};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
@@ -29,7 +29,7 @@ use tokio::sync::{Mutex, Notify, watch};
 use crate::connection::{Connection, Endpoint, Tls};
 use crate::failure::{Failure, insufficient_scope};
 use crate::jsonrpc::{self, Limits};
-use crate::modern::{self, ParamHeader};
+use crate::modern::{self, MCP_METHOD, MCP_NAME, MCP_PROTOCOL_VERSION, ParamHeader};
 use crate::protocol::{ACCEPTED_VERSIONS, Exchange, Outgoing, PROTOCOL_VERSION, Related};
 use crate::sse;
 
@@ -84,6 +84,9 @@ pub struct HttpUpstream {
     annotations: std::sync::Mutex<std::collections::HashMap<String, Vec<ParamHeader>>>,
     /// What the server last said it offers (initialize or server/discover).
     capabilities: std::sync::Mutex<Value>,
+    /// The `_meta` members last written for a modern server, and what
+    /// decided them.
+    written_meta: std::sync::Mutex<Option<(MetaKey, Arc<modern::WrittenMeta>)>>,
     generation: AtomicU64,
     next_id: AtomicU64,
     /// The generation of each session initialized, for the listener.
@@ -130,6 +133,7 @@ impl HttpUpstream {
             era: std::sync::Mutex::new(None),
             annotations: std::sync::Mutex::default(),
             capabilities: std::sync::Mutex::new(json!({})),
+            written_meta: std::sync::Mutex::new(None),
             generation: AtomicU64::new(0),
             next_id: AtomicU64::new(1),
             sessions: watch::Sender::new(0),
@@ -332,10 +336,12 @@ impl HttpUpstream {
     /// Whether `message` goes to the server with the tasks extension
     /// declared: the agent declared it and the server announced it.
     pub fn offers_tasks(&self, message: &Value) -> bool {
-        modern::claims_modern(message)
-            && modern::declares_tasks(message)
-            && self.modern() == Some(true)
+        // What the server offers first: it is a lookup in a small object,
+        // and most servers offer no tasks.
+        self.modern() == Some(true)
             && self.server_offers(&["extensions", modern::TASKS_EXTENSION])
+            && modern::claims_modern(message)
+            && modern::declares_tasks(message)
     }
 
     /// Whether the capabilities the server last declared have `path`,
@@ -720,25 +726,26 @@ impl HttpUpstream {
             text,
             meta_at,
         } = message.into();
-        let mut request = Request::builder()
-            .method(Method::POST)
-            .uri(self.uri.clone())
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream");
+        // Every call passes here: the headers go into one map with names
+        // known in advance, not through a builder that parses each name.
+        let mut headers = HeaderMap::with_capacity(8);
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(
+            ACCEPT,
+            HeaderValue::from_static("application/json, text/event-stream"),
+        );
         let body = match session {
             Some(s) if s.modern => {
-                let (meta, headers) = self.modern_meta(message);
-                for (name, value) in headers {
-                    request = request.header(name, value);
-                }
+                let meta = self.modern_meta(message, &mut headers)?;
                 match text.and_then(|text| modern::meta_spliced(text, meta_at, &meta)) {
                     Some(spliced) => {
-                        debug_assert_says(&spliced, || modern::with_meta(message, meta));
+                        debug_assert_says(&spliced, || {
+                            modern::with_meta(message, meta.members.clone())
+                        });
                         spliced
                     }
-                    None => {
-                        serde_json::to_vec(&modern::with_meta(message, meta)).unwrap_or_default()
-                    }
+                    None => serde_json::to_vec(&modern::with_meta(message, meta.members.clone()))
+                        .unwrap_or_default(),
                 }
             }
             Some(_) if modern::claims_modern(message) => {
@@ -754,14 +761,15 @@ impl HttpUpstream {
         };
         if let Some(s) = session {
             if let Some(id) = &s.id {
-                request = request.header("mcp-session-id", id);
+                headers.insert(MCP_SESSION_ID, header_value(id)?);
             }
-            request = request.header("mcp-protocol-version", &s.protocol_version);
+            headers.insert(MCP_PROTOCOL_VERSION, header_value(&s.protocol_version)?);
         }
-        let request = self.with_credentials(request)?;
-        let request = request
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| Failure::Network(e.to_string()))?;
+        self.add_credentials(&mut headers)?;
+        let mut request = Request::new(Full::new(Bytes::from(body)));
+        *request.method_mut() = Method::POST;
+        *request.uri_mut() = self.uri.clone();
+        *request.headers_mut() = headers;
         self.send(request).await
     }
 
@@ -817,19 +825,91 @@ impl HttpUpstream {
     /// What a modern server expects in a request's `_meta`: the version,
     /// the gateway as the client, and the client capabilities the request
     /// declared that the connection offers (for a legacy agent's, those the
-    /// connection offers); with the headers mirroring its method, name and
-    /// annotated arguments.
-    fn modern_meta(&self, message: &Value) -> (modern::Meta, Vec<(String, String)>) {
+    /// connection offers); the headers mirroring its method, name and
+    /// annotated arguments go into `headers`. The members are written once
+    /// for as long as what decides them stays the same (an agent declares
+    /// the same capabilities call after call).
+    fn modern_meta(
+        &self,
+        message: &Value,
+        headers: &mut HeaderMap,
+    ) -> Result<Arc<modern::WrittenMeta>, Failure> {
+        let declared = match modern::claims_modern(message) {
+            true => Some(
+                modern::meta(message)
+                    .and_then(|m| m.get(modern::META_CAPABILITIES))
+                    .filter(|c| c.is_object()),
+            ),
+            false => None,
+        };
+        let tasks = self.offers_tasks(message);
+        let meta = {
+            let mut cache = aip_service::sync::lock(&self.written_meta);
+            match &*cache {
+                Some((key, meta))
+                    if key.tasks == tasks
+                        && key.declared.as_ref().map(|d| d.as_ref()) == declared =>
+                {
+                    meta.clone()
+                }
+                _ => {
+                    let meta =
+                        Arc::new(self.write_meta(declared.flatten(), declared.is_some(), tasks));
+                    let key = MetaKey {
+                        declared: declared.map(|d| d.cloned()),
+                        tasks,
+                    };
+                    *cache = Some((key, meta.clone()));
+                    meta
+                }
+            }
+        };
+        let method = message
+            .get("method")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if message.get("id").is_some() {
+            headers.insert(MCP_METHOD, header_value(method)?);
+        }
+        let params = message.get("params");
+        if let Some(source) = modern::name_source(method)
+            && let Some(name) = params.and_then(|p| p.get(source)).and_then(Value::as_str)
+        {
+            headers.insert(MCP_NAME, header_value(&modern::encode_value(name))?);
+            if method == "tools/call" {
+                let annotations = aip_service::sync::lock(&self.annotations);
+                if let Some(found) = annotations.get(name) {
+                    let arguments = params.and_then(|p| p.get("arguments"));
+                    for (name, value) in modern::param_header_values(found, arguments) {
+                        let name = hyper::header::HeaderName::from_bytes(name.as_bytes())
+                            .map_err(|e| Failure::Network(e.to_string()))?;
+                        headers.insert(name, header_value(&value)?);
+                    }
+                }
+            }
+        }
+        Ok(meta)
+    }
+
+    /// The `_meta` members for a request that declared `declared` (an
+    /// agent of the 2026-07-28 era: `modern`) with the tasks extension
+    /// relayed or not.
+    fn write_meta(
+        &self,
+        declared: Option<&Value>,
+        modern: bool,
+        tasks: bool,
+    ) -> modern::WrittenMeta {
         let offered = crate::protocol::client_capabilities(&self.connection);
         // A legacy agent's request: the gateway answers the server's input
         // requests itself by asking the agent in its era, so it offers what
         // the connection offers.
-        let declared = match modern::claims_modern(message) {
-            true => modern::declared_capabilities(message),
-            false => offered.clone(),
+        let declared = match modern {
+            true => declared,
+            false => Some(&offered),
         };
         let mut capabilities: serde_json::Map<String, Value> = declared
-            .as_object()
+            .and_then(Value::as_object)
             .into_iter()
             .flatten()
             .filter(|(k, _)| offered.get(k.as_str()).is_some())
@@ -837,39 +917,17 @@ impl HttpUpstream {
             .collect();
         // Of the extensions, only tasks: the gateway relays those (and
         // nothing of an extension it does not know).
-        if self.offers_tasks(message) {
+        if tasks {
             capabilities.insert("extensions".into(), json!({(modern::TASKS_EXTENSION): {}}));
         }
-        let meta = vec![
+        modern::WrittenMeta::new(vec![
             (modern::META_VERSION, json!(modern::VERSION)),
             (modern::META_CAPABILITIES, Value::Object(capabilities)),
             (
                 modern::META_CLIENT_INFO,
                 json!({"name": "aip-sidecar", "version": env!("CARGO_PKG_VERSION")}),
             ),
-        ];
-        let method = message
-            .get("method")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let mut headers = Vec::new();
-        if message.get("id").is_some() {
-            headers.push(("mcp-method".to_owned(), method.to_owned()));
-        }
-        let params = message.get("params");
-        if let Some(source) = modern::name_source(method)
-            && let Some(name) = params.and_then(|p| p.get(source)).and_then(Value::as_str)
-        {
-            headers.push(("mcp-name".to_owned(), modern::encode_value(name)));
-            if method == "tools/call" {
-                let annotations = aip_service::sync::lock(&self.annotations);
-                if let Some(found) = annotations.get(name) {
-                    let arguments = params.and_then(|p| p.get("arguments"));
-                    headers.extend(modern::param_header_values(found, arguments));
-                }
-            }
-        }
-        (meta, headers)
+        ])
     }
 
     /// Adds the connection's own credential headers (marked sensitive).
@@ -877,15 +935,25 @@ impl HttpUpstream {
         &self,
         mut request: hyper::http::request::Builder,
     ) -> Result<hyper::http::request::Builder, Failure> {
+        if let Some(headers) = request.headers_mut() {
+            self.add_credentials(headers)?;
+        }
+        Ok(request)
+    }
+
+    fn add_credentials(&self, headers: &mut HeaderMap) -> Result<(), Failure> {
         let credentials = self
             .connection
             .credentials
             .as_ref()
             .map_err(|e| Failure::CredentialsMissing(e.clone()))?;
         for (name, value) in credentials {
-            request = request.header(name.as_str(), sensitive(value)?);
+            let name = hyper::header::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                Failure::CredentialsMissing("a credential header name is not valid".into())
+            })?;
+            headers.append(name, sensitive(value)?);
         }
-        Ok(request)
+        Ok(())
     }
 }
 
@@ -946,6 +1014,22 @@ pub(crate) fn connector_for(
         }
     };
     Ok(builder.enable_http1().wrap_connector(http))
+}
+
+/// What decided the `_meta` members last written: the capabilities the
+/// agent declared (None for a legacy agent, Some(None) for a modern one
+/// that declared none) and whether tasks are relayed.
+struct MetaKey {
+    declared: Option<Option<Value>>,
+    tasks: bool,
+}
+
+const MCP_SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
+
+/// A header value the gateway writes from text it holds (an id, a method,
+/// an encoded name); the error is the one the request builder gave.
+fn header_value(text: &str) -> Result<HeaderValue, Failure> {
+    HeaderValue::from_str(text).map_err(|e| Failure::Network(e.to_string()))
 }
 
 fn sensitive(value: &SecretString) -> Result<HeaderValue, Failure> {

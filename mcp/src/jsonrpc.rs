@@ -434,6 +434,62 @@ pub fn key_skeleton(key: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// The hash of `key`'s [`key_skeleton`], without making the skeleton when
+/// the key is short ASCII (its skeleton is then its lowercase, made on the
+/// stack): every key of every object passes here.
+fn skeleton_hash(hasher: &foldhash::fast::RandomState, key: &str) -> u64 {
+    const SHORT: usize = 64;
+    if key.bytes().all(|b| b.is_ascii() && !b.is_ascii_uppercase()) {
+        return hasher.hash_one(key);
+    }
+    if key.len() <= SHORT && key.is_ascii() {
+        let mut buffer = [0u8; SHORT];
+        let lower = &mut buffer[..key.len()];
+        lower.copy_from_slice(key.as_bytes());
+        lower.make_ascii_lowercase();
+        if let Ok(lower) = std::str::from_utf8(lower) {
+            return hasher.hash_one(lower);
+        }
+    }
+    hasher.hash_one(&*key_skeleton(key))
+}
+
+/// The skeleton hashes of one object's keys: on the stack while the object
+/// has few keys (almost every object), in a set beyond.
+#[derive(Default)]
+struct SeenHashes {
+    inline: [u64; SeenHashes::INLINE],
+    len: usize,
+    spilled: Option<HashSet<u64, foldhash::fast::RandomState>>,
+}
+
+impl SeenHashes {
+    const INLINE: usize = 16;
+
+    /// Whether `hash` is new (as `HashSet::insert`).
+    fn insert(&mut self, hash: u64) -> bool {
+        if let Some(set) = &mut self.spilled {
+            return set.insert(hash);
+        }
+        if self.inline[..self.len].contains(&hash) {
+            return false;
+        }
+        if self.len < Self::INLINE {
+            self.inline[self.len] = hash;
+            self.len += 1;
+        } else {
+            let mut set = HashSet::with_capacity_and_hasher(
+                2 * Self::INLINE,
+                foldhash::fast::RandomState::default(),
+            );
+            set.extend(self.inline);
+            set.insert(hash);
+            self.spilled = Some(set);
+        }
+        true
+    }
+}
+
 /// Where in the document a value sits, for error messages (`$.params.arguments`).
 #[derive(Clone)]
 enum Path<'a> {
@@ -573,17 +629,16 @@ impl<'de> Visitor<'de> for StrictSeed<'_, '_> {
         // string is kept per key. A hash seen before is confirmed against
         // the keys themselves, so a collision never refuses a message.
         let hasher = foldhash::fast::RandomState::default();
-        let mut seen = HashSet::with_hasher(foldhash::fast::RandomState::default());
+        let mut seen = SeenHashes::default();
         while let Some(key) = map.next_key::<String>()? {
-            let skeleton = key_skeleton(&key);
-            if !seen.insert(hasher.hash_one(&skeleton))
-                && out.keys().any(|k| key_skeleton(k) == skeleton)
-            {
-                drop(skeleton);
-                let path = self.path.to_string();
-                return self.refuse(Refusal::DuplicateKey { path, key });
+            if !seen.insert(skeleton_hash(&hasher, &key)) {
+                let skeleton = key_skeleton(&key);
+                if out.keys().any(|k| key_skeleton(k) == skeleton) {
+                    drop(skeleton);
+                    let path = self.path.to_string();
+                    return self.refuse(Refusal::DuplicateKey { path, key });
+                }
             }
-            drop(skeleton);
             let path = Path::Key(&self.path, &key);
             let seed = StrictSeed {
                 depth: self.depth + 1,
@@ -619,6 +674,27 @@ mod tests {
                 Err(Refusal::DuplicateKey { key: k, .. }) => {
                     assert_eq!(format!("{k:?}").trim_matches('"'), key, "{doc}");
                 }
+                other => panic!("{doc}: {other:?}"),
+            }
+        }
+        // Short ASCII keys are hashed without their skeleton being made:
+        // still one key with a folded or a long one, and with keys read
+        // before an object's set spills to the heap.
+        let long = "A".repeat(70);
+        let twenty: Vec<String> = (0..20).map(|i| format!(r#""k{i}":{i}"#)).collect();
+        let twenty = twenty.join(",");
+        for (doc, key) in [
+            (r#"{"ss":1,"ß":2}"#.to_owned(), "ß".to_owned()),
+            (r#"{"ß":1,"SS":2}"#.to_owned(), "SS".to_owned()),
+            (
+                format!(r#"{{"{}":1,"{long}":2}}"#, long.to_lowercase()),
+                long.clone(),
+            ),
+            (format!(r#"{{{twenty},"K3":0}}"#), "K3".to_owned()),
+            (format!(r#"{{{twenty},"K19":0}}"#), "K19".to_owned()),
+        ] {
+            match parse_value(doc.as_bytes(), limits) {
+                Err(Refusal::DuplicateKey { key: k, .. }) => assert_eq!(k, key, "{doc}"),
                 other => panic!("{doc}: {other:?}"),
             }
         }

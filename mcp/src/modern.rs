@@ -10,8 +10,13 @@
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
-use hyper::header::HeaderMap;
+use hyper::header::{AsHeaderName, HeaderMap, HeaderName};
 use serde_json::{Map, Value, json};
+
+/// The headers the revision mirrors a request's body in.
+pub const MCP_PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
+pub const MCP_METHOD: HeaderName = HeaderName::from_static("mcp-method");
+pub const MCP_NAME: HeaderName = HeaderName::from_static("mcp-name");
 
 /// The modern revision, and the modern revisions the gateway speaks.
 pub const VERSION: &str = "2026-07-28";
@@ -233,7 +238,7 @@ fn check_headers(
     message: &Value,
     version: &str,
 ) -> Result<(), Invalid> {
-    match single(headers, "mcp-protocol-version")? {
+    match single(headers, &MCP_PROTOCOL_VERSION)? {
         None => {
             return Err(Invalid::Header(
                 "the MCP-Protocol-Version header is required".into(),
@@ -246,7 +251,7 @@ fn check_headers(
         }
         Some(_) => {}
     }
-    match single(headers, "mcp-method")? {
+    match single(headers, &MCP_METHOD)? {
         None if message.get("id").is_some() => {
             return Err(Invalid::Header("the Mcp-Method header is required".into()));
         }
@@ -265,7 +270,7 @@ fn check_headers(
         .and_then(|p| p.get(source))
         .and_then(Value::as_str);
     let header =
-        match single(headers, "mcp-name")? {
+        match single(headers, &MCP_NAME)? {
             None => None,
             Some(raw) => Some(decode_value(raw).map_err(|why| {
                 Invalid::Header(format!("Header mismatch: Mcp-Name header: {why}"))
@@ -287,7 +292,10 @@ fn check_headers(
 
 /// A header's one value, trimmed of RFC 9110 optional whitespace; a header
 /// sent twice, or not visible ASCII, is malformed.
-fn single<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>, Invalid> {
+fn single<'h, N>(headers: &'h HeaderMap, name: N) -> Result<Option<&'h str>, Invalid>
+where
+    N: AsHeaderName + std::fmt::Display + Copy,
+{
     let mut values = headers.get_all(name).iter();
     let Some(first) = values.next() else {
         return Ok(None);
@@ -476,7 +484,7 @@ pub fn check_param_headers(
 ) -> Result<(), Invalid> {
     for a in annotations {
         let name = format!("mcp-param-{}", a.header);
-        let header = match single(headers, &name)? {
+        let header = match single(headers, name.as_str())? {
             None => None,
             Some(raw) => Some(decode_value(raw).map_err(|why| {
                 Invalid::Header(format!(
@@ -515,6 +523,24 @@ pub fn check_param_headers(
 /// Members of a request's `params._meta`, by key.
 pub type Meta = Vec<(&'static str, Value)>;
 
+/// `_meta` members with their JSON text, written once for every request
+/// they go with (see `HttpUpstream`'s cache of them).
+#[derive(Debug)]
+pub struct WrittenMeta {
+    pub members: Meta,
+    text: Vec<(&'static str, Vec<u8>)>,
+}
+
+impl WrittenMeta {
+    pub fn new(members: Meta) -> WrittenMeta {
+        let text = members
+            .iter()
+            .map(|(key, value)| (*key, serde_json::to_vec(value).unwrap_or_default()))
+            .collect();
+        WrittenMeta { members, text }
+    }
+}
+
 /// `message` with `meta`'s members set in its `params._meta` (both made
 /// objects where they are not).
 pub fn with_meta(message: &Value, meta: Meta) -> Value {
@@ -543,7 +569,7 @@ pub fn with_meta(message: &Value, meta: Meta) -> Value {
 pub fn meta_spliced(
     text: &[u8],
     meta_at: Option<std::ops::Range<usize>>,
-    meta: &Meta,
+    meta: &WrittenMeta,
 ) -> Option<Vec<u8>> {
     use crate::raw;
     let at = match meta_at {
@@ -555,19 +581,17 @@ pub fn meta_spliced(
     };
     let (members, close) = raw::members(text, at)?;
     let mut splice = raw::Splice::default();
-    let mut added: Vec<(&str, Vec<u8>)> = Vec::new();
-    for (key, value) in meta {
-        let written = serde_json::to_vec(value).ok()?;
+    let mut added: Vec<(&str, &[u8])> = Vec::new();
+    for (key, written) in &meta.text {
         match members
             .iter()
             .find(|m| &text[m.key.clone()] == key.as_bytes())
         {
-            Some(m) => splice.replace(m.value.clone(), written),
+            Some(m) => splice.replace(m.value.clone(), written.as_slice()),
             None => added.push((key, written)),
         }
     }
     if !added.is_empty() {
-        let added: Vec<(&str, &[u8])> = added.iter().map(|(k, v)| (*k, v.as_slice())).collect();
         splice.add_members(&members, close, &added);
     }
     Some(splice.apply(text))
@@ -579,11 +603,11 @@ mod tests {
     #[test]
     fn meta_spliced_says_what_with_meta_says() {
         let meta = || {
-            vec![
+            WrittenMeta::new(vec![
                 (META_VERSION, json!(VERSION)),
                 (META_CAPABILITIES, json!({"x": {}})),
                 (META_CLIENT_INFO, json!({"name": "g", "version": "1"})),
-            ]
+            ])
         };
         let source = format!(
             r#"{{"id":1, "params":{{"arguments":{{"b":"caf\u00e9"}}, "_meta":{{"{META_VERSION}":"{VERSION}", "{META_CAPABILITIES}":{{"y":1}}, "k":[1.0]}}}}, "method":"tools/call","jsonrpc":"2.0"}}"#
@@ -601,7 +625,7 @@ mod tests {
         );
         let original: Value = serde_json::from_str(&source).unwrap();
         let said: Value = serde_json::from_slice(&spliced).unwrap();
-        assert_eq!(said, with_meta(&original, meta()));
+        assert_eq!(said, with_meta(&original, meta().members));
         // Nothing to splice into: the message is written out instead.
         for source in [
             r#"{"id":1,"method":"tools/call"}"#,

@@ -9,6 +9,7 @@
 //! (a key written with an escape), so the caller takes the slow path of
 //! building the message again; they never guess.
 
+use std::borrow::Cow;
 use std::ops::Range;
 
 /// One member of an object: where its key (the text between the quotes)
@@ -103,33 +104,41 @@ pub fn whole(text: &[u8]) -> Range<usize> {
 }
 
 /// A text with some of its parts replaced: each edit a range of the text
-/// and what goes there instead (an insertion is an empty range).
+/// and what goes there instead (an insertion is an empty range), borrowed
+/// when it is text written once for many messages.
 #[derive(Debug, Default)]
-pub struct Splice {
-    edits: Vec<(Range<usize>, Vec<u8>)>,
+pub struct Splice<'w> {
+    edits: Vec<(Range<usize>, Cow<'w, [u8]>)>,
 }
 
-impl Splice {
+impl<'w> Splice<'w> {
     /// `range` of the text becomes `with`.
-    pub fn replace(&mut self, range: Range<usize>, with: Vec<u8>) {
-        self.edits.push((range, with));
+    pub fn replace(&mut self, range: Range<usize>, with: impl Into<Cow<'w, [u8]>>) {
+        self.edits.push((range, with.into()));
     }
 
     /// Members `"key": value` (each value a JSON text) added, in order, to
     /// the object whose members and closing brace [`members`] found.
     pub fn add_members(&mut self, members: &[Member], close: usize, added: &[(&str, &[u8])]) {
-        let mut with = Vec::new();
+        let size: usize = added.iter().map(|(k, v)| k.len() + v.len() + 4).sum();
+        let mut with = Vec::with_capacity(size);
         for (i, (key, value)) in added.iter().enumerate() {
             if i > 0 || !members.is_empty() {
                 with.push(b',');
             }
-            // The key as JSON writes it, escaped should it need to be
-            // (writing into a Vec cannot fail).
-            let _ = serde_json::to_writer(&mut with, key);
+            if key.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+                with.push(b'"');
+                with.extend_from_slice(key.as_bytes());
+                with.push(b'"');
+            } else {
+                // The key as JSON writes it, escaped (writing into a Vec
+                // cannot fail).
+                let _ = serde_json::to_writer(&mut with, key);
+            }
             with.push(b':');
             with.extend_from_slice(value);
         }
-        self.edits.push((close..close, with));
+        self.edits.push((close..close, Cow::Owned(with)));
     }
 
     /// Where `range` of the text (which no edit touches; an insertion at

@@ -367,7 +367,7 @@ impl Edge {
             }
             return Ok(STDIO_SESSION.to_owned());
         }
-        Ok(format!("m-{:032x}", rand::random::<u128>()))
+        Ok(random_id("m-"))
     }
 
     /// A legacy message's session: stdio's one; over HTTP, a new one for
@@ -378,7 +378,7 @@ impl Edge {
             return Ok(STDIO_SESSION.to_owned());
         };
         if message.method() == Some("initialize") {
-            return Ok(format!("{:032x}", rand::random::<u128>()));
+            return Ok(random_id(""));
         }
         let named = headers.get("mcp-session-id").and_then(|v| v.to_str().ok());
         match named {
@@ -693,8 +693,37 @@ fn era_of(message: &Value) -> Era {
     }
 }
 
+/// `prefix` and 128 random bits in hex: a session's name (a modern
+/// request's, one per call, is written without the formatter).
+fn random_id(prefix: &str) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let bits = rand::random::<u128>();
+    let mut digits = [0u8; 32];
+    for (i, digit) in digits.iter_mut().enumerate() {
+        *digit = HEX[((bits >> (4 * (31 - i))) & 0xf) as usize];
+    }
+    let mut id = String::with_capacity(prefix.len() + 32);
+    id.push_str(prefix);
+    id.push_str(std::str::from_utf8(&digits).unwrap_or_default());
+    id
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_random_id_is_its_prefix_and_32_hex_digits() {
+        let (a, b) = (super::random_id("m-"), super::random_id("m-"));
+        assert_ne!(a, b);
+        let digits = a.strip_prefix("m-").unwrap();
+        assert_eq!(digits.len(), 32, "{a}");
+        assert!(
+            digits
+                .bytes()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()),
+            "{a}"
+        );
+    }
+
     use super::*;
 
     #[test]

@@ -190,7 +190,7 @@ pub(super) fn text_reply(text: &[u8], id: &Value, era: Era, method: &str) -> Opt
             Some(meta) if text[meta.value.start] == b'{' => {
                 let (inner, inner_close) = raw::members(text, meta.value)?;
                 match find(&inner, aip_mcp::modern::META_SERVER_INFO) {
-                    Some(m) => splice.replace(m.value, info.to_vec()),
+                    Some(m) => splice.replace(m.value, info),
                     None => splice.add_members(
                         &inner,
                         inner_close,
@@ -198,7 +198,7 @@ pub(super) fn text_reply(text: &[u8], id: &Value, era: Era, method: &str) -> Opt
                     ),
                 }
             }
-            Some(meta) => splice.replace(meta.value, meta_with_info.to_vec()),
+            Some(meta) => splice.replace(meta.value, meta_with_info),
             None => added.push(("_meta", meta_with_info)),
         }
         if !added.is_empty() {
