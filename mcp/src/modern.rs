@@ -292,7 +292,7 @@ fn check_headers(
 
 /// A header's one value, trimmed of RFC 9110 optional whitespace; a header
 /// sent twice, or not visible ASCII, is malformed.
-fn single<'h, N>(headers: &'h HeaderMap, name: N) -> Result<Option<&'h str>, Invalid>
+fn single<N>(headers: &HeaderMap, name: N) -> Result<Option<&str>, Invalid>
 where
     N: AsHeaderName + std::fmt::Display + Copy,
 {
