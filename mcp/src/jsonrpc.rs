@@ -210,12 +210,17 @@ pub fn parse_value(bytes: &[u8], limits: Limits) -> Result<Value, Refusal> {
             limit: limits.max_bytes,
         });
     }
-    if let Err(e) = std::str::from_utf8(bytes) {
-        return Err(Refusal::InvalidUtf8 {
-            offset: e.valid_up_to(),
-        });
-    }
-    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let text = match std::str::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(e) => {
+            return Err(Refusal::InvalidUtf8 {
+                offset: e.valid_up_to(),
+            });
+        }
+    };
+    // From the text, checked once: read from the bytes, every string
+    // would be checked again.
+    let mut de = serde_json::Deserializer::from_str(text);
     let mut error = None;
     let values = std::cell::Cell::new(0);
     let value = StrictSeed {

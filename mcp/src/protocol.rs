@@ -422,9 +422,10 @@ pub fn check_call_result(response: &Value) -> Result<(), Failure> {
         return malformed("result.content is not an array".into());
     };
     for (i, block) in blocks.iter().enumerate() {
-        let at = format!("result.content[{i}]");
+        // Written only for the error: every call with content passes here.
+        let at = || format!("result.content[{i}]");
         let Some(kind) = block.get("type").and_then(Value::as_str) else {
-            return malformed(format!("{at}.type is missing or not a string"));
+            return malformed(format!("{}.type is missing or not a string", at()));
         };
         let required: &[&str] = match kind {
             "text" => &["text"],
@@ -435,7 +436,7 @@ pub fn check_call_result(response: &Value) -> Result<(), Failure> {
         };
         for field in required {
             if !block.get(*field).is_some_and(Value::is_string) {
-                return malformed(format!("{at}.{field} is missing or not a string"));
+                return malformed(format!("{}.{field} is missing or not a string", at()));
             }
         }
         if kind == "resource" {
@@ -444,7 +445,7 @@ pub fn check_call_result(response: &Value) -> Result<(), Failure> {
                 .and_then(|r| r.get("uri"))
                 .is_some_and(Value::is_string)
             {
-                return malformed(format!("{at}.resource.uri is missing or not a string"));
+                return malformed(format!("{}.resource.uri is missing or not a string", at()));
             }
         }
     }

@@ -179,10 +179,14 @@ fn request_is_call(request: &Request<'_>) -> bool {
 }
 
 /// The length of a value's compact JSON, counted without building it.
-fn redacted(evaluator: &Evaluator, args: &Value) -> Value {
-    let mut copy = args.clone();
-    if let Some(r) = evaluator.redactor() {
-        r.redact_strings(&mut copy, &mut Vec::new());
+fn redacted<'a>(evaluator: &Evaluator, args: &'a Value) -> std::borrow::Cow<'a, Value> {
+    match evaluator.redactor() {
+        // Copied only when something in it is to be redacted.
+        Some(r) if r.would_redact(args) => {
+            let mut copy = args.clone();
+            r.redact_strings(&mut copy, &mut Vec::new());
+            std::borrow::Cow::Owned(copy)
+        }
+        _ => std::borrow::Cow::Borrowed(args),
     }
-    copy
 }

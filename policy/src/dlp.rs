@@ -130,6 +130,22 @@ impl Redactor {
         self.redact_strings_at(value, totals, 0)
     }
 
+    /// Whether [`Redactor::redact_strings`] would replace anything in
+    /// `value`, found without copying it.
+    pub fn would_redact(&self, value: &Value) -> bool {
+        self.would_redact_at(value, 0)
+    }
+
+    fn would_redact_at(&self, value: &Value, depth: usize) -> bool {
+        match value {
+            Value::String(s) => self.redact(s).changed(),
+            Value::Array(_) | Value::Object(_) if depth > limits::MAX_ARG_DEPTH => true,
+            Value::Array(items) => items.iter().any(|v| self.would_redact_at(v, depth + 1)),
+            Value::Object(map) => map.values().any(|v| self.would_redact_at(v, depth + 1)),
+            _ => false,
+        }
+    }
+
     fn redact_strings_at(
         &self,
         value: &mut Value,

@@ -190,3 +190,46 @@ fn shuffle<T>(items: &mut [T], mut seed: u64) {
         items.swap(i, (seed >> 33) as usize % (i + 1));
     }
 }
+
+fn redactor(detect_encoding: bool) -> aip_policy::Redactor {
+    let config = aip_policy::document::DlpConfig {
+        enabled: None,
+        detect_encoding: Some(detect_encoding),
+        filter_stderr: None,
+        patterns: vec![aip_policy::document::DlpPattern {
+            name: "key".into(),
+            regex: "sk-[a-z0-9]{6,}".into(),
+        }],
+    };
+    aip_policy::Redactor::new(&config).unwrap().unwrap()
+}
+
+/// Values with secrets planted among the generated ones, some of them
+/// encoded.
+fn value_with_secrets() -> impl Strategy<Value = Value> {
+    let secret = prop_oneof![
+        Just(json!("sk-abc123def")),
+        Just(json!("token: sk-0123456789 here")),
+        // base64 of "sk-abcdef123456", found only with detect_encoding.
+        Just(json!("c2stYWJjZGVmMTIzNDU2")),
+    ];
+    prop_oneof![
+        json_value(),
+        (json_value(), secret.clone()).prop_map(|(v, s)| json!([v, s])),
+        (json_value(), secret).prop_map(|(v, s)| json!({"deep": {"a": [v, {"s": s}]}})),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// The audit copies arguments only when something in them is to be
+    /// redacted: that is found without copying, and agrees with redacting.
+    #[test]
+    fn would_redact_says_what_redacting_does(value in value_with_secrets(), encoded in any::<bool>()) {
+        let r = redactor(encoded);
+        let mut copy = value.clone();
+        let replaced = r.redact_strings(&mut copy, &mut Vec::new());
+        prop_assert_eq!(r.would_redact(&value), replaced);
+    }
+}

@@ -242,12 +242,9 @@ impl Edge {
             Transport::Http(headers) => Some(headers),
             Transport::Stdio => None,
         };
-        let header = |name: &str| {
-            headers
-                .and_then(|h| h.get(name))
-                .and_then(|v| v.to_str().ok())
-        };
-        let version = header("mcp-protocol-version");
+        let version = headers
+            .and_then(|h| h.get(modern::MCP_PROTOCOL_VERSION))
+            .and_then(|v| v.to_str().ok());
         // A version header the legacy era does not know: the request is a
         // 2026-07-28 one whatever its body says, refused as one.
         let modern_header = version.is_some_and(|v| !AGENT_VERSIONS.contains(&v));
