@@ -98,7 +98,31 @@ pub struct DlpRecord {
 
 /// RFC 3339, UTC, millisecond precision.
 pub fn timestamp(at: SystemTime) -> String {
-    humantime::format_rfc3339_millis(at).to_string()
+    // Every record takes one: the text up to the second is written once a
+    // second (per thread), the milliseconds each time.
+    thread_local! {
+        static SECOND: std::cell::RefCell<(u64, String)> =
+            const { std::cell::RefCell::new((0, String::new())) };
+    }
+    let Ok(since) = at.duration_since(std::time::UNIX_EPOCH) else {
+        return humantime::format_rfc3339_millis(at).to_string();
+    };
+    SECOND.with_borrow_mut(|(second, prefix)| {
+        if *second != since.as_secs() || prefix.is_empty() {
+            let whole = humantime::format_rfc3339_seconds(at).to_string();
+            *prefix = whole.trim_end_matches('Z').to_owned();
+            *second = since.as_secs();
+        }
+        let millis = since.subsec_millis();
+        let mut text = String::with_capacity(prefix.len() + 5);
+        text.push_str(prefix);
+        text.push('.');
+        for digit in [millis / 100, millis / 10 % 10, millis % 10] {
+            text.push(char::from(b'0' + digit as u8));
+        }
+        text.push('Z');
+        text
+    })
 }
 
 impl AuditRecord {
@@ -188,5 +212,34 @@ fn redacted<'a>(evaluator: &Evaluator, args: &'a Value) -> std::borrow::Cow<'a, 
             std::borrow::Cow::Owned(copy)
         }
         _ => std::borrow::Cow::Borrowed(args),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    /// The timestamp written from its second's cached text says what the
+    /// formatter says, across seconds and back and forth.
+    #[test]
+    fn timestamps_are_rfc3339_with_milliseconds() {
+        let base = UNIX_EPOCH + Duration::from_secs(1_796_600_000);
+        let mut times = vec![UNIX_EPOCH];
+        for ms in [
+            0, 1, 9, 10, 99, 100, 999, 1000, 1001, 59_999, 60_000, 86_400_123,
+        ] {
+            times.push(base + Duration::from_millis(ms));
+        }
+        times.push(base + Duration::from_micros(999_999));
+        times.push(base);
+        for at in times {
+            let want = humantime::format_rfc3339_millis(at).to_string();
+            assert_eq!(super::timestamp(at), want, "{at:?}");
+        }
+        let now = SystemTime::now();
+        assert_eq!(
+            super::timestamp(now),
+            humantime::format_rfc3339_millis(now).to_string()
+        );
     }
 }
