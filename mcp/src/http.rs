@@ -575,11 +575,13 @@ impl HttpUpstream {
         if !status.is_success() {
             return Err(status_failure(status, response.headers()));
         }
-        let session_id =
-            header(response.headers(), "mcp-session-id").or_else(|| session.id.clone());
-        let content_type = header(response.headers(), "content-type").unwrap_or_default();
+        let session_id = header_text(response.headers(), MCP_SESSION_ID)
+            .map(str::to_owned)
+            .or_else(|| session.id.clone());
+        let streamed = header_text(response.headers(), CONTENT_TYPE)
+            .is_some_and(|t| t.starts_with("text/event-stream"));
         let mut budget = self.connection.max_response_bytes;
-        let response = if content_type.starts_with("text/event-stream") {
+        let response = if streamed {
             self.read_sse(
                 response,
                 &id,
@@ -1052,19 +1054,17 @@ pub(crate) fn network_text(e: &hyper_util::client::legacy::Error) -> String {
     text
 }
 
-fn header(headers: &HeaderMap, name: &str) -> Option<String> {
-    headers
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
+/// A header's value as text, when it is visible ASCII (names known in
+/// advance are passed as constants: a `&str` name is parsed at each call).
+fn header_text(headers: &HeaderMap, name: impl hyper::header::AsHeaderName) -> Option<&str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
 }
 
 fn status_failure(status: StatusCode, headers: &HeaderMap) -> Failure {
     match status {
         StatusCode::UNAUTHORIZED => Failure::AuthFailed,
         StatusCode::FORBIDDEN => Failure::Forbidden {
-            scope: header(headers, "www-authenticate")
-                .as_deref()
+            scope: header_text(headers, hyper::header::WWW_AUTHENTICATE)
                 .and_then(insufficient_scope),
         },
         s => Failure::HttpStatus(s.as_u16()),
@@ -1099,8 +1099,8 @@ async fn read_limited(
     budget: &mut usize,
     limit: usize,
 ) -> Result<Bytes, Failure> {
-    let declared =
-        header(response.headers(), "content-length").and_then(|v| v.parse::<usize>().ok());
+    let declared = header_text(response.headers(), hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.parse::<usize>().ok());
     if declared.is_some_and(|n| n > limit) {
         return Err(Failure::TooLarge { limit });
     }

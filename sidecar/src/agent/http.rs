@@ -595,9 +595,31 @@ fn is_loopback_origin(origin: &str) -> bool {
 /// The Host header names this listener by a loopback name: a page on
 /// another origin that rebinds its DNS name to 127.0.0.1 still sends its
 /// own name, and is refused.
+/// Whether a Host header names this machine: `localhost` or a loopback
+/// address (an IPv6 one in brackets), with or without a port; read by hand,
+/// as every request passes here.
 fn is_loopback_host_header(host: &str) -> bool {
-    host.parse::<hyper::http::uri::Authority>()
-        .is_ok_and(|a| !a.as_str().contains('@') && is_loopback_host(a.host()))
+    let port_ok = |port: &str| {
+        !port.is_empty() && port.len() <= 5 && port.bytes().all(|b| b.is_ascii_digit())
+    };
+    let name = match host.strip_prefix('[') {
+        Some(rest) => match rest.split_once(']') {
+            Some((ip, "")) => ip,
+            Some((ip, after)) if after.strip_prefix(':').is_some_and(port_ok) => ip,
+            _ => return false,
+        },
+        None => match host.split_once(':') {
+            Some((name, port)) if port_ok(port) => name,
+            Some(_) => return false,
+            None => host,
+        },
+    };
+    match host.starts_with('[') {
+        true => name
+            .parse::<std::net::Ipv6Addr>()
+            .is_ok_and(|a| a.is_loopback()),
+        false => is_loopback_host(name),
+    }
 }
 
 fn is_loopback_host(host: &str) -> bool {
@@ -703,7 +725,9 @@ mod tests {
             "localhost:8808",
             "127.0.0.1:8808",
             "[::1]:8808",
+            "[::1]",
             "LOCALHOST",
+            "127.0.0.2",
         ] {
             assert!(is_loopback_host_header(ok), "{ok}");
         }
@@ -714,6 +738,15 @@ mod tests {
             "user@localhost",
             "",
             "10.0.0.1:8808",
+            "localhost:",
+            "localhost:80:80",
+            "localhost:8o",
+            "[::1",
+            "[::1]x",
+            "::1",
+            "[127.0.0.1]:80",
+            "[localhost]",
+            "127.0.0.1:123456",
         ] {
             assert!(!is_loopback_host_header(bad), "{bad}");
         }
