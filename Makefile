@@ -149,7 +149,7 @@ conformance: check-shared build
 ## mcp-proxy and ToolHive beside the sidecar (scripts/ensure-bench-peers.sh
 ## builds them into target/tools once; AIP_BENCH_PEERS=0 leaves them out).
 bench: kubectl helm controlplane images node-deps build
-	$(CARGO) bench --locked -p aip-policy --bench engine
+	CRITERION_HOME="$(CURDIR)/target/criterion" $(CARGO) bench --locked -p aip-policy --bench engine
 	scripts/ensure-bench-peers.sh
 	$(CARGO) bench --locked -p aip-sidecar --bench gateway
 	$(CARGO) bench --locked -p aip-sidecar --bench resources
