@@ -236,8 +236,10 @@ enum Era {
 
 /// How many times each HTTP figure is taken, the ways through alternating;
 /// the table reports the medians, and ratios between two ways paired
-/// within a repetition (a busy moment of the machine falls on both).
-const REPS: usize = 3;
+/// within a repetition (a busy moment of the machine falls on both). Five:
+/// the median of three paired CPU ratios moved by 0.2 between runs of one
+/// build on this machine (docs/performance.md).
+const REPS: usize = 5;
 
 /// One way from the benchmark's clients to the upstream.
 struct Hop {
