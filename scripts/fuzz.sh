@@ -23,13 +23,28 @@ targets=$(sed -n 's/^name = "\(.*\)"$/\1/p' fuzz/Cargo.toml | grep -v '^aip-fuzz
 echo "building the fuzz targets (release, first run about 3 minutes) ..."
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-if ! PATH="$tools/bin:$PATH" cargo fuzz build --sanitizer none --fuzz-dir fuzz </dev/null >"$log" 2>&1; then
+build() {
+  PATH="$tools/bin:$PATH" cargo fuzz build --sanitizer none --fuzz-dir fuzz </dev/null >"$log" 2>&1
+}
+failed_build() {
   echo "the fuzz targets did not build; the first errors:" >&2
   grep -n -m 1 -A 60 -E '^(error|warning: build failed|--- stderr)' "$log" >&2 || true
   echo "... the last lines:" >&2
   tail -n 20 "$log" >&2
   df -h . "${TMPDIR:-/tmp}" >&2
-  exit 2
+}
+if ! build; then
+  # Once more from a clean build directory: a build the machine broke
+  # (its disk, the registry) is told apart from one the code breaks,
+  # which fails the same way twice.
+  failed_build
+  echo "building the fuzz targets again from a clean fuzz/target ..." >&2
+  rm -rf fuzz/target
+  if ! build; then
+    failed_build
+    exit 2
+  fi
+  echo "WARNING: the fuzz targets built only at the second attempt (the first attempt's errors are above)" >&2
 fi
 status=0
 summary=()
