@@ -885,7 +885,7 @@ impl HttpUpstream {
                     for (name, value) in modern::param_header_values(found, arguments) {
                         let name = hyper::header::HeaderName::from_bytes(name.as_bytes())
                             .map_err(|e| Failure::Network(e.to_string()))?;
-                        headers.insert(name, header_value(&value)?);
+                        headers.append(name, header_value(&value)?);
                     }
                 }
             }
