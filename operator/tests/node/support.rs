@@ -116,7 +116,32 @@ fn install_chart_once(kubectl: &Kubectl) {
             )
             .1
     );
+    wait_webhooks(kubectl, Duration::from_secs(60));
     *installed = true;
+}
+
+/// Waits until the operator's webhooks answer through their Service. Helm's
+/// `--wait` ends when the Deployment is Available, but the Service reaches
+/// its pods only once kube-proxy has written their rules: a story's first
+/// `kubectl apply` could be refused until then. The probe is a server-side
+/// dry run of an AgentPolicy (it creates nothing); whatever answer the
+/// webhook gives ends the wait, only a call that never reached it repeats.
+fn wait_webhooks(kubectl: &Kubectl, patience: Duration) {
+    let probe = format!(
+        "apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {{name: webhook-probe, namespace: {OPERATOR_NAMESPACE}}}\nspec:\n  podSelector: {{matchLabels: {{app: webhook-probe}}}}\n  allowed_tools: [probe]\n"
+    );
+    let deadline = std::time::Instant::now() + patience;
+    loop {
+        let (_, out, err) = kubectl.run(&["apply", "--dry-run=server", "-f", "-"], Some(&probe));
+        if !err.contains("failed calling webhook") {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the operator's webhooks do not answer: {out}{err}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// `kubectl wait --for=FOR OBJECT` in the kubectl's namespace, for up to
