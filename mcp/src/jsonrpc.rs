@@ -439,15 +439,13 @@ pub fn key_skeleton(key: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
-/// The hash of `key`'s [`key_skeleton`], without making the skeleton when
-/// the key is short ASCII (its skeleton is then its lowercase, made on the
-/// stack): every key of every object passes here.
+/// The hash of `key`'s [`key_skeleton`]. A short ASCII key with capitals
+/// (`protocolVersion`) is lowercased on the stack; any other key's skeleton
+/// is [`key_skeleton`]'s, borrowed when it is the key itself: every key of
+/// every object passes here.
 fn skeleton_hash(hasher: &foldhash::fast::RandomState, key: &str) -> u64 {
     const SHORT: usize = 64;
-    if key.bytes().all(|b| b.is_ascii() && !b.is_ascii_uppercase()) {
-        return hasher.hash_one(key);
-    }
-    if key.len() <= SHORT && key.is_ascii() {
+    if key.len() <= SHORT && key.is_ascii() && key.bytes().any(|b| b.is_ascii_uppercase()) {
         let mut buffer = [0u8; SHORT];
         let lower = &mut buffer[..key.len()];
         lower.copy_from_slice(key.as_bytes());

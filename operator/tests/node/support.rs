@@ -130,18 +130,11 @@ fn wait_webhooks(kubectl: &Kubectl, patience: Duration) {
     let probe = format!(
         "apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {{name: webhook-probe, namespace: {OPERATOR_NAMESPACE}}}\nspec:\n  podSelector: {{matchLabels: {{app: webhook-probe}}}}\n  allowed_tools: [probe]\n"
     );
-    let deadline = std::time::Instant::now() + patience;
-    loop {
-        let (_, out, err) = kubectl.run(&["apply", "--dry-run=server", "-f", "-"], Some(&probe));
-        if !err.contains("failed calling webhook") {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the operator's webhooks do not answer: {out}{err}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let (_, out, err) = dry_run_until_answered(kubectl, &probe, patience);
+    assert!(
+        !err.contains("failed calling webhook"),
+        "the operator's webhooks do not answer: {out}{err}"
+    );
 }
 
 /// `kubectl wait --for=FOR OBJECT` in the kubectl's namespace, for up to
@@ -177,16 +170,27 @@ pub fn wait_injector(kubectl: &Kubectl, namespace: &str, patience: Duration) {
     let probe = format!(
         "apiVersion: v1\nkind: Pod\nmetadata: {{name: injector-probe, namespace: {namespace}}}\nspec:\n  containers: [{{name: agent, image: {PAUSE}}}]\n"
     );
+    let (ok, out, err) = dry_run_until_answered(kubectl, &probe, patience);
+    assert!(
+        ok,
+        "the injector does not answer in {namespace}: {out}{err}"
+    );
+}
+
+/// A server-side dry run of `probe` (it calls the webhooks and creates
+/// nothing), repeated while the call to a webhook does not get through
+/// (for up to `patience`); kubectl's last result.
+fn dry_run_until_answered(
+    kubectl: &Kubectl,
+    probe: &str,
+    patience: Duration,
+) -> (bool, String, String) {
     let deadline = std::time::Instant::now() + patience;
     loop {
-        let (ok, out, err) = kubectl.run(&["apply", "--dry-run=server", "-f", "-"], Some(&probe));
-        if ok {
-            return;
+        let (ok, out, err) = kubectl.run(&["apply", "--dry-run=server", "-f", "-"], Some(probe));
+        if ok || !err.contains("failed calling webhook") || std::time::Instant::now() >= deadline {
+            return (ok, out, err);
         }
-        assert!(
-            err.contains("failed calling webhook") && std::time::Instant::now() < deadline,
-            "the injector does not answer in {namespace}: {out}{err}"
-        );
         std::thread::sleep(Duration::from_millis(200));
     }
 }

@@ -200,20 +200,12 @@ impl Ids {
     /// An id no other request of this gateway has.
     pub fn fresh(&self) -> String {
         // Every call takes one: written without the formatter.
-        let mut n = self.0.fetch_add(1, Ordering::Relaxed);
-        let mut digits = [0u8; 20];
-        let mut start = digits.len();
-        loop {
-            start -= 1;
-            digits[start] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        let mut id = String::with_capacity(4 + digits.len() - start);
+        let n = self.0.fetch_add(1, Ordering::Relaxed);
+        let mut digits = itoa::Buffer::new();
+        let digits = digits.format(n);
+        let mut id = String::with_capacity(4 + digits.len());
         id.push_str("aip-");
-        id.push_str(std::str::from_utf8(&digits[start..]).unwrap_or_default());
+        id.push_str(digits);
         id
     }
 }

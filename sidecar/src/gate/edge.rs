@@ -693,13 +693,10 @@ fn era_of(message: &Value) -> Era {
 /// `prefix` and 128 random bits in hex: a session's name (a modern
 /// request's, one per call, is written without the formatter).
 fn random_id(prefix: &str) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let bits = rand::random::<u128>();
     let mut digits = [0u8; 32];
-    for (i, digit) in digits.iter_mut().enumerate() {
-        *digit = HEX[((bits >> (4 * (31 - i))) & 0xf) as usize];
-    }
-    let mut id = String::with_capacity(prefix.len() + 32);
+    // 16 bytes always fit 32 hex digits.
+    let _ = hex::encode_to_slice(rand::random::<u128>().to_be_bytes(), &mut digits);
+    let mut id = String::with_capacity(prefix.len() + digits.len());
     id.push_str(prefix);
     id.push_str(std::str::from_utf8(&digits).unwrap_or_default());
     id
