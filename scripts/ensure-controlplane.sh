@@ -32,6 +32,8 @@ ldflags="-s -w -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$
 ldflags="$ldflags -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 mkdir -p "$out"
 rm -f "$out/.key"
+. scripts/go-scratch.sh
+go_scratch controlplane
 started=$(date +%s)
 progress() { # one line per 200 packages compiled, and any compiler error
   local n=0 line

@@ -19,6 +19,8 @@ command -v go >/dev/null || {
 echo "building crane from Go modules ($module) into $out ..."
 mkdir -p "$(dirname "$out")"
 rm -f "$out.key"
+. scripts/go-scratch.sh
+go_scratch crane
 (cd "$module" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "../../$out" \
   github.com/google/go-containerregistry/cmd/crane)
 echo "$key" > "$out.key"

@@ -16,6 +16,8 @@ fi
 command -v go >/dev/null || { echo "ensure-go-peers: go is not on PATH (Go 1.26 or newer is needed for the test peers)" >&2; exit 1; }
 echo "building the Go test peers (e2e/peers) into $out ..."
 mkdir -p "$out"
+. scripts/go-scratch.sh
+go_scratch peers
 (cd e2e/peers && CGO_ENABLED=0 go build -trimpath -o "../../$out/" ./cmd/...)
 # The official Go SDK's MCP conformance server, the reference the
 # conformance suite's server scenarios expect (scripts/mcp-conformance.sh).

@@ -120,6 +120,37 @@ impl Parsed {
     }
 }
 
+/// Below this much free disk a run is likely to fail for want of it, not
+/// for its code: containerd's images and the pods' logs are written to the
+/// node's directory, and the kubelet evicts pods under 256 MiB free.
+const LOW_DISK: u64 = 2 << 30;
+
+/// Says how much disk the node's directory has left, and warns when it is
+/// little: a run that failed for a full disk then says so in its log.
+fn report_disk(dir: &std::path::Path) {
+    match rustix::fs::statvfs(dir) {
+        Ok(stat) => {
+            let free = stat.f_bavail.saturating_mul(stat.f_frsize);
+            let gib = free as f64 / f64::from(1u32 << 30);
+            if free < LOW_DISK {
+                eprintln!(
+                    "aip-node: WARNING: only {gib:.1} GiB free on the disk of {}: pods may be evicted and builds fail for want of disk",
+                    dir.display()
+                );
+            } else {
+                eprintln!(
+                    "aip-node: {gib:.1} GiB free on the disk of {}",
+                    dir.display()
+                );
+            }
+        }
+        Err(e) => eprintln!(
+            "aip-node: cannot tell the free disk of {}: {e}",
+            dir.display()
+        ),
+    }
+}
+
 fn workspace_root() -> PathBuf {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     manifest
@@ -139,6 +170,7 @@ fn run(parsed: &Parsed) -> Result<ExitCode, String> {
         launched.info.started_in_ms as f64 / 1000.0,
         parsed.command.join(" ")
     );
+    report_disk(&launched.info.dir);
     let (program, args) = parsed.command.split_first().ok_or("no command")?;
     let status = wait_or_signal(launched.command(program, args));
     let stopped = launched.stop();
