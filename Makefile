@@ -16,8 +16,10 @@ build:
 ## test: formatting, clippy, every unit/integration/property test, the AIP
 ## conformance vectors (the shared Basic level and the project's own), the
 ## official MCP conformance suite through the gateway, and a short run of
-## every fuzz target.
-test: check-shared lint unit node-test conformance mcp-conformance fuzz-smoke
+## every fuzz target. The Go builds come first: their scratch caches (up to
+## 8 GB while Kubernetes compiles, removed after) are then not on the disk
+## at the same time as cargo's target/ (about 10 GB by the end).
+test: check-shared controlplane go-peers lint unit node-test conformance mcp-conformance fuzz-smoke
 
 ## check-shared: the shared AIP conformance vectors are where SHARED says
 ## (first in `make test`, so a missing folder is reported in seconds, not

@@ -16,6 +16,15 @@ if ! "$tools/bin/cargo-fuzz" --version 2>/dev/null | grep -q "$fuzz_version"; th
   echo "installing cargo-fuzz $fuzz_version into $tools (first use, about 2 minutes) ..."
   cargo install --quiet --locked --root "$tools" --version "$fuzz_version" cargo-fuzz
 fi
+# cargo asks rustc about the target with its source on stdin, from
+# /dev/null: when that is a regular file with text in it (a program
+# renamed and replaced it: the gateway's audit rotation once did, run with
+# `--audit /dev/null`), every build fails on that text as Rust source.
+if [ ! -c /dev/null ]; then
+  echo "fuzz: /dev/null is not the null device but $(stat -c %F /dev/null) (owner $(stat -c %U /dev/null)): builds read it as source and fail." >&2
+  echo "fuzz: restore it as root: rm /dev/null && mknod -m 666 /dev/null c 1 3" >&2
+  exit 2
+fi
 targets=$(sed -n 's/^name = "\(.*\)"$/\1/p' fuzz/Cargo.toml | grep -v '^aip-fuzz$')
 # Build every target once, apart from running them: a build that fails is
 # reported as such (with its first errors, which name the crate), never as

@@ -36,7 +36,7 @@ pub enum Failure {
     CredentialsMissing(String),
     /// No access token could be had from the authorization server (its
     /// error code, never a credential): nothing was sent.
-    TokenUnavailable(String),
+    TokenUnavailable(crate::oauth::TokenError),
 }
 
 /// What a failure does to the upstream session it used.
@@ -81,11 +81,22 @@ impl Failure {
     /// failure's authorization-server error.
     pub fn explained(&self) -> String {
         match self {
-            Failure::TokenUnavailable(why) | Failure::CredentialsMissing(why) => {
-                format!("{}: {why}", self.reason())
-            }
+            Failure::TokenUnavailable(why) => format!("{}: {why}", self.reason()),
+            Failure::CredentialsMissing(why) => format!("{}: {why}", self.reason()),
             Failure::InitFailed(inner) => inner.explained(),
             other => other.reason().to_owned(),
+        }
+    }
+
+    /// Why the connection's credential is refused, as a Kubernetes
+    /// condition reason, when the failure knows more than "refused": the
+    /// authorization server's error code (`InvalidGrant`) or what failed
+    /// on the way to a token (`TokenEndpointUnreachable`, ...).
+    pub fn credential_reason(&self) -> Option<String> {
+        match self {
+            Failure::TokenUnavailable(e) => Some(e.reason()),
+            Failure::InitFailed(inner) => inner.credential_reason(),
+            _ => None,
         }
     }
 
@@ -163,7 +174,7 @@ impl Failure {
         // description, redacted where the text was made): the agent can
         // tell a refusal from an outage.
         if let Failure::TokenUnavailable(why) = self {
-            data["token_error"] = json!(why);
+            data["token_error"] = json!(why.to_string());
         }
         json!({"code": UPSTREAM_ERROR, "message": self.message(), "data": data})
     }

@@ -795,14 +795,13 @@ impl HttpUpstream {
                 .insert(hyper::header::AUTHORIZATION, token.header().clone());
             r
         };
-        let refused = |e: crate::oauth::TokenError| Failure::TokenUnavailable(e.to_string());
-        let token = tokens.bearer().await.map_err(refused)?;
+        let token = tokens.bearer().await.map_err(Failure::TokenUnavailable)?;
         let response = self.client().request(with(&token)).await.map_err(network)?;
         if response.status() != StatusCode::UNAUTHORIZED {
             return Ok(response);
         }
         tokens.refused(&token);
-        let fresh = tokens.bearer().await.map_err(refused)?;
+        let fresh = tokens.bearer().await.map_err(Failure::TokenUnavailable)?;
         if Arc::ptr_eq(&fresh, &token) {
             return Ok(response);
         }

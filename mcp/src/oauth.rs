@@ -258,40 +258,6 @@ impl TokenError {
     }
 }
 
-/// The [`TokenError::reason`] of an error known only by its text (a
-/// health reason: whatever precedes it, `upstream_token_unavailable: `
-/// and the error); None when the text is not a token error's.
-pub fn reason_of(text: &str) -> Option<String> {
-    const FAILURE: &str = "upstream_token_unavailable: ";
-    let text = text
-        .find(FAILURE)
-        .map_or(text, |at| &text[at + FAILURE.len()..]);
-    let fixed = [
-        (
-            "the token endpoint cannot be reached",
-            "TokenEndpointUnreachable",
-        ),
-        (
-            "the token endpoint did not answer within",
-            "TokenEndpointTimeout",
-        ),
-        ("the token endpoint answered HTTP", "TokenEndpointFailed"),
-        (
-            "the token endpoint's answer is not a token",
-            "MalformedTokenResponse",
-        ),
-        ("authorization server metadata:", "DiscoveryFailed"),
-        ("client assertion:", "AssertionUnreadable"),
-    ];
-    if let Some((_, reason)) = fixed.iter().find(|(p, _)| text.starts_with(p)) {
-        return Some((*reason).to_owned());
-    }
-    let code = text.strip_prefix("the token endpoint refused: ")?;
-    Some(camel(code.split(' ').next().unwrap_or_default()))
-}
-
-/// `invalid_grant` as `InvalidGrant` (letters and digits only; a code
-/// with neither: `Refused`).
 fn camel(code: &str) -> String {
     let out: String = code
         .split(|c: char| !c.is_ascii_alphanumeric())
@@ -952,7 +918,7 @@ mod tests {
     }
 
     #[test]
-    fn every_token_error_is_known_again_by_its_text() {
+    fn every_token_error_is_a_condition_reason_of_the_failure_it_causes() {
         let errors = [
             TokenError::Unreachable("connection refused".into()),
             TokenError::Timeout(Duration::from_secs(5)),
@@ -973,10 +939,29 @@ mod tests {
             TokenError::Discovery("no metadata".into()),
             TokenError::Assertion("cannot read /t".into()),
         ];
+        // Kubernetes' pattern for a condition's reason.
+        let valid = |r: &str| {
+            r.starts_with(|c: char| c.is_ascii_alphabetic())
+                && r.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_,:".contains(c))
+                && !r.ends_with([',', ':'])
+        };
         for e in errors {
-            let said = format!("upstream_token_unavailable: {e}");
-            assert_eq!(reason_of(&said), Some(e.reason()), "{said}");
+            let reason = e.reason();
+            assert!(valid(&reason), "{e}: {reason}");
+            let failure = crate::failure::Failure::TokenUnavailable(e.clone());
+            assert_eq!(failure.credential_reason(), Some(reason.clone()), "{e}");
+            let initializing = crate::failure::Failure::InitFailed(Box::new(failure));
+            assert_eq!(initializing.credential_reason(), Some(reason), "{e}");
         }
+        assert_eq!(
+            TokenError::Refused {
+                code: "???".into(),
+                description: None
+            }
+            .reason(),
+            "Refused"
+        );
         assert_eq!(
             TokenError::Refused {
                 code: "invalid_grant".into(),
@@ -985,7 +970,10 @@ mod tests {
             .reason(),
             "InvalidGrant"
         );
-        assert_eq!(reason_of("HTTP 401 from the upstream"), None);
+        assert_eq!(
+            crate::failure::Failure::InitAuthFailed(401).credential_reason(),
+            None
+        );
     }
 
     #[test]

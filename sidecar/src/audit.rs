@@ -52,8 +52,15 @@ impl Audit {
 /// An audit file that never grows past `max_bytes`: when the next line would
 /// take it over, it is renamed to `FILE.1` (replacing the previous one) and
 /// a new `FILE` is started, so at most twice the bound is kept on disk.
+///
+/// Only a regular file is rotated. Anything else (`/dev/null`, a FIFO, a
+/// terminal, `/dev/stdout`) is written to as it is: renaming `/dev/null`
+/// to `/dev/null.1` and putting a regular file in its place, as an earlier
+/// version did past the bound, broke every program on the machine that
+/// reads `/dev/null`.
 pub struct RotatingFile {
     path: std::path::PathBuf,
+    /// u64::MAX for a path that is not a regular file: never rotated.
     max_bytes: u64,
     written: u64,
     file: std::fs::File,
@@ -62,6 +69,7 @@ pub struct RotatingFile {
 impl RotatingFile {
     pub fn open(path: &std::path::Path, max_bytes: u64) -> std::io::Result<RotatingFile> {
         let file = append(path)?;
+        let max_bytes = if regular(path) { max_bytes } else { u64::MAX };
         Ok(RotatingFile {
             path: path.to_owned(),
             max_bytes,
@@ -71,6 +79,12 @@ impl RotatingFile {
     }
 
     fn rotate(&mut self) -> std::io::Result<()> {
+        // Looked at again: the path may have been replaced since it was
+        // opened (by a symlink, a device).
+        if !regular(&self.path) {
+            self.max_bytes = u64::MAX;
+            return Ok(());
+        }
         let mut old = self.path.clone().into_os_string();
         old.push(".1");
         std::fs::rename(&self.path, old)?;
@@ -78,6 +92,12 @@ impl RotatingFile {
         self.written = 0;
         Ok(())
     }
+}
+
+/// Whether `path` itself (not what a symlink there points to) is a
+/// regular file.
+fn regular(path: &std::path::Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file())
 }
 
 fn append(path: &std::path::Path) -> std::io::Result<std::fs::File> {
@@ -156,5 +176,54 @@ mod tests {
                 .all(|l| serde_json::from_str::<Value>(l).is_ok()),
             "lines are never torn across files"
         );
+    }
+
+    /// A FIFO stands for every path that is not a regular file (the
+    /// machine's own `/dev/null` is not risked in a test): it is written
+    /// through past the bound, never renamed or replaced.
+    #[test]
+    fn what_is_not_a_regular_file_is_never_rotated() {
+        use std::io::Read;
+        use std::os::unix::fs::FileTypeExt;
+        let tmp = tempfile::Builder::new()
+            .prefix("aip-audit-fifo-")
+            .tempdir()
+            .unwrap();
+        let fifo = tmp.path().join("audit.fifo");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || {
+                let mut all = String::new();
+                std::fs::File::open(fifo)
+                    .unwrap()
+                    .read_to_string(&mut all)
+                    .unwrap();
+                all
+            })
+        };
+        let audit = Audit::new(Box::new(RotatingFile::open(&fifo, 1000).unwrap()));
+        for i in 0..100 {
+            audit.record(&json!({"n": i, "pad": "x".repeat(80)}));
+        }
+        drop(audit);
+        let read = reader.join().unwrap();
+        assert_eq!(read.lines().count(), 100, "every line went through");
+        assert!(
+            std::fs::symlink_metadata(&fifo)
+                .unwrap()
+                .file_type()
+                .is_fifo(),
+            "the FIFO is still there"
+        );
+        let names: Vec<_> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["audit.fifo"], "nothing was renamed or created");
     }
 }

@@ -1,5 +1,5 @@
 //! The test node leaves the machine as it found it, however its run ends:
-//! stopped by SIGTERM or SIGINT, its launcher killed (the node cleans up
+//! stopped by SIGTERM or SIGINT (also while it is starting), its launcher killed (the node cleans up
 //! after itself), or the launcher and the node killed together (the next
 //! `aip-node clean` or start does). Each compares the host's iptables-save,
 //! sysctls, mounts and cgroup directories before and after, and finds no
@@ -92,6 +92,47 @@ fn sigterm_and_sigint_stop_the_node_and_leave_the_host_as_it_was() {
         assert_eq!(status.code(), Some(130), "{stop:?}: {status}");
         assert_gone(&before);
     }
+}
+
+/// A signal while the node starts is not fatal to the launcher: the node
+/// comes up, the command is stopped at once, the node is stopped, 130.
+#[test]
+fn a_signal_while_the_node_starts_stops_it_like_any_other() {
+    use std::io::{BufRead, BufReader};
+    node::clean_leftovers().unwrap();
+    let before = Snapshot::take();
+    let mut child = Command::new(launcher())
+        .arg("run")
+        .arg("--image")
+        .arg(pause_image())
+        .args(["--", "sleep", "600"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    // The control plane is up; containerd and the kubelet are not yet.
+    let starting = lines
+        .by_ref()
+        .map(Result::unwrap)
+        .inspect(|line| eprintln!("{line}"))
+        .any(|line| line.contains("control plane ready"));
+    assert!(
+        starting,
+        "the launcher ended before its control plane was up"
+    );
+    signal(&child, rustix::process::Signal::TERM);
+    // Read on, so that the launcher never blocks on a full pipe (to its
+    // end: when the node's last process, which shares the pipe, is gone).
+    let rest = std::thread::spawn(move || {
+        lines
+            .map(Result::unwrap)
+            .inspect(|line| eprintln!("{line}"))
+            .any(|line| line.contains("interrupted"))
+    });
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "{status}");
+    assert_gone(&before);
+    assert!(rest.join().unwrap(), "the launcher said it was interrupted");
 }
 
 #[test]

@@ -23,6 +23,18 @@ pub fn ours(conditions: &[Condition], types: &[&str]) -> Vec<Condition> {
         .collect()
 }
 
+/// Whether `text` may be a condition's reason: Kubernetes' pattern
+/// (`^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$`), at most 128 characters
+/// here (the API allows 1024; no reason of ours comes near).
+pub fn is_reason(text: &str) -> bool {
+    text.len() <= 128
+        && text.starts_with(|c: char| c.is_ascii_alphabetic())
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | ',' | ':'))
+        && !text.ends_with([',', ':'])
+}
+
 impl Conditions<'_> {
     pub fn set(&self, type_: &str, ok: bool, reason: &str, message: String) -> Condition {
         self.set_status(type_, if ok { "True" } else { "False" }, reason, message)

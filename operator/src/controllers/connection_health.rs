@@ -31,7 +31,7 @@ use crate::events::publish;
 use crate::grpc::Evidence;
 use crate::index::{ObjectKey, ResolvedConnection};
 
-use super::conditions::{Conditions, ours};
+use super::conditions::{Conditions, is_reason, ours};
 use super::{Context, FIELD_MANAGER};
 use super::{tool_ledger, upstream_auth};
 
@@ -284,22 +284,43 @@ fn reported(e: &Evidence) -> Option<Outcome> {
         Wire::Unchecked | Wire::Unspecified => return None,
     };
     let reason = (!e.reason.is_empty()).then(|| format!("pod {}: {}", e.pod, e.reason));
-    Some(Outcome::Reported {
+    Some(Outcome::Reported(Observed {
         state,
         reason: reason.filter(|_| state != HealthState::Healthy),
         http_status: u16::try_from(e.http_status).ok().filter(|s| *s > 0),
-    })
+        required_scope: None,
+        // A sidecar's word goes into a condition's reason only if it is
+        // one: the API server would refuse the whole status otherwise.
+        credential_reason: Some(e.credential_reason.clone())
+            .filter(|r| state == HealthState::NeedsCredentials && is_reason(r)),
+    }))
+}
+
+/// What a probe or a sidecar's report says of a connection's health.
+#[derive(Clone)]
+struct Observed {
+    state: HealthState,
+    reason: Option<String>,
+    http_status: Option<u16>,
+    required_scope: Option<String>,
+    /// Why the credential is refused, as a condition reason, when more is
+    /// known than "refused" ([`Failure::credential_reason`]).
+    credential_reason: Option<String>,
 }
 
 /// The health a probe outcome means.
-fn health_of(
-    result: &Result<Vec<Value>, Failure>,
-    successes: u64,
-) -> (HealthState, Option<String>, Option<u16>, Option<String>) {
+fn health_of(result: &Result<Vec<Value>, Failure>, successes: u64) -> Observed {
+    let observed = |state, reason| Observed {
+        state,
+        reason,
+        http_status: None,
+        required_scope: None,
+        credential_reason: None,
+    };
     match result {
-        Ok(_) => (HealthState::Healthy, None, None, None),
+        Ok(_) => observed(HealthState::Healthy, None),
         Err(Failure::CredentialsMissing(why)) => {
-            (HealthState::NeedsCredentials, Some(why.clone()), None, None)
+            observed(HealthState::NeedsCredentials, Some(why.clone()))
         }
         Err(f) => {
             let scope = match f {
@@ -315,7 +336,13 @@ fn health_of(
             } else {
                 HealthState::Unreachable
             };
-            (state, Some(f.explained()), f.http_status(), scope)
+            Observed {
+                state,
+                reason: Some(f.explained()),
+                http_status: f.http_status(),
+                required_scope: scope,
+                credential_reason: f.credential_reason(),
+            }
         }
     }
 }
@@ -329,11 +356,7 @@ enum Outcome {
     Evidence(String),
     /// A connection the operator cannot probe (it authenticates as each
     /// pod): its health as a sidecar last reported it.
-    Reported {
-        state: HealthState,
-        reason: Option<String>,
-        http_status: Option<u16>,
-    },
+    Reported(Observed),
 }
 
 /// How often a status write that lost a race (someone else wrote the
@@ -416,9 +439,9 @@ fn desired(
         pins: &spec.tool_pins,
         scan: spec.tool_scan,
     };
-    let (state, reason, http_status, scope, tools, listed) = match outcome {
+    let (observed, tools, listed) = match outcome {
         Outcome::Probe(result, successes, upstream) => {
-            let (state, reason, status, scope) = health_of(result, *successes);
+            let observed = health_of(result, *successes);
             let (tools, listed) = match result {
                 Ok(list) => {
                     let credentials = match &resolved.credentials {
@@ -446,29 +469,32 @@ fn desired(
                     before.tool_count.unwrap_or(0) as usize,
                 ),
             };
-            (state, reason, status, scope, tools, listed)
+            (observed, tools, listed)
         }
         Outcome::Evidence(why) => (
-            HealthState::NeedsCredentials,
-            Some(why.clone()),
-            Some(401),
-            None,
+            Observed {
+                state: HealthState::NeedsCredentials,
+                reason: Some(why.clone()),
+                http_status: Some(401),
+                required_scope: None,
+                credential_reason: None,
+            },
             before.tools.clone(),
             before.tool_count.unwrap_or(0) as usize,
         ),
-        Outcome::Reported {
-            state,
-            reason,
-            http_status,
-        } => (
-            *state,
-            reason.clone(),
-            *http_status,
-            None,
+        Outcome::Reported(observed) => (
+            observed.clone(),
             before.tools.clone(),
             before.tool_count.unwrap_or(0) as usize,
         ),
     };
+    let Observed {
+        state,
+        reason,
+        http_status,
+        required_scope: scope,
+        credential_reason,
+    } = observed;
     let previous = before.health.clone().unwrap_or_default();
     let changed_state = previous.state != state;
     let health = Health {
@@ -531,7 +557,13 @@ fn desired(
             "no tools are pinned: every tool is served as listed".to_owned(),
         ),
     };
-    let judged = upstream_auth::judge(spec, &resolved.credentials, state, reason.as_deref());
+    let judged = upstream_auth::judge(
+        spec,
+        &resolved.credentials,
+        state,
+        reason.as_deref(),
+        credential_reason.as_deref(),
+    );
     let authenticated = conditions.set_status(
         upstream_auth::TYPE,
         judged.status,
@@ -688,32 +720,84 @@ async fn sleep_until(at: Option<Instant>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use aip_mcp::oauth::TokenError;
 
     #[test]
     fn a_failing_probe_is_degraded_only_while_calls_succeed() {
         let down = Err(Failure::Network("connection refused".to_owned()));
-        assert_eq!(health_of(&down, 0).0, HealthState::Unreachable);
-        assert_eq!(health_of(&down, 3).0, HealthState::Degraded);
+        assert_eq!(health_of(&down, 0).state, HealthState::Unreachable);
+        assert_eq!(health_of(&down, 3).state, HealthState::Degraded);
         assert_eq!(
-            health_of(&down, 3).1.as_deref(),
+            health_of(&down, 3).reason.as_deref(),
             Some("upstream_unreachable")
         );
     }
 
     #[test]
     fn credential_evidence_in_a_probe_needs_credentials_whatever_the_calls() {
-        let (state, _, status, _) = health_of(&Err(Failure::InitAuthFailed(401)), 5);
-        assert_eq!((state, status), (HealthState::NeedsCredentials, Some(401)));
-        let (state, reason, _, _) = health_of(
+        let refused = health_of(&Err(Failure::InitAuthFailed(401)), 5);
+        assert_eq!(
+            (
+                refused.state,
+                refused.http_status,
+                refused.credential_reason
+            ),
+            (HealthState::NeedsCredentials, Some(401), None)
+        );
+        let missing = health_of(
             &Err(Failure::CredentialsMissing(
                 "spec.bearerToken: Secret t not found".to_owned(),
             )),
             0,
         );
-        assert_eq!(state, HealthState::NeedsCredentials);
+        assert_eq!(missing.state, HealthState::NeedsCredentials);
         assert_eq!(
-            reason.as_deref(),
+            missing.reason.as_deref(),
             Some("spec.bearerToken: Secret t not found")
         );
+        // A token the authorization server refused is named by its code.
+        let token = health_of(
+            &Err(Failure::TokenUnavailable(TokenError::Refused {
+                code: "invalid_grant".to_owned(),
+                description: Some("Invalid token audience".to_owned()),
+            })),
+            0,
+        );
+        assert_eq!(token.state, HealthState::NeedsCredentials);
+        assert_eq!(token.credential_reason.as_deref(), Some("InvalidGrant"));
+    }
+
+    fn report(state: aip_proto::v1::HealthState, credential_reason: &str) -> Evidence {
+        Evidence {
+            connection: ObjectKey::new("ns", "gh"),
+            pod: "agent-0".to_owned(),
+            health: state,
+            reason: "upstream_token_unavailable: the token endpoint refused: invalid_grant"
+                .to_owned(),
+            http_status: 0,
+            required_scope: String::new(),
+            successful_calls: 0,
+            network_failures: 0,
+            credential_failures: 1,
+            credential_reason: credential_reason.to_owned(),
+        }
+    }
+
+    #[test]
+    fn a_sidecars_credential_reason_is_taken_only_when_it_is_a_condition_reason() {
+        use aip_proto::v1::HealthState as Wire;
+        let taken = |e: &Evidence| match reported(e) {
+            Some(Outcome::Reported(o)) => o.credential_reason,
+            _ => panic!("not a report"),
+        };
+        let refused = report(Wire::NeedsCredentials, "InvalidGrant");
+        assert_eq!(taken(&refused).as_deref(), Some("InvalidGrant"));
+        // Not read from the text: an empty field is "no more known".
+        assert_eq!(taken(&report(Wire::NeedsCredentials, "")), None);
+        for bad in ["invalid grant", "Bad:", "9Lives", "x\ny", &"A".repeat(200)] {
+            assert_eq!(taken(&report(Wire::NeedsCredentials, bad)), None, "{bad}");
+        }
+        // Nor from a state in which it means nothing.
+        assert_eq!(taken(&report(Wire::Unreachable, "InvalidGrant")), None);
     }
 }

@@ -23,12 +23,15 @@ pub struct Judged {
 }
 
 /// How a connection with `credentials` authenticates, judged by its
-/// health `state` and its `reason`.
+/// health `state`, its `reason` (the message) and, for a refused
+/// credential, the `refusal`'s own condition reason when one is known
+/// (`InvalidGrant`, `TokenEndpointUnreachable`: `Failure::credential_reason`).
 pub fn judge(
     spec: &ToolConnectionSpec,
     credentials: &Result<Credentials, CredentialsError>,
     state: HealthState,
     reason: Option<&str>,
+    refusal: Option<&str>,
 ) -> Judged {
     let credentials = match credentials {
         Ok(c) => c,
@@ -72,8 +75,7 @@ pub fn judge(
             let why = reason.unwrap_or("the server refused the credential");
             Judged {
                 status: "False",
-                reason: aip_mcp::oauth::reason_of(why)
-                    .unwrap_or_else(|| "CredentialRefused".to_owned()),
+                reason: refusal.unwrap_or("CredentialRefused").to_owned(),
                 message: format!("{how}: {why}"),
             }
         }
@@ -121,6 +123,7 @@ mod tests {
             &jwt_bearer(),
             HealthState::NeedsCredentials,
             Some(why),
+            Some("InvalidGrant"),
         );
         assert_eq!(judged.status, "False");
         assert_eq!(judged.reason, "InvalidGrant");
@@ -135,12 +138,12 @@ mod tests {
 
     #[test]
     fn a_working_grant_names_its_mode_and_an_unchecked_one_is_unknown() {
-        let judged = judge(&spec(), &jwt_bearer(), HealthState::Healthy, None);
+        let judged = judge(&spec(), &jwt_bearer(), HealthState::Healthy, None, None);
         assert_eq!(
             (judged.status, judged.reason.as_str()),
             ("True", "JwtBearer")
         );
-        let judged = judge(&spec(), &jwt_bearer(), HealthState::Unchecked, None);
+        let judged = judge(&spec(), &jwt_bearer(), HealthState::Unchecked, None, None);
         assert_eq!(
             (judged.status, judged.reason.as_str()),
             ("Unknown", "JwtBearer")
@@ -150,6 +153,7 @@ mod tests {
             &Ok(Credentials::default()),
             HealthState::Healthy,
             None,
+            None,
         );
         assert_eq!((none.status, none.reason.as_str()), ("True", "None"));
         let refused = judge(
@@ -157,6 +161,7 @@ mod tests {
             &Ok(Credentials::default()),
             HealthState::NeedsCredentials,
             Some("HTTP 401"),
+            None,
         );
         assert_eq!(
             (refused.status, refused.reason.as_str()),

@@ -51,6 +51,9 @@ pub struct Evidence {
     pub successful_calls: u64,
     pub network_failures: u64,
     pub credential_failures: u64,
+    /// Why the credential is refused, as a condition reason; empty when
+    /// the gateway knows no more than "refused".
+    pub credential_reason: String,
 }
 
 /// Where the service tells the rest of the operator what it learned.
@@ -240,6 +243,7 @@ impl<A: Authenticate> Config for ConfigService<A> {
                 successful_calls: c.successful_calls,
                 network_failures: c.network_failures,
                 credential_failures: c.credential_failures,
+                credential_reason: c.credential_reason,
             });
         }
         Ok(Response::new(ReportResponse {}))

@@ -37,6 +37,11 @@ pub fn evidence_of(connections: &[Arc<ConnectionState>]) -> Vec<v1::ConnectionEv
                 successful_calls,
                 network_failures,
                 credential_failures: u64::from(health.state == HealthState::NeedsCredentials),
+                credential_reason: health
+                    .failure
+                    .as_ref()
+                    .and_then(aip_mcp::Failure::credential_reason)
+                    .unwrap_or_default(),
             }
         })
         .collect()

@@ -160,6 +160,7 @@ fn workspace_root() -> PathBuf {
 }
 
 fn run(parsed: &Parsed) -> Result<ExitCode, String> {
+    let mut stop = Stop::catch()?;
     let images = parsed.images()?;
     let before = parsed.check_host.then(Snapshot::take);
     let launched = node::launch(&images).map_err(|e| e.to_string())?;
@@ -172,7 +173,7 @@ fn run(parsed: &Parsed) -> Result<ExitCode, String> {
     );
     report_disk(&launched.info.dir);
     let (program, args) = parsed.command.split_first().ok_or("no command")?;
-    let status = wait_or_signal(launched.command(program, args));
+    let status = stop.wait_or_signal(launched.command(program, args));
     let stopped = launched.stop();
     let mut failed = false;
     if let Err(e) = stopped {
@@ -206,39 +207,89 @@ fn run(parsed: &Parsed) -> Result<ExitCode, String> {
     })
 }
 
-/// Runs `command` to its end; SIGINT or SIGTERM to the launcher is passed
-/// on to it (its process group), and the launcher then stops the node.
-fn wait_or_signal(command: std::process::Command) -> Result<i32, String> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
-    runtime.block_on(async {
+/// SIGINT and SIGTERM, caught from the launcher's first moment: one that
+/// arrives while the node is starting is not fatal to the launcher (which
+/// would leave its node to notice its closed stdin, and exit with the
+/// signal's status); it is acted on once the node is up.
+struct Stop {
+    runtime: tokio::runtime::Runtime,
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Stop {
+    fn catch() -> Result<Stop, String> {
         use tokio::signal::unix::{SignalKind, signal};
-        let mut command = tokio::process::Command::from(command);
-        command.process_group(0);
-        let mut child = command.spawn().map_err(|e| format!("cannot run the command: {e}"))?;
-        let mut interrupt = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
-        let mut terminate = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
-        let signalled = tokio::select! {
-            status = child.wait() => return Ok(status.map_err(|e| e.to_string())?.code().unwrap_or(1)),
-            _ = interrupt.recv() => rustix::process::Signal::INT,
-            _ = terminate.recv() => rustix::process::Signal::TERM,
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        let (interrupt, terminate) = {
+            let _entered = runtime.enter();
+            let caught = |kind| signal(kind).map_err(|e| format!("cannot catch signals: {e}"));
+            (
+                caught(SignalKind::interrupt())?,
+                caught(SignalKind::terminate())?,
+            )
         };
-        eprintln!("aip-node: interrupted; stopping the command, then the node");
-        if let Some(group) = child
-            .id()
-            .and_then(|id| i32::try_from(id).ok())
-            .and_then(rustix::process::Pid::from_raw)
-        {
-            let _ = rustix::process::kill_process_group(group, signalled);
-        }
-        let _ = child.wait().await;
-        Ok(130)
-    })
+        Ok(Stop {
+            runtime,
+            interrupt,
+            terminate,
+        })
+    }
+
+    /// Waits for SIGINT or SIGTERM (caught since [`Stop::catch`]).
+    fn until_signal(&mut self) -> rustix::process::Signal {
+        let Stop {
+            runtime,
+            interrupt,
+            terminate,
+        } = self;
+        runtime.block_on(async {
+            tokio::select! {
+                _ = interrupt.recv() => rustix::process::Signal::INT,
+                _ = terminate.recv() => rustix::process::Signal::TERM,
+            }
+        })
+    }
+
+    /// Runs `command` to its end; SIGINT or SIGTERM to the launcher (also
+    /// one that came while the node started) is passed on to it (its
+    /// process group), and the launcher then stops the node: 130.
+    fn wait_or_signal(&mut self, command: std::process::Command) -> Result<i32, String> {
+        let Stop {
+            runtime,
+            interrupt,
+            terminate,
+        } = self;
+        runtime.block_on(async {
+            let mut command = tokio::process::Command::from(command);
+            command.process_group(0);
+            let mut child = command
+                .spawn()
+                .map_err(|e| format!("cannot run the command: {e}"))?;
+            let signalled = tokio::select! {
+                status = child.wait() => return Ok(status.map_err(|e| e.to_string())?.code().unwrap_or(1)),
+                _ = interrupt.recv() => rustix::process::Signal::INT,
+                _ = terminate.recv() => rustix::process::Signal::TERM,
+            };
+            eprintln!("aip-node: interrupted; stopping the command, then the node");
+            if let Some(group) = child
+                .id()
+                .and_then(|id| i32::try_from(id).ok())
+                .and_then(rustix::process::Pid::from_raw)
+            {
+                let _ = rustix::process::kill_process_group(group, signalled);
+            }
+            let _ = child.wait().await;
+            Ok(130)
+        })
+    }
 }
 
 fn up(parsed: &Parsed) -> Result<ExitCode, String> {
+    let mut stop = Stop::catch()?;
     let images = parsed.images()?;
     let launched = node::launch(&images).map_err(|e| e.to_string())?;
     let info = &launched.info;
@@ -252,23 +303,7 @@ fn up(parsed: &Parsed) -> Result<ExitCode, String> {
     println!("  aip-node enter -- kubectl get nodes    # any command, inside the node's network");
     println!("  logs: {}", info.dir.display());
     println!("Ctrl-C stops it");
-    let waited = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?
-        .block_on(async {
-            use tokio::signal::unix::{SignalKind, signal};
-            let mut interrupt = signal(SignalKind::interrupt())?;
-            let mut terminate = signal(SignalKind::terminate())?;
-            tokio::select! {
-                _ = interrupt.recv() => {},
-                _ = terminate.recv() => {},
-            }
-            Ok::<(), std::io::Error>(())
-        });
-    if let Err(e) = waited {
-        eprintln!("aip-node: cannot wait for a signal ({e}); stopping");
-    }
+    stop.until_signal();
     launched.stop().map_err(|e| e.to_string())?;
     Ok(ExitCode::SUCCESS)
 }
