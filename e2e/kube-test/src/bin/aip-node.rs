@@ -241,29 +241,16 @@ impl Stop {
 
     /// Waits for SIGINT or SIGTERM (caught since [`Stop::catch`]).
     fn until_signal(&mut self) -> rustix::process::Signal {
-        let Stop {
-            runtime,
-            interrupt,
-            terminate,
-        } = self;
-        runtime.block_on(async {
-            tokio::select! {
-                _ = interrupt.recv() => rustix::process::Signal::INT,
-                _ = terminate.recv() => rustix::process::Signal::TERM,
-            }
-        })
+        self.runtime
+            .block_on(next_signal(&mut self.interrupt, &mut self.terminate))
     }
 
     /// Runs `command` to its end; SIGINT or SIGTERM to the launcher (also
     /// one that came while the node started) is passed on to it (its
     /// process group), and the launcher then stops the node: 130.
     fn wait_or_signal(&mut self, command: std::process::Command) -> Result<i32, String> {
-        let Stop {
-            runtime,
-            interrupt,
-            terminate,
-        } = self;
-        runtime.block_on(async {
+        let signal = next_signal(&mut self.interrupt, &mut self.terminate);
+        self.runtime.block_on(async {
             let mut command = tokio::process::Command::from(command);
             command.process_group(0);
             let mut child = command
@@ -271,8 +258,7 @@ impl Stop {
                 .map_err(|e| format!("cannot run the command: {e}"))?;
             let signalled = tokio::select! {
                 status = child.wait() => return Ok(status.map_err(|e| e.to_string())?.code().unwrap_or(1)),
-                _ = interrupt.recv() => rustix::process::Signal::INT,
-                _ = terminate.recv() => rustix::process::Signal::TERM,
+                signalled = signal => signalled,
             };
             eprintln!("aip-node: interrupted; stopping the command, then the node");
             if let Some(group) = child
@@ -285,6 +271,17 @@ impl Stop {
             let _ = child.wait().await;
             Ok(130)
         })
+    }
+}
+
+/// The next SIGINT or SIGTERM.
+async fn next_signal(
+    interrupt: &mut tokio::signal::unix::Signal,
+    terminate: &mut tokio::signal::unix::Signal,
+) -> rustix::process::Signal {
+    tokio::select! {
+        _ = interrupt.recv() => rustix::process::Signal::INT,
+        _ = terminate.recv() => rustix::process::Signal::TERM,
     }
 }
 
