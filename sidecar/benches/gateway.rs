@@ -74,6 +74,7 @@ fn main() {
     if let Some(calls) = std::env::args().skip_while(|a| a != "--profile").nth(1) {
         return profile(calls.parse().unwrap());
     }
+    raise_open_file_limit();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -88,6 +89,20 @@ fn main() {
     )
     .unwrap();
     println!("{}", serde_json::to_string_pretty(&results).unwrap());
+}
+
+/// The soft limit on open files raised to the hard one, as Go's runtime
+/// does for every Go program (ToolHive's among them): the upstream here
+/// serves every way's connections, a peer's idle ones included.
+fn raise_open_file_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current != limit.maximum {
+        limit.current = limit.maximum;
+        if let Err(e) = setrlimit(Resource::Nofile, limit) {
+            eprintln!("cannot raise the limit on open files: {e}");
+        }
+    }
 }
 
 async fn run() -> Value {
@@ -605,21 +620,73 @@ fn wrapped(program: &Path, role: &str) -> Command {
 /// tools/call with a small result, as fast as it can. In the modern era it
 /// also answers server/discover with 2026-07-28, so the sidecar speaks that
 /// era to it, and gives its results a `resultType`.
+///
+/// A connection idle for [`UPSTREAM_IDLE`] is closed, as servers close
+/// idle keep-alive connections: ToolHive's vMCP (v0.47.0) opens a new
+/// connection to its backend for about every 2025-11-25 call, and its Go
+/// transport keeps each one idle for 90 s, which held some 15,000 of them
+/// open here and ran this process out of file descriptors (its limit was
+/// 20,000).
 async fn null_upstream(era: Era) -> SocketAddr {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let open = Arc::new(AtomicUsize::new(0));
     tokio::spawn(async move {
         loop {
-            let (stream, _) = listener.accept().await.unwrap();
+            let (stream, _) = listener.accept().await.unwrap_or_else(|e| {
+                let open = open.load(Ordering::Relaxed);
+                panic!("the null upstream cannot accept a connection with {open} open: {e}")
+            });
+            let open = Arc::clone(&open);
+            open.fetch_add(1, Ordering::Relaxed);
             tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |req| answer(req, era));
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
+                serve_until_idle(stream, era).await;
+                open.fetch_sub(1, Ordering::Relaxed);
             });
         }
     });
     addr
+}
+
+/// Between its turns in `http_figures` a way waits either under a second
+/// (the latency batches, the warm-up) or six other ways' throughput
+/// windows (18 s). Closing at neither, the upstream closes a connection a
+/// way keeps in its pool while that way is not calling, never as it picks
+/// the connection up.
+const UPSTREAM_IDLE: Duration = Duration::from_secs(10);
+
+async fn serve_until_idle(stream: tokio::net::TcpStream, era: Era) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let opened = tokio::time::Instant::now();
+    // Milliseconds from `opened` to the last request's arrival.
+    let last = Arc::new(AtomicU64::new(0));
+    let seen = Arc::clone(&last);
+    let service = hyper::service::service_fn(move |req| {
+        seen.store(opened.elapsed().as_millis() as u64, Ordering::Relaxed);
+        answer(req, era)
+    });
+    let connection =
+        hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    loop {
+        let idle_at = opened + Duration::from_millis(last.load(Ordering::Relaxed)) + UPSTREAM_IDLE;
+        tokio::select! {
+            _ = connection.as_mut() => return,
+            () = tokio::time::sleep_until(idle_at) => {
+                if opened + Duration::from_millis(last.load(Ordering::Relaxed)) + UPSTREAM_IDLE
+                    <= tokio::time::Instant::now()
+                {
+                    // Closes at once when no request is in flight.
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.await;
+                    return;
+                }
+            }
+        }
+    }
 }
 
 async fn answer(req: Request<Incoming>, era: Era) -> Result<Response<Full<Bytes>>, Infallible> {
