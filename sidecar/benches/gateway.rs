@@ -40,7 +40,7 @@ use serde_json::{Value, json};
 
 mod common;
 mod peers;
-use common::{cpu_seconds, status_kib};
+use common::{cpu_seconds, dies_with_us, status_kib};
 
 const SEQUENTIAL_CALLS: usize = 3000;
 const CONCURRENT_CLIENTS: usize = 32;
@@ -601,16 +601,17 @@ fn terminate(child: &mut Child) {
 
 /// `program` run under `AIP_BENCH_WRAP` when it is set (words split on
 /// whitespace, `{role}` in them replaced by `role`, so that each process
-/// gets its own output file), as itself otherwise.
+/// gets its own output file), as itself otherwise; either way killed when
+/// this benchmark ends ([`dies_with_us`]).
 fn wrapped(program: &Path, role: &str) -> Command {
     match std::env::var("AIP_BENCH_WRAP") {
         Ok(wrap) if !wrap.trim().is_empty() => {
             let mut words = wrap.split_whitespace().map(|w| w.replace("{role}", role));
-            let mut command = Command::new(words.next().unwrap());
+            let mut command = dies_with_us(words.next().unwrap());
             command.args(words).arg(program);
             command
         }
-        _ => Command::new(program),
+        _ => dies_with_us(program),
     }
 }
 

@@ -11,7 +11,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -77,7 +77,7 @@ impl Sidecar {
             "apiVersion: aip.io/v1alpha1\nkind: AgentPolicy\nmetadata: {name: p}\nspec: {}\n",
         )
         .unwrap();
-        let mut child = Command::new(sidecar_binary())
+        let mut child = common::dies_with_us(sidecar_binary())
             .args(["run", "--config"])
             .arg(&config)
             .args([

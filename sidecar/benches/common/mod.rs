@@ -1,4 +1,8 @@
-//! What the benchmarks read of a process they measure, from /proc.
+//! What the benchmarks read of a process they measure, from /proc, and
+//! how they start one so that it cannot outlive them.
+
+use std::ffi::OsStr;
+use std::process::Command;
 
 /// Linux reports process CPU time in USER_HZ ticks, 100 a second on every
 /// architecture it supports.
@@ -49,4 +53,28 @@ pub fn status_kib(pid: u32, field: &str) -> u64 {
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
+}
+
+/// A command for `program` that is killed when this benchmark ends,
+/// however it ends (SIGKILL included): run through util-linux's `setpriv
+/// --pdeathsig KILL`, which sets the parent-death signal and execs the
+/// program, so the process measured by its pid is still the program.
+/// The kernel sends the signal when the *thread* that spawned it ends:
+/// the benchmarks spawn from their main thread (a runtime's `block_on`
+/// polls there), which ends only with the process. Where `setpriv` is
+/// missing, the program runs as itself and is reaped on drop only.
+pub fn dies_with_us(program: impl AsRef<OsStr>) -> Command {
+    static SETPRIV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let setpriv = *SETPRIV.get_or_init(|| {
+        Command::new("setpriv")
+            .arg("--help")
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("--pdeathsig"))
+    });
+    if !setpriv {
+        return Command::new(program);
+    }
+    let mut command = Command::new("setpriv");
+    command.args(["--pdeathsig", "KILL", "--"]).arg(program);
+    command
 }

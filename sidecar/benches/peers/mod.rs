@@ -21,7 +21,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::Instant;
 
 use serde_json::{Value, json};
@@ -115,7 +115,7 @@ async fn start(
     let port = free_port();
     let home = dir.path().join("home");
     std::fs::create_dir_all(&home).unwrap();
-    let mut command = Command::new(bin);
+    let mut command = crate::common::dies_with_us(bin);
     let (path, tool) = match key {
         "mcp-proxy" => {
             let config = dir.path().join("proxy.toml");
