@@ -658,36 +658,16 @@ async fn null_upstream(era: Era) -> SocketAddr {
 /// the connection up.
 const UPSTREAM_IDLE: Duration = Duration::from_secs(10);
 
+/// Serves one connection until the client closes it or sends no request
+/// for [`UPSTREAM_IDLE`]: hyper's header read timeout runs from the moment
+/// it waits for a request's head, an idle keep-alive connection's included.
 async fn serve_until_idle(stream: tokio::net::TcpStream, era: Era) {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicU64, Ordering};
-    let opened = tokio::time::Instant::now();
-    // Milliseconds from `opened` to the last request's arrival.
-    let last = Arc::new(AtomicU64::new(0));
-    let seen = Arc::clone(&last);
-    let service = hyper::service::service_fn(move |req| {
-        seen.store(opened.elapsed().as_millis() as u64, Ordering::Relaxed);
-        answer(req, era)
-    });
-    let connection =
-        hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service);
-    tokio::pin!(connection);
-    loop {
-        let idle_at = opened + Duration::from_millis(last.load(Ordering::Relaxed)) + UPSTREAM_IDLE;
-        tokio::select! {
-            _ = connection.as_mut() => return,
-            () = tokio::time::sleep_until(idle_at) => {
-                if opened + Duration::from_millis(last.load(Ordering::Relaxed)) + UPSTREAM_IDLE
-                    <= tokio::time::Instant::now()
-                {
-                    // Closes at once when no request is in flight.
-                    connection.as_mut().graceful_shutdown();
-                    let _ = connection.await;
-                    return;
-                }
-            }
-        }
-    }
+    let service = hyper::service::service_fn(move |req| answer(req, era));
+    let _ = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(UPSTREAM_IDLE)
+        .serve_connection(TokioIo::new(stream), service)
+        .await;
 }
 
 async fn answer(req: Request<Incoming>, era: Era) -> Result<Response<Full<Bytes>>, Infallible> {

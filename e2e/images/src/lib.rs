@@ -100,7 +100,7 @@ pub struct Image {
 
 impl Image {
     /// Unpacks NAME.tar under `scratch` (removed again when the Image is
-    /// dropped, and `scratch` with it once no image is left in it).
+    /// dropped).
     pub fn open(name: &str, scratch: &Path) -> Image {
         let archive = archives().join(format!("{name}.tar"));
         let dir = scratch.join(name);
@@ -239,10 +239,6 @@ impl Drop for Image {
     fn drop(&mut self) {
         make_writable(&self.scratch);
         let _ = std::fs::remove_dir_all(&self.scratch);
-        // The test's directory, once it is empty.
-        if let Some(parent) = self.scratch.parent() {
-            let _ = std::fs::remove_dir(parent);
-        }
     }
 }
 

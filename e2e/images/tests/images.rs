@@ -9,23 +9,26 @@
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
-use std::path::PathBuf;
-
 use aip_images::{IMAGES, Image, PATIENCE, repo};
 use serde_json::{Value, json};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 const REPOSITORY: &str = "ghcr.io/aip-k8s";
 
-fn scratch(test: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("images-{test}-{}", std::process::id()))
+/// The test's own directory under cargo's target/tmp, removed when it
+/// drops (each `Image` removes what it unpacked first).
+fn scratch(test: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("images-{test}-"))
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap()
 }
 
 #[test]
 fn every_image_is_its_binary_as_user_65532_with_labels_and_no_shell() {
     let dir = scratch("config");
     for name in IMAGES {
-        let image = Image::open(name, &dir);
+        let image = Image::open(name, dir.path());
         assert_eq!(image.tags, [format!("{REPOSITORY}/{name}:{VERSION}")]);
         assert_eq!(
             (&image.config["os"], &image.config["architecture"]),
@@ -108,7 +111,7 @@ fn every_image_is_its_binary_as_user_65532_with_labels_and_no_shell() {
 fn every_entrypoint_runs_as_the_image_user_and_prints_its_version() {
     let dir = scratch("version");
     for name in IMAGES {
-        let image = Image::open(name, &dir);
+        let image = Image::open(name, dir.path());
         let out = image.command(&["--version"]).output().unwrap();
         assert!(
             out.status.success(),
@@ -247,7 +250,7 @@ impl Client {
 #[test]
 fn fault_server_image_answers_a_tools_call() {
     let dir = scratch("fault-server");
-    let image = Image::open("aip-fault-server", &dir);
+    let image = Image::open("aip-fault-server", dir.path());
     let (_server, url) = files_server(&image);
     let client = Client::connect(&url);
     let answer = client.call(1, "read_file", json!({"path": "/data/report.txt"}));
@@ -261,7 +264,7 @@ fn fault_server_image_answers_a_tools_call() {
 #[test]
 fn sidecar_image_is_ready_and_forwards_to_the_fault_server_image_by_host_name() {
     let dir = scratch("sidecar");
-    let files = Image::open("aip-fault-server", &dir);
+    let files = Image::open("aip-fault-server", dir.path());
     let (_server, files_url) = files_server(&files);
     let port = files_url
         .rsplit(':')
@@ -269,7 +272,7 @@ fn sidecar_image_is_ready_and_forwards_to_the_fault_server_image_by_host_name() 
         .unwrap()
         .trim_end_matches("/mcp");
 
-    let sidecar = Image::open("aip-sidecar", &dir);
+    let sidecar = Image::open("aip-sidecar", dir.path());
     // What Kubernetes would mount: the kubelet's /etc/hosts (here naming
     // the file server, so the name goes through glibc's resolver in the
     // image), a configuration, a Secret with the approval token.
