@@ -65,15 +65,31 @@ impl Agent {
 
     /// A tools/call with the request id `id`.
     pub async fn call_as(&self, id: u64, tool: &str, arguments: Value) -> Value {
+        self.held_call_as(id, tool, arguments, Duration::from_secs(20))
+            .await
+    }
+
+    /// A tools/call with the request id `id` that may be held for up to
+    /// `patience` from the moment it is sent: while a person decides, and
+    /// in a story that restarts the operator meanwhile, for that too. The
+    /// story bounds the wait after its decision with a deadline of its own.
+    pub async fn held_call_as(
+        &self,
+        id: u64,
+        tool: &str,
+        arguments: Value,
+        patience: Duration,
+    ) -> Value {
         let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
             "params": {"name": tool, "arguments": arguments}});
-        let (_, _, body) = post(
+        let (_, _, body) = post_within(
             self.addr,
             &[
                 ("mcp-session-id", &self.session),
                 ("mcp-protocol-version", "2025-11-25"),
             ],
             &body,
+            patience,
         )
         .await;
         serde_json::from_str(&body).unwrap_or(Value::Null)

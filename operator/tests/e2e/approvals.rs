@@ -66,7 +66,13 @@ impl Story {
     /// Starts `tool` with `arguments` as a call of its own; its answer.
     fn call(&self, id: u64, arguments: Value) -> tokio::task::JoinHandle<Value> {
         let agent = clone_agent(&self.agent);
-        tokio::spawn(async move { agent.call_as(id, "fs_delete_file", arguments).await })
+        // Held while a person decides and, once, across an operator
+        // restart: `answer` bounds the wait after each decision.
+        tokio::spawn(async move {
+            agent
+                .held_call_as(id, "fs_delete_file", arguments, 4 * PATIENCE)
+                .await
+        })
     }
 
     fn decision(&self, name: &str) -> String {

@@ -114,7 +114,7 @@ async fn sidecars_follow_a_rotation_of_the_operators_ca() {
         let agent = clone_agent(agent);
         tokio::spawn(async move {
             agent
-                .call_as(7, "fs_delete_file", json!({"path": "after"}))
+                .held_call_as(7, "fs_delete_file", json!({"path": "after"}), 4 * PATIENCE)
                 .await
         })
     };
