@@ -41,6 +41,10 @@ pub struct ApprovalRequestSpec {
     /// instance) has lost the call, and the request is withdrawn.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub sidecar_instance: String,
+    /// The sidecar's id for the held call (fixed across its retries); the
+    /// request is named after it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub ask_id: String,
     /// The ToolConnection the call goes to.
     pub connection: String,
     /// The tool as the agent named it.
@@ -61,8 +65,9 @@ pub enum Decision {
     Denied,
     /// No decision before spec.expiresAt.
     Expired,
-    /// The agent cancelled the call, its session ended, or the policy
-    /// changed to block it: it will never run.
+    /// Ended without a person's decision (status.reason says why: the
+    /// agent cancelled, its session ended, the policy changed, the gateway
+    /// shut down or stayed away, the pod is gone): it will never run.
     Withdrawn,
 }
 
@@ -80,7 +85,10 @@ pub struct ApprovalRequestStatus {
     /// When, stamped by the admission webhook.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decided_at: Option<Time>,
-    /// The approver's words.
+    /// The approver's words; for Withdrawn, why, as one word
+    /// (PolicyChanged, Cancelled, SessionEnded, GatewayShutdown,
+    /// SidecarAway, SidecarRestarted, PodGone, OperatorUnreachable,
+    /// OperatorRefused, StreamClosed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }

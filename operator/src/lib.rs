@@ -10,6 +10,7 @@ pub mod approvals;
 pub mod audit;
 pub mod certs;
 pub mod controllers;
+pub mod errors;
 pub mod events;
 pub mod grpc;
 pub mod identity;

@@ -16,6 +16,13 @@ pub struct ReasonLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub decision: &'static str,
+    /// Why a request was withdrawn (a Withdrawal word); empty otherwise.
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
     pub kind: String,
 }
@@ -43,6 +50,10 @@ pub struct Metrics {
     reconcile_errors: Family<KindErrorLabel, Counter>,
     approvals_pending: Gauge<i64, std::sync::atomic::AtomicI64>,
     approval_decisions: Histogram,
+    approval_outcomes: Family<OutcomeLabels, Counter>,
+    grpc_connections: Gauge<i64, std::sync::atomic::AtomicI64>,
+    capacity_refusals: Counter<u64, AtomicU64>,
+    max_sidecars: Gauge<i64, std::sync::atomic::AtomicI64>,
 }
 
 impl Default for Metrics {
@@ -101,6 +112,30 @@ impl Metrics {
             "From an ApprovalRequest's creation to its final state",
             approval_decisions.clone(),
         );
+        let approval_outcomes = Family::default();
+        registry.register(
+            "approval_outcomes",
+            "ApprovalRequests by final state, and why a withdrawn one was (counted once, by the lease holder)",
+            approval_outcomes.clone(),
+        );
+        let grpc_connections = Gauge::default();
+        registry.register(
+            "grpc_connections",
+            "Sidecar connections this replica serves (under its --max-sidecars)",
+            grpc_connections.clone(),
+        );
+        let capacity_refusals = Counter::default();
+        registry.register(
+            "capacity_refusals",
+            "Sidecar connections refused because this replica serves its --max-sidecars (the sidecar retries through the Service)",
+            capacity_refusals.clone(),
+        );
+        let max_sidecars = Gauge::default();
+        registry.register(
+            "max_sidecars",
+            "This replica's --max-sidecars",
+            max_sidecars.clone(),
+        );
         let tools_drifted = Family::default();
         registry.register(
             "tools_drifted",
@@ -111,6 +146,10 @@ impl Metrics {
             tools_drifted,
             approvals_pending,
             approval_decisions,
+            approval_outcomes,
+            grpc_connections,
+            capacity_refusals,
+            max_sidecars,
             registry,
             connected,
             pushes,
@@ -125,6 +164,22 @@ impl Metrics {
     pub fn sidecar_connected(&self) -> ConnectedGuard {
         self.connected.inc();
         ConnectedGuard(self.connected.clone())
+    }
+
+    /// Counts a served gRPC connection until the guard drops.
+    pub fn grpc_connection(&self) -> ConnectedGuard {
+        self.grpc_connections.inc();
+        ConnectedGuard(self.grpc_connections.clone())
+    }
+
+    /// A connection over the cap was accepted, to be refused.
+    pub fn capacity_refused(&self) {
+        self.capacity_refusals.inc();
+    }
+
+    pub fn set_max_sidecars(&self, max: usize) {
+        self.max_sidecars
+            .set(i64::try_from(max).unwrap_or(i64::MAX));
     }
 
     pub fn pushed(&self) {
@@ -175,6 +230,14 @@ impl Metrics {
     pub fn approval_pending(&self) -> PendingGuard {
         self.approvals_pending.inc();
         PendingGuard(self.approvals_pending.clone())
+    }
+
+    /// One request reached its final state (`reason`: why it was
+    /// withdrawn; empty for the others).
+    pub fn approval_outcome(&self, decision: &'static str, reason: &'static str) {
+        self.approval_outcomes
+            .get_or_create(&OutcomeLabels { decision, reason })
+            .inc();
     }
 
     pub fn approval_decided(&self, took: Duration) {

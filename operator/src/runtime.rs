@@ -29,6 +29,12 @@ pub struct Args {
     /// Where sidecars connect (gRPC over TLS).
     #[arg(long, env = "AIP_GRPC_LISTEN", default_value = "0.0.0.0:8443")]
     pub grpc_listen: SocketAddr,
+    /// The most sidecars this replica serves at once; the next are refused
+    /// at once (RESOURCE_EXHAUSTED) and retry through the Service until a
+    /// replica with room takes them. docs/operator.md#capacity says how
+    /// the default was measured and when to add replicas.
+    #[arg(long, env = "AIP_MAX_SIDECARS", default_value_t = crate::grpc::DEFAULT_MAX_SIDECARS, value_parser = clap::builder::TypedValueParser::map(clap::value_parser!(u32).range(1..), |n| n as usize))]
+    pub max_sidecars: usize,
     /// Health, readiness and metrics.
     #[arg(long, env = "AIP_ADMIN_LISTEN", default_value = "0.0.0.0:8080")]
     pub admin_listen: SocketAddr,
@@ -111,6 +117,13 @@ pub struct Args {
     /// decided what) before the operator deletes it.
     #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
     pub approval_retention: Duration,
+    /// How long a held call's ApprovalRequest waits for its sidecar to
+    /// follow it again (on any replica) before it is withdrawn
+    /// (`SidecarAway`); the sidecar is told to give up after twice this.
+    /// Longer than a sidecar's reconnect back-off (15 s) and an operator
+    /// restart.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub approval_away_bound: Duration,
     #[command(flatten)]
     pub injection: InjectionArgs,
     /// Diagnostics format on stderr.
@@ -285,7 +298,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         shutdown.clone(),
     );
     let recorder = crate::events::recorder(client.clone(), &identity);
-    let service = service.with_approvals(client.clone(), recorder.clone());
+    let service = service
+        .with_approvals(
+            client.clone(),
+            recorder.clone(),
+            &identity,
+            args.approval_away_bound,
+        )
+        .with_max_sidecars(args.max_sidecars);
     let health_ctx = Arc::new(crate::controllers::Context {
         client: client.clone(),
         index: index.clone(),
@@ -347,7 +367,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         r = grpc::serve(grpc_listener, served, service) => r.context("the gRPC server")?,
         () = until(feed::run(client.clone(), index.clone(), touched, ready_tx), shutdown.clone()) => {}
         () = until(peers, shutdown.clone()) => {}
-        () = until(approval_lifecycle::run(status_ctx.clone(), args.approval_retention, pods_gone_rx), shutdown.clone()) => {}
+        () = until(approval_lifecycle::run(status_ctx.clone(), approval_lifecycle::Settings { retention: args.approval_retention, away_bound: args.approval_away_bound, namespace: args.namespace.clone() }, pods_gone_rx), shutdown.clone()) => {}
         () = until(policy_status::run(status_ctx, policies_rx), shutdown.clone()) => {}
         () = admin::serve(admin, admin_listener, shutdown.clone()) => {}
         () = crate::webhooks::serve(webhooks, webhook_listener, webhook_tls, shutdown.clone()) => {}

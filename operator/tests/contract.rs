@@ -121,7 +121,7 @@ async fn a_decision_made_in_between_wins_over_the_operators_write() {
         other => panic!("expected a conflict, got {other:?}"),
     }
     // And read afresh, a decided request is left as it is.
-    set_decision_if_pending(&api, "r1", Decision::Expired)
+    set_decision_if_pending(&api, "r1", Decision::Expired, None)
         .await
         .unwrap();
     let now = api.get("r1").await.unwrap().status.unwrap();

@@ -140,7 +140,7 @@ async fn serve<A: Authenticate>(
                 instance: None,
             },
         );
-        service = service.with_approvals(client, recorder);
+        service = service.with_approvals(client, recorder, "test-replica", Duration::from_secs(60));
     }
     let tls = ServerTls::self_signed(&["localhost".to_owned()]).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -570,7 +570,8 @@ mod approvals {
     use super::*;
     use aip_api::{ApprovalRequest as ApprovalObject, approval_request::Decision};
     use aip_proto::v1::approval_update::Decision as Wire;
-    use aip_proto::v1::{ApprovalRequest, ApprovalUpdate};
+    use aip_proto::v1::{ApprovalRequest, ApprovalUpdate, ApprovalWithdrawal};
+    use kube::ResourceExt;
     use kube::api::{Api, Patch, PatchParams};
     use kube::runtime::wait::await_condition;
 
@@ -588,14 +589,31 @@ mod approvals {
         (h, token)
     }
 
+    /// An ask as a sidecar before explicit withdrawals makes it.
     async fn ask(h: &Harness, token: &str) -> Streaming<ApprovalUpdate> {
+        ask_as(h, token, ApprovalRequest::default()).await
+    }
+
+    /// An ask as today's sidecar makes it: its own id for the call, and
+    /// explicit withdrawals.
+    fn explicit(ask_id: &str, resume: &str) -> ApprovalRequest {
+        ApprovalRequest {
+            ask_id: ask_id.to_owned(),
+            resume_name: resume.to_owned(),
+            sidecar_instance: "instance-1".to_owned(),
+            withdraws_explicitly: true,
+            ..ApprovalRequest::default()
+        }
+    }
+
+    async fn ask_as(h: &Harness, token: &str, base: ApprovalRequest) -> Streaming<ApprovalUpdate> {
         let mut request = tonic::Request::new(ApprovalRequest {
             connection: "fs".to_owned(),
             tool: "fs_write_file".to_owned(),
             arguments_json: r#"{"path":"/tmp/x","content":"[REDACTED:token]"}"#.to_owned(),
             arguments_hash: "sha256:00".to_owned(),
             policy_version: 1,
-            ..ApprovalRequest::default()
+            ..base
         });
         request
             .metadata_mut()
@@ -605,6 +623,38 @@ mod approvals {
             .await
             .unwrap()
             .into_inner()
+    }
+
+    async fn withdraw(
+        h: &Harness,
+        token: &str,
+        withdrawal: ApprovalWithdrawal,
+    ) -> Result<ApprovalUpdate, tonic::Status> {
+        let mut request = tonic::Request::new(withdrawal);
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        ConfigClient::new(h.channel.clone())
+            .withdraw_approval(request)
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    /// Waits until ApprovalRequest `name` satisfies `ok`.
+    async fn until(
+        h: &Harness,
+        name: &str,
+        ok: impl Fn(&ApprovalObject) -> bool,
+    ) -> ApprovalObject {
+        let api: Api<ApprovalObject> = Api::namespaced(h.cluster.admin.clone(), &h.ns);
+        let cond = await_condition(api, name, move |o: Option<&ApprovalObject>| {
+            o.is_some_and(&ok)
+        });
+        tokio::time::timeout(PATIENCE, cond)
+            .await
+            .expect("in time")
+            .unwrap()
+            .unwrap()
     }
 
     async fn update(stream: &mut Streaming<ApprovalUpdate>) -> ApprovalUpdate {
@@ -674,21 +724,177 @@ mod approvals {
         );
     }
 
+    /// A sidecar one release older withdraws nothing explicitly: its
+    /// closed stream withdraws the request, as it always did, and says so.
     #[tokio::test]
-    async fn a_sidecar_that_goes_away_withdraws_its_request() {
+    async fn an_older_sidecars_closed_stream_withdraws_its_request() {
         let (h, token) = setup(300).await;
         let mut stream = ask(&h, &token).await;
         let pending = update(&mut stream).await;
         drop(stream);
-        let api: Api<ApprovalObject> = Api::namespaced(h.cluster.admin.clone(), &h.ns);
-        let withdrawn = await_condition(api, &pending.name, |o: Option<&ApprovalObject>| {
-            o.and_then(|o| o.status.as_ref())
+        let object = until(&h, &pending.name, |o| {
+            o.status
+                .as_ref()
                 .is_some_and(|s| s.decision == Decision::Withdrawn)
-        });
-        tokio::time::timeout(PATIENCE, withdrawn)
-            .await
-            .unwrap()
-            .unwrap();
+        })
+        .await;
+        assert_eq!(
+            object.status.unwrap().reason.as_deref(),
+            Some("StreamClosed")
+        );
+    }
+
+    /// Today's sidecar: a broken stream leaves the request Pending, marked
+    /// away by the stream that closed; the sidecar resumes it, the mark is
+    /// cleared, and a decision made in between reaches the resumed stream.
+    /// The update carries the expiry and how long to keep the ask.
+    #[tokio::test]
+    async fn a_broken_stream_leaves_the_request_pending_until_the_sidecar_resumes_it() {
+        let (h, token) = setup(300).await;
+        let mut stream = ask_as(&h, &token, explicit("a1", "")).await;
+        let pending = update(&mut stream).await;
+        assert!(
+            pending.expires_at_unix_ms > time_now() * 1000,
+            "{pending:?}"
+        );
+        assert_eq!(pending.keep_without_operator_ms, 120_000);
+        let followed = until(&h, &pending.name, |o| {
+            o.annotations().contains_key("aip.io/followed-by")
+        })
+        .await;
+        let first = followed.annotations()["aip.io/followed-by"].clone();
+        assert!(first.starts_with("test-replica/"), "{first}");
+        drop(stream);
+        let away = until(&h, &pending.name, |o| {
+            o.annotations().contains_key("aip.io/away-since")
+        })
+        .await;
+        assert_eq!(away.status.unwrap().decision, Decision::Pending);
+
+        let api: Api<ApprovalObject> = Api::namespaced(h.cluster.admin.clone(), &h.ns);
+        let decided = serde_json::json!({"status": {"decision": "Approved", "decidedBy": "alice"}});
+        api.patch_status(
+            &pending.name,
+            &PatchParams::default(),
+            &Patch::Merge(decided),
+        )
+        .await
+        .unwrap();
+        let mut resumed = ask_as(&h, &token, explicit("a1", &pending.name)).await;
+        assert_eq!(update(&mut resumed).await.decision, Wire::Approved as i32);
+        let back = until(&h, &pending.name, |o| {
+            !o.annotations().contains_key("aip.io/away-since")
+        })
+        .await;
+        assert_ne!(back.annotations()["aip.io/followed-by"], first);
+    }
+
+    /// A create retried with the same ask id (its first answer lost) finds
+    /// the request it made: one request, one name.
+    #[tokio::test]
+    async fn a_retried_create_finds_the_request_it_made() {
+        let (h, token) = setup(300).await;
+        let mut first = ask_as(&h, &token, explicit("retried", "")).await;
+        let one = update(&mut first).await;
+        let mut again = ask_as(&h, &token, explicit("retried", "")).await;
+        let two = update(&mut again).await;
+        assert_eq!(one.name, two.name);
+        let api: Api<ApprovalObject> = Api::namespaced(h.cluster.admin.clone(), &h.ns);
+        let all = api.list(&Default::default()).await.unwrap();
+        assert_eq!(
+            all.items.len(),
+            1,
+            "{:?}",
+            all.items
+                .iter()
+                .map(|o| o.metadata.name.clone())
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(all.items[0].spec.ask_id, "retried");
+    }
+
+    /// The sidecar withdraws with a reason, which the request keeps; a
+    /// reason that is no withdrawal is refused and named; a decision that
+    /// came first stands.
+    #[tokio::test]
+    async fn a_withdrawal_names_its_reason_and_never_overrides_a_decision() {
+        let (h, token) = setup(300).await;
+        let mut stream = ask_as(&h, &token, explicit("w1", "")).await;
+        let pending = update(&mut stream).await;
+        let bad = withdraw(
+            &h,
+            &token,
+            ApprovalWithdrawal {
+                name: pending.name.clone(),
+                reason: "Denied".to_owned(),
+                ..ApprovalWithdrawal::default()
+            },
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(bad.code(), Code::InvalidArgument);
+        assert!(
+            bad.message()
+                .contains("\"Denied\" is not a withdrawal reason"),
+            "{}",
+            bad.message()
+        );
+        // By ask id alone: the create's answer may never have arrived.
+        let after = withdraw(
+            &h,
+            &token,
+            ApprovalWithdrawal {
+                ask_id: "w1".to_owned(),
+                sidecar_instance: "instance-1".to_owned(),
+                tool: "fs_write_file".to_owned(),
+                reason: "Cancelled".to_owned(),
+                ..ApprovalWithdrawal::default()
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            (after.name.as_str(), after.decision),
+            (pending.name.as_str(), Wire::Withdrawn as i32)
+        );
+        assert_eq!(after.reason, "Cancelled");
+        assert_eq!(update(&mut stream).await.decision, Wire::Withdrawn as i32);
+
+        let mut stream = ask_as(&h, &token, explicit("w2", "")).await;
+        let pending = update(&mut stream).await;
+        let api: Api<ApprovalObject> = Api::namespaced(h.cluster.admin.clone(), &h.ns);
+        let decided = serde_json::json!({"status": {"decision": "Approved", "decidedBy": "alice"}});
+        api.patch_status(
+            &pending.name,
+            &PatchParams::default(),
+            &Patch::Merge(decided),
+        )
+        .await
+        .unwrap();
+        let late = withdraw(
+            &h,
+            &token,
+            ApprovalWithdrawal {
+                name: pending.name.clone(),
+                reason: "GatewayShutdown".to_owned(),
+                ..ApprovalWithdrawal::default()
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(late.decision, Wire::Approved as i32);
+        let missing = withdraw(
+            &h,
+            &token,
+            ApprovalWithdrawal {
+                name: "no-such-request".to_owned(),
+                reason: "Cancelled".to_owned(),
+                ..ApprovalWithdrawal::default()
+            },
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(missing.code(), Code::NotFound);
     }
 
     #[tokio::test]

@@ -56,6 +56,13 @@ pub struct AuditRecord {
     pub failed_rule: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Why an ask ended undecided (`Withdrawal`'s word), for the
+    /// APPROVAL_WITHDRAWN and GATEWAY_SHUTDOWN decisions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cause: Option<&'static str>,
+    /// The ApprovalRequest that held the call, when the gateway knows it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approval: Option<String>,
 }
 
 /// Arguments as a record holds them: compact JSON after DLP, written once
@@ -175,6 +182,11 @@ impl AuditRecord {
             failed_arg: verdict.failed_arg().map(str::to_owned),
             failed_rule: verdict.failed_rule().map(str::to_owned),
             reason: verdict.reason().map(str::to_owned),
+            cause: match verdict.cause {
+                Some(crate::evaluate::Cause::ApprovalWithdrawn(w)) => Some(w.as_str()),
+                _ => None,
+            },
+            approval: None,
         }
     }
 }

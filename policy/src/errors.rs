@@ -13,6 +13,13 @@ pub mod codes {
     pub const METHOD_NOT_ALLOWED: i64 = -32006;
     pub const PROTECTED_PATH: i64 = -32007;
     pub const SCHEMA_MISMATCH: i64 = -32013;
+    /// The project's own, in MCP's implementation-defined range outside the
+    /// codes AIP v1alpha2 assigns (-32015 to -32019; docs/approvals.md
+    /// lists them beside AIP's): an ask ended undecided, `data.cause` says
+    /// why.
+    pub const APPROVAL_WITHDRAWN: i64 = -32015;
+    /// The gateway is shutting down: what it held is answered at once.
+    pub const GATEWAY_SHUTTING_DOWN: i64 = -32016;
     pub const PARSE_ERROR: i64 = -32700;
     pub const INVALID_REQUEST: i64 = -32600;
     pub const METHOD_NOT_FOUND: i64 = -32601;
@@ -30,6 +37,8 @@ pub fn message_for(code: i64) -> &'static str {
         codes::METHOD_NOT_ALLOWED => "Method not allowed",
         codes::PROTECTED_PATH => "Access denied: protected path",
         codes::SCHEMA_MISMATCH => "Schema mismatch",
+        codes::APPROVAL_WITHDRAWN => "Approval withdrawn",
+        codes::GATEWAY_SHUTTING_DOWN => "Gateway shutting down",
         codes::INVALID_REQUEST => "Invalid Request",
         codes::INVALID_PARAMS => "Invalid params",
         codes::PARSE_ERROR => "Parse error",
@@ -46,12 +55,15 @@ pub enum Subject {
     Method(String),
 }
 
-/// A JSON-RPC error object: `{"code", "message", "data": {"tool"|"method", "reason"}}`.
+/// A JSON-RPC error object: `{"code", "message", "data": {"tool"|"method",
+/// "reason"}}`, and `data.cause` (a stable word) when the code alone does
+/// not say what happened.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RpcError {
     pub code: i64,
     pub subject: Subject,
     pub reason: String,
+    pub cause: Option<&'static str>,
 }
 
 impl RpcError {
@@ -60,6 +72,15 @@ impl RpcError {
             code,
             subject,
             reason: reason.into(),
+            cause: None,
+        }
+    }
+
+    /// The same with `data.cause`.
+    pub fn with_cause(self, cause: &'static str) -> RpcError {
+        RpcError {
+            cause: Some(cause),
+            ..self
         }
     }
 
@@ -88,12 +109,15 @@ struct ErrorData<'a>(&'a RpcError);
 
 impl Serialize for ErrorData<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(2))?;
+        let mut m = s.serialize_map(Some(2 + usize::from(self.0.cause.is_some())))?;
         match &self.0.subject {
             Subject::Tool(t) => m.serialize_entry("tool", t)?,
             Subject::Method(x) => m.serialize_entry("method", x)?,
         }
         m.serialize_entry("reason", &self.0.reason)?;
+        if let Some(cause) = self.0.cause {
+            m.serialize_entry("cause", cause)?;
+        }
         m.end()
     }
 }
@@ -128,6 +152,8 @@ mod tests {
             (-32006, "Method not allowed"),
             (-32007, "Access denied: protected path"),
             (-32013, "Schema mismatch"),
+            (-32015, "Approval withdrawn"),
+            (-32016, "Gateway shutting down"),
         ] {
             assert_eq!(message_for(code), msg);
         }

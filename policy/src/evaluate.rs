@@ -7,6 +7,8 @@ use std::sync::LazyLock;
 
 use serde_json::{Map, Value};
 
+pub use crate::approval::Approval;
+use crate::approval::Withdrawal;
 use crate::compile::{CompiledPolicy, CompiledRule, Evaluator, ToolEntry};
 use crate::document::{Action, Mode};
 use crate::errors::{RpcError, Subject, codes};
@@ -59,6 +61,8 @@ pub enum Cause {
     ProtectedPath,
     ApprovalDenied,
     ApprovalTimeout,
+    /// The ask ended undecided (not a person's decision), for this reason.
+    ApprovalWithdrawn(Withdrawal),
     /// The tool's definition is not the one pinned (AIP v1alpha2
     /// `schema_hash`, or a connection's tool pins).
     SchemaMismatch,
@@ -78,14 +82,6 @@ impl Cause {
                 | Cause::UndeclaredArgument
         )
     }
-}
-
-/// The human's answer to an ASK.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Approval {
-    Approved,
-    Denied,
-    TimedOut,
 }
 
 /// The outcome of evaluating one message. An ALLOW carries nothing else, so
@@ -171,12 +167,18 @@ impl Verdict {
             (Decision::Block, Some(Cause::ProtectedPath)) => "PROTECTED_PATH",
             (Decision::Block, Some(Cause::ApprovalDenied)) => "USER_DENIED",
             (Decision::Block, Some(Cause::ApprovalTimeout)) => "APPROVAL_TIMEOUT",
+            (Decision::Block, Some(Cause::ApprovalWithdrawn(Withdrawal::GatewayShutdown))) => {
+                "GATEWAY_SHUTDOWN"
+            }
+            (Decision::Block, Some(Cause::ApprovalWithdrawn(_))) => "APPROVAL_WITHDRAWN",
             (d, _) => d.as_str(),
         }
     }
 
-    /// Applies a person's answer to an ASK verdict. Other verdicts are
-    /// returned unchanged.
+    /// Applies how an ask ended to an ASK verdict: a person's approval lets
+    /// it through; a person's denial is -32004, an expiry -32005 (AIP's
+    /// codes), a withdrawal -32015 with `data.cause`, the gateway shutting
+    /// down -32016. Other verdicts are returned unchanged.
     pub fn resolve(self, answer: Approval) -> Verdict {
         if self.decision != Decision::Ask {
             return self;
@@ -194,11 +196,24 @@ impl Verdict {
                 codes::APPROVAL_TIMEOUT,
                 "No approval decision before the timeout",
             ),
+            Approval::Withdrawn(w) => (
+                Cause::ApprovalWithdrawn(w),
+                if w == Withdrawal::GatewayShutdown {
+                    codes::GATEWAY_SHUTTING_DOWN
+                } else {
+                    codes::APPROVAL_WITHDRAWN
+                },
+                w.sentence(),
+            ),
         };
         let mut detail = self.detail.unwrap_or_default();
         let tool = Subject::Tool(detail.tool.clone().unwrap_or_default());
         detail.reason = Some(reason.to_owned());
-        detail.error = Some(RpcError::new(code, tool, reason));
+        let mut error = RpcError::new(code, tool, reason);
+        if let Cause::ApprovalWithdrawn(w) = cause {
+            error = error.with_cause(w.as_str());
+        }
+        detail.error = Some(error);
         Verdict {
             decision: Decision::Block,
             cause: Some(cause),

@@ -14,6 +14,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod approval;
 pub mod audit;
 pub mod compile;
 pub mod dlp;
@@ -31,12 +32,13 @@ pub mod ratelimit;
 pub mod regexes;
 pub mod tools;
 
+pub use approval::{Approval, UnknownWithdrawal, Withdrawal};
 pub use audit::{AuditRecord, Direction, DlpRecord, MAX_AUDIT_ARGS_BYTES};
 pub use compile::{CompileOptions, DEFAULT_ALLOWED_METHODS, Evaluator};
 pub use dlp::{DlpEvent, Redacted, Redactor};
 pub use document::{AgentPolicy, FieldError, Mode, PolicyErrors};
 pub use errors::{RpcError, Subject, codes};
-pub use evaluate::{Approval, Cause, Decision, Listing, Verdict, arg_string};
+pub use evaluate::{Cause, Decision, Listing, Verdict, arg_string};
 pub use message::{MessageError, Request, ToolCall};
 pub use normalize::normalize_name;
 pub use ratelimit::{ManualClock, RateClock, RateLimit};

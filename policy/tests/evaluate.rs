@@ -3,7 +3,8 @@
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
 use aip_policy::{
-    Approval, Cause, CompileOptions, Decision, Evaluator, ManualClock, RateClock, Request, Verdict,
+    Approval, AuditRecord, Cause, CompileOptions, Decision, Evaluator, ManualClock, RateClock,
+    Request, Verdict, Withdrawal,
 };
 use serde_json::{Value, json};
 
@@ -466,6 +467,47 @@ mod approvals {
             timed_out.error().unwrap().message(),
             "User approval timeout"
         );
+    }
+
+    /// An ask that ended undecided is never a person's denial: -32015
+    /// with the cause in `data`, or -32016 when the gateway shuts down;
+    /// the audit decision and record say the same.
+    #[test]
+    fn a_withdrawal_is_named_for_what_happened() {
+        let e = asking();
+        let v = call(&e, "deploy", json!({}));
+        let changed = v
+            .clone()
+            .resolve(Approval::Withdrawn(Withdrawal::PolicyChanged));
+        assert_eq!(
+            changed.response().unwrap(),
+            json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32015, "message": "Approval withdrawn",
+                   "data": {"tool": "deploy", "reason": "withdrawn: the policy changed and now refuses this call",
+                            "cause": "PolicyChanged"}}})
+        );
+        assert_eq!(changed.audit_decision(), "APPROVAL_WITHDRAWN");
+        let down = v
+            .clone()
+            .resolve(Approval::Withdrawn(Withdrawal::GatewayShutdown));
+        assert_eq!(code(&down), Some(-32016));
+        assert_eq!(down.audit_decision(), "GATEWAY_SHUTDOWN");
+        assert_eq!(down.error().unwrap().message(), "Gateway shutting down");
+        let message = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "deploy", "arguments": {}}});
+        let request = Request::from_value(&message).unwrap();
+        let record = AuditRecord::for_request(&e, &request, &down, std::time::UNIX_EPOCH);
+        assert_eq!(record.cause, Some("GatewayShutdown"));
+        let denied = v.clone().resolve(Approval::Denied);
+        assert_eq!(denied.audit_decision(), "USER_DENIED");
+        assert_eq!(
+            AuditRecord::for_request(&e, &request, &denied, std::time::UNIX_EPOCH).cause,
+            None
+        );
+        for w in Withdrawal::ALL {
+            let r = v.clone().resolve(Approval::Withdrawn(w));
+            assert!(matches!(code(&r), Some(-32015 | -32016)), "{w}");
+            assert_ne!(r.audit_decision(), "USER_DENIED", "{w}");
+        }
     }
 
     #[test]

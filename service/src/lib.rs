@@ -17,6 +17,6 @@ pub mod telemetry;
 pub mod time;
 
 pub use telemetry::{
-    LogFormat, TRACE_TARGET, Telemetry, cancel_on_signal, init_telemetry, init_tracing,
-    join_remote_trace, trace_context_of,
+    LogFormat, TRACE_TARGET, Telemetry, announce, cancel_on_signal, init_telemetry, init_tracing,
+    join_remote_trace, print_line, trace_context_of,
 };

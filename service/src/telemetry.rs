@@ -17,6 +17,32 @@ pub enum LogFormat {
 /// stderr, so without an endpoint they cost next to nothing.
 pub const TRACE_TARGET: &str = "aip::trace";
 
+/// A line a person or a script waits for at start-up (where a process
+/// listens), on stderr whatever `RUST_LOG` says: the text as it is, or under
+/// the JSON format one object shaped as the diagnostics' own lines
+/// (`timestamp`, `level`, `fields.message`, `target`), so that every line a
+/// process prints parses as JSON.
+pub fn announce(format: LogFormat, target: &str, text: &str) {
+    print_line(format, "INFO", target, text);
+}
+
+/// A line printed outside the diagnostics (before they start, or after a
+/// fatal error: `error: ...`), in `format`, at `level`.
+pub fn print_line(format: LogFormat, level: &str, target: &str, text: &str) {
+    use std::io::Write;
+    let line = match format {
+        LogFormat::Text => text.to_owned(),
+        LogFormat::Json => serde_json::json!({
+            "timestamp": humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string(),
+            "level": level,
+            "fields": {"message": text},
+            "target": target,
+        })
+        .to_string(),
+    };
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
 /// Installs the global tracing subscriber. `RUST_LOG` overrides
 /// `default_level`.
 pub fn init_tracing(format: LogFormat, default_level: &str) {

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
-use aip_policy::Approval;
+use aip_policy::{Approval, Withdrawal};
 use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::{oneshot, watch};
@@ -51,11 +51,35 @@ pub struct Ask {
     pub arguments: Value,
     /// `aip_policy::hash::arguments_hash` of the arguments as sent.
     pub arguments_hash: String,
+    /// Why the wait was given up, set by whoever drops it before dropping
+    /// it (unset: the agent's connection closed under it).
+    pub ended: Ended,
 }
 
-/// An approver elsewhere. Dropping the future withdraws the ask.
+/// Why a held call's wait was dropped.
+pub type Ended = Arc<OnceLock<Withdrawal>>;
+
+/// How an ask ended, and the request that held it (Kubernetes mode: the
+/// ApprovalRequest's name, once the operator named it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub approval: Approval,
+    pub request: Option<String>,
+}
+
+impl Answer {
+    pub fn of(approval: Approval) -> Answer {
+        Answer {
+            approval,
+            request: None,
+        }
+    }
+}
+
+/// An approver elsewhere. Dropping the future withdraws the ask, for the
+/// reason in `Ask::ended`.
 pub trait Remote: Send + Sync {
-    fn ask(&self, ask: Ask, timeout: Duration) -> BoxFuture<'_, Approval>;
+    fn ask(&self, ask: Ask, timeout: Duration) -> BoxFuture<'_, Answer>;
 }
 
 pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
@@ -91,7 +115,7 @@ impl LocalApprovals {
 
     /// Waits for a person's answer, at most `timeout`. Dropping the returned
     /// future withdraws the ask.
-    pub async fn ask(self: &Arc<Self>, ask: Ask, timeout: Duration) -> Approval {
+    pub async fn ask(self: &Arc<Self>, ask: Ask, timeout: Duration) -> Answer {
         if let Some(remote) = self.remote.get() {
             return remote.ask(ask, timeout).await;
         }
@@ -103,6 +127,7 @@ impl LocalApprovals {
         } = ask;
         let (tool, connection) = (tool.as_str(), connection.as_str());
         let id = format!("ap-{:016x}", rand::random::<u64>());
+        let view_id = id.clone();
         let (tx, rx) = oneshot::channel();
         let created = SystemTime::now();
         let view = Pending {
@@ -119,11 +144,15 @@ impl LocalApprovals {
             approvals: self.clone(),
             id,
         };
-        match tokio::time::timeout(timeout, rx).await {
+        let approval = match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(true)) => Approval::Approved,
             Ok(Ok(false)) => Approval::Denied,
             // Timed out, or the entry vanished: either way no approval.
             Ok(Err(_)) | Err(_) => Approval::TimedOut,
+        };
+        Answer {
+            approval,
+            request: Some(view_id),
         }
     }
 
@@ -177,6 +206,7 @@ mod tests {
             connection: "c".to_owned(),
             arguments: Value::Null,
             arguments_hash: aip_policy::hash::arguments_hash(&Value::Null),
+            ended: Ended::default(),
         }
     }
 
@@ -198,7 +228,7 @@ mod tests {
         let waiting = tokio::spawn(async move { a.ask(deploy(), Duration::from_secs(60)).await });
         let id = next_pending(&approvals).await;
         approvals.decide(&id, true).unwrap();
-        assert_eq!(waiting.await.unwrap(), Approval::Approved);
+        assert_eq!(waiting.await.unwrap().approval, Approval::Approved);
         assert!(
             matches!(approvals.decide(&id, true), Err(DecideError::NotFound(_))),
             "one decision per ask"
@@ -208,10 +238,10 @@ mod tests {
         let denied = tokio::spawn(async move { a.ask(deploy(), Duration::from_secs(60)).await });
         let id = next_pending(&approvals).await;
         approvals.decide(&id, false).unwrap();
-        assert_eq!(denied.await.unwrap(), Approval::Denied);
+        assert_eq!(denied.await.unwrap().approval, Approval::Denied);
 
         let timed_out = approvals.ask(deploy(), Duration::from_millis(1)).await;
-        assert_eq!(timed_out, Approval::TimedOut);
+        assert_eq!(timed_out.approval, Approval::TimedOut);
         assert!(approvals.list().is_empty());
 
         let a = approvals.clone();

@@ -79,6 +79,7 @@ async fn list_approve_and_deny_through_the_admin_port() {
                 connection: "up".to_owned(),
                 arguments: json!({"env": "prod"}),
                 arguments_hash: aip_policy::hash::arguments_hash(&json!({"env": "prod"})),
+                ended: Default::default(),
             };
             a.ask(held, Duration::from_secs(60)).await
         });
@@ -109,7 +110,7 @@ async fn list_approve_and_deny_through_the_admin_port() {
                 "denied"
             })
         );
-        assert_eq!(waiting.await.unwrap(), expected);
+        assert_eq!(waiting.await.unwrap().approval, expected);
         // Deciding again finds nothing: one ask, one decision.
         let again = aip(args(&["approvals", verb, &id], &target)).await;
         assert_eq!(again.status.code(), Some(1));

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use aip_proto::v1::config_server::{Config as ConfigApi, ConfigServer};
 use aip_proto::v1::{
-    ApprovalRequest, ApprovalUpdate, Policy, ReportRequest, ReportResponse, Snapshot, WatchRequest,
+    ApprovalRequest, ApprovalUpdate, ApprovalWithdrawal, Policy, ReportRequest, ReportResponse,
+    Snapshot, WatchRequest,
 };
 use aip_sidecar::config::Config;
 use aip_sidecar::control::{self as operator, OperatorCa, OperatorSource};
@@ -37,7 +38,10 @@ struct Operator {
     asks: mpsc::UnboundedSender<Asked>,
     streams: mpsc::UnboundedSender<Feed>,
     reports: mpsc::UnboundedSender<ReportRequest>,
+    withdrawals: mpsc::UnboundedSender<ApprovalWithdrawal>,
     tokens: Arc<Mutex<Vec<String>>>,
+    /// While set, approval calls are refused as an operator that is away.
+    away: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Operator {
@@ -75,6 +79,9 @@ impl ConfigApi for Operator {
         r: Request<ApprovalRequest>,
     ) -> Result<Response<Updates>, Status> {
         self.token(&r);
+        if self.away.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Status::unavailable("no operator"));
+        }
         let ask = r.into_inner();
         if ask.tool == "refused" {
             return Err(Status::failed_precondition("no policy"));
@@ -85,6 +92,24 @@ impl ConfigApi for Operator {
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
     }
+
+    async fn withdraw_approval(
+        &self,
+        r: Request<ApprovalWithdrawal>,
+    ) -> Result<Response<ApprovalUpdate>, Status> {
+        self.token(&r);
+        if self.away.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Status::unavailable("no operator"));
+        }
+        let w = r.into_inner();
+        let _ = self.withdrawals.send(w.clone());
+        Ok(Response::new(ApprovalUpdate {
+            name: w.name,
+            decision: aip_proto::v1::approval_update::Decision::Withdrawn as i32,
+            reason: w.reason,
+            ..ApprovalUpdate::default()
+        }))
+    }
 }
 
 struct Harness {
@@ -93,6 +118,8 @@ struct Harness {
     asks: mpsc::UnboundedReceiver<Asked>,
     streams: mpsc::UnboundedReceiver<Feed>,
     reports: mpsc::UnboundedReceiver<ReportRequest>,
+    withdrawals: mpsc::UnboundedReceiver<ApprovalWithdrawal>,
+    away: Arc<std::sync::atomic::AtomicBool>,
     tokens: Arc<Mutex<Vec<String>>>,
     token_file: std::path::PathBuf,
     _dir: tempfile::TempDir,
@@ -125,11 +152,15 @@ async fn harness(max_staleness: Option<Duration>) -> Harness {
     let (rtx, reports) = mpsc::unbounded_channel();
     let tokens = Arc::new(Mutex::new(Vec::new()));
     let (atx, asks) = mpsc::unbounded_channel();
+    let (wtx, withdrawals) = mpsc::unbounded_channel();
+    let away = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let service = Operator {
         asks: atx,
         streams: stx,
         reports: rtx,
+        withdrawals: wtx,
         tokens: tokens.clone(),
+        away: away.clone(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -165,6 +196,8 @@ async fn harness(max_staleness: Option<Duration>) -> Harness {
         asks,
         streams,
         reports,
+        withdrawals,
+        away,
         tokens,
         token_file,
         _dir: dir,
@@ -320,18 +353,19 @@ fn keep_previous_keeps_the_policy_in_force_and_denies_without_one() {
 
 mod approvals {
     use super::*;
-    use aip_policy::Approval;
+    use aip_policy::{Approval, Withdrawal};
     use aip_proto::v1::approval_update::Decision;
-    use aip_sidecar::approvals::{Ask, Remote};
+    use aip_sidecar::approvals::{Answer, Ask, Ended, Remote};
 
-    /// An fs_write ask through the harness's approvals, waiting.
-    fn asking(h: &Harness) -> tokio::task::JoinHandle<aip_policy::Approval> {
+    /// An fs_write ask through the harness's approvals, waiting; and what
+    /// says why its wait would be dropped.
+    fn asking(h: &Harness) -> (tokio::task::JoinHandle<Answer>, Ended) {
         let approvals = h.approvals.clone();
-        tokio::spawn(async move {
-            approvals
-                .ask(held("fs_write"), Duration::from_secs(60))
-                .await
-        })
+        let ask = held("fs_write");
+        let ended = ask.ended.clone();
+        let waiting =
+            tokio::spawn(async move { approvals.ask(ask, Duration::from_secs(60)).await });
+        (waiting, ended)
     }
 
     fn held(tool: &str) -> Ask {
@@ -340,6 +374,7 @@ mod approvals {
             connection: "fs".to_owned(),
             arguments: serde_json::json!({"path": "/tmp/x", "content": "[REDACTED:token]"}),
             arguments_hash: "sha256:ab".to_owned(),
+            ended: Ended::default(),
         }
     }
 
@@ -347,15 +382,14 @@ mod approvals {
         Ok(ApprovalUpdate {
             name: name.to_owned(),
             decision: decision as i32,
-            reason: String::new(),
-            decided_by: String::new(),
+            ..ApprovalUpdate::default()
         })
     }
 
     #[tokio::test]
     async fn an_ask_waits_for_the_operators_decision() {
         let mut h = harness(None).await;
-        let waiting = asking(&h);
+        let (waiting, _) = asking(&h);
         let (ask, tx) = within(h.asks.recv()).await.unwrap();
         assert_eq!(
             (ask.tool.as_str(), ask.connection.as_str()),
@@ -364,48 +398,137 @@ mod approvals {
         assert_eq!(ask.arguments_hash, "sha256:ab");
         assert!(ask.arguments_json.contains("[REDACTED:token]"));
         assert!(ask.resume_name.is_empty());
+        assert_eq!(ask.ask_id.len(), 32, "{ask:?}");
+        assert!(ask.withdraws_explicitly);
         tx.send(update("fs-write-1", Decision::Pending))
             .await
             .unwrap();
         tx.send(update("fs-write-1", Decision::Approved))
             .await
             .unwrap();
-        assert_eq!(within(waiting).await.unwrap(), Approval::Approved);
+        let answer = within(waiting).await.unwrap();
+        assert_eq!(answer.approval, Approval::Approved);
+        assert_eq!(answer.request.as_deref(), Some("fs-write-1"));
+        assert!(h.withdrawals.try_recv().is_err(), "nothing to withdraw");
     }
 
+    /// A broken stream is resumed by the request's name and the same ask
+    /// id; the decision made meanwhile arrives; nothing is withdrawn.
     #[tokio::test]
     async fn a_broken_stream_is_resumed_by_name() {
         let mut h = harness(None).await;
-        let waiting = asking(&h);
-        let (_, tx) = within(h.asks.recv()).await.unwrap();
+        let (waiting, _) = asking(&h);
+        let (first, tx) = within(h.asks.recv()).await.unwrap();
         tx.send(update("fs-write-2", Decision::Pending))
             .await
             .unwrap();
-        tx.send(Err(Status::unavailable("operator restarting")))
+        tx.send(Err(Status::unavailable("connection reset")))
             .await
             .unwrap();
         drop(tx);
         let (resumed, tx) = within(h.asks.recv()).await.unwrap();
         assert_eq!(resumed.resume_name, "fs-write-2");
+        assert_eq!(resumed.ask_id, first.ask_id);
         tx.send(update("fs-write-2", Decision::Denied))
             .await
             .unwrap();
-        assert_eq!(within(waiting).await.unwrap(), Approval::Denied);
+        assert_eq!(within(waiting).await.unwrap().approval, Approval::Denied);
+        assert!(h.withdrawals.try_recv().is_err());
     }
 
+    /// An expiry, a refusal and a withdrawal are each named for what they
+    /// are; none is a person's denial.
     #[tokio::test]
-    async fn expiry_and_refusal_never_release_the_call() {
+    async fn expiry_refusal_and_withdrawal_are_named_for_what_happened() {
         let mut h = harness(None).await;
-        let waiting = asking(&h);
+        let (waiting, _) = asking(&h);
         let (_, tx) = within(h.asks.recv()).await.unwrap();
         tx.send(update("fs-write-3", Decision::Expired))
             .await
             .unwrap();
-        assert_eq!(within(waiting).await.unwrap(), Approval::TimedOut);
+        assert_eq!(within(waiting).await.unwrap().approval, Approval::TimedOut);
         let refused = h
             .approvals
             .ask(held("refused"), Duration::from_secs(60))
             .await;
-        assert_eq!(refused, Approval::Denied);
+        assert_eq!(
+            refused.approval,
+            Approval::Withdrawn(Withdrawal::OperatorRefused)
+        );
+        let (waiting, _) = asking(&h);
+        let (_, tx) = within(h.asks.recv()).await.unwrap();
+        let mut withdrawn = update("fs-write-4", Decision::Withdrawn).unwrap();
+        withdrawn.reason = "SidecarAway".to_owned();
+        tx.send(Ok(withdrawn)).await.unwrap();
+        assert_eq!(
+            within(waiting).await.unwrap().approval,
+            Approval::Withdrawn(Withdrawal::SidecarAway)
+        );
+        assert!(h.withdrawals.try_recv().is_err());
+    }
+
+    /// The operator says when the request expires; with the operator gone
+    /// the call is answered as expired at that moment, not later.
+    #[tokio::test]
+    async fn expiry_holds_without_the_operator() {
+        let mut h = harness(None).await;
+        let (waiting, _) = asking(&h);
+        let (_, tx) = within(h.asks.recv()).await.unwrap();
+        let expires = std::time::SystemTime::now() + Duration::from_millis(1500);
+        let at_ms = expires
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis();
+        let mut pending = update("fs-write-5", Decision::Pending).unwrap();
+        pending.expires_at_unix_ms = i64::try_from(at_ms).unwrap();
+        tx.send(Ok(pending)).await.unwrap();
+        h.away.store(true, std::sync::atomic::Ordering::SeqCst);
+        tx.send(Err(Status::unavailable("gone"))).await.unwrap();
+        drop(tx);
+        let answer = within(waiting).await.unwrap();
+        let now = std::time::SystemTime::now();
+        assert_eq!(answer.approval, Approval::TimedOut);
+        let late = now.duration_since(expires).unwrap_or_default();
+        let early = expires.duration_since(now).unwrap_or_default();
+        assert!(
+            late < Duration::from_millis(500) && early < Duration::from_millis(50),
+            "answered {late:?} after, {early:?} before the expiry"
+        );
+    }
+
+    /// Dropping a wait (the agent cancelled) tells the operator why, by
+    /// the request's name and the ask's id; an operator away at that
+    /// moment is told once it is back.
+    #[tokio::test]
+    async fn a_dropped_wait_is_withdrawn_with_its_reason_even_after_the_operator_was_away() {
+        let mut h = harness(None).await;
+        let (waiting, ended) = asking(&h);
+        let (ask, tx) = within(h.asks.recv()).await.unwrap();
+        tx.send(update("fs-write-6", Decision::Pending))
+            .await
+            .unwrap();
+        // The sidecar resumes by that name: it knows it.
+        tx.send(Err(Status::unavailable("reset"))).await.unwrap();
+        drop(tx);
+        let (resumed, _tx) = within(h.asks.recv()).await.unwrap();
+        assert_eq!(resumed.resume_name, "fs-write-6");
+        h.away.store(true, std::sync::atomic::Ordering::SeqCst);
+        ended.set(Withdrawal::Cancelled).unwrap();
+        waiting.abort();
+        let _ = waiting.await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(h.withdrawals.try_recv().is_err(), "the operator is away");
+        h.away.store(false, std::sync::atomic::Ordering::SeqCst);
+        let withdrawal = within(h.withdrawals.recv()).await.unwrap();
+        assert_eq!(
+            (
+                withdrawal.name.as_str(),
+                withdrawal.reason.as_str(),
+                withdrawal.tool.as_str()
+            ),
+            ("fs-write-6", "Cancelled", "fs_write")
+        );
+        assert_eq!(withdrawal.ask_id, ask.ask_id);
+        within(h.approvals.flush(Duration::from_secs(5))).await;
     }
 }

@@ -726,12 +726,16 @@ impl Core {
             ));
         };
         let steps = &tool.responses[r].steps;
+        let repeat = tool.responses[r].repeat;
         let mut attempt = self.job_attempt(job, AttemptOutcome::Exhausted);
         attempt.response_index = Some(r);
         attempt.steps_total = Some(steps.len());
         let index = {
             let mut cursors = lock(&self.cursors);
             let cursor = cursors.entry((t, r)).or_insert(0);
+            if repeat && *cursor >= steps.len() {
+                *cursor = 0;
+            }
             let index = *cursor;
             if let Some(step) = steps.get(index) {
                 if let Err((reply, outcome)) = admit(job, step) {

@@ -218,6 +218,11 @@ pub struct Response {
     #[serde(default)]
     pub match_regex: Option<BTreeMap<String, String>>,
     pub sequence: Vec<Step>,
+    /// Once the last step is played, start again from the first (a
+    /// server that answers every run of an example), instead of failing
+    /// as `onExhausted` says.
+    #[serde(default)]
+    pub repeat: bool,
 }
 
 /// One scripted answer. Exactly one outcome key is set.
@@ -428,6 +433,8 @@ pub struct ScriptTool {
 pub struct ScriptResponse {
     pub matcher: Matcher,
     pub steps: Vec<ScriptStep>,
+    /// After the last step, the first again.
+    pub repeat: bool,
 }
 
 #[derive(Debug)]
@@ -692,7 +699,11 @@ fn validate_tool(tool: Tool, path: &str, transport: Transport) -> Result<ScriptT
             .enumerate()
             .map(|(s, step)| validate_step(step, &format!("{steps_path}[{s}]"), transport))
             .collect::<Result<Vec<_>, _>>()?;
-        responses.push(ScriptResponse { matcher, steps });
+        responses.push(ScriptResponse {
+            matcher,
+            steps,
+            repeat: response.repeat,
+        });
     }
     if let Some(rug) = &tool.rug_pull {
         if rug.after_calls == 0 {

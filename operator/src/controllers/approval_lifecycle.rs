@@ -1,13 +1,21 @@
 //! What becomes of ApprovalRequests after they are asked. The operator
 //! replica following a request (for the sidecar's stream) expires it on
 //! time; this controller, on the lease holder, covers what no follower sees:
-//! a pending request whose pod is gone is Withdrawn, one left past its
+//! a pending request whose pod is gone (deleted, finished) is Withdrawn
+//! (`PodGone`), one that no sidecar stream has followed for longer than
+//! `approvals::AWAY_BOUND` is Withdrawn (`SidecarAway`), one left past its
 //! expiry (the operator was down) is Expired, and a decided one is deleted
 //! after the retention. Each final decision is recorded once as an Event on
-//! the request and on the pod; an annotation marks it recorded, so a
-//! restarted operator does not say it again.
+//! the request and on the pod, and counted; an annotation marks it
+//! recorded, so a restarted operator does not say it again.
+//!
+//! Nobody follows a request when the follower that last did wrote
+//! `AWAY_SINCE` (its stream closed), or when the replica named in
+//! `FOLLOWED_BY` is no longer running (it was killed before it could say
+//! so): then the time is this lease holder's first sight of it.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aip_api::ApprovalRequest;
@@ -25,9 +33,10 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::Context;
-use crate::approvals::set_decision_if_pending;
+use crate::approvals::{AWAY_SINCE, FOLLOWED_BY, decision_word, set_decision_if_pending};
 use crate::events::{pod_reference, publish};
 use crate::index::ObjectKey;
+use aip_policy::Withdrawal;
 
 /// The annotation naming the decision already recorded as an Event.
 pub const RECORDED: &str = "aip.io/recorded-decision";
@@ -53,16 +62,29 @@ impl Error {
     }
 }
 
-struct Lifecycle {
-    ctx: Arc<Context>,
-    retention: Duration,
+/// What the controller is told at start.
+pub struct Settings {
+    /// How long a decided request is kept.
+    pub retention: Duration,
+    /// How long a pending request waits for a sidecar to follow it again.
+    pub away_bound: Duration,
+    /// The operator's namespace, where its replicas' pods run.
+    pub namespace: String,
 }
 
-/// Runs until the process stops; decided requests live `retention`;
-/// `pods_gone` names deleted pods.
+struct Lifecycle {
+    ctx: Arc<Context>,
+    settings: Settings,
+    /// Requests whose follower's replica is gone, since this replica first
+    /// saw it (namespace/name → then).
+    unfollowed: Mutex<HashMap<String, Timestamp>>,
+}
+
+/// Runs until the process stops; `pods_gone` names deleted and finished
+/// pods.
 pub async fn run(
     ctx: Arc<Context>,
-    retention: Duration,
+    settings: Settings,
     pods_gone: mpsc::UnboundedReceiver<ObjectKey>,
 ) {
     let api: Api<ApprovalRequest> = Api::all(ctx.client.clone());
@@ -86,7 +108,11 @@ pub async fn run(
         .run(
             reconcile,
             error_policy,
-            Arc::new(Lifecycle { ctx, retention }),
+            Arc::new(Lifecycle {
+                ctx,
+                settings,
+                unfollowed: Mutex::new(HashMap::new()),
+            }),
         )
         .for_each(|_| async {})
         .await;
@@ -104,25 +130,36 @@ async fn reconcile(request: Arc<ApprovalRequest>, lc: Arc<Lifecycle>) -> Result<
     let status = request.status.clone().unwrap_or_default();
     let now = Timestamp::now();
     if status.decision == Decision::Pending {
-        let gone = {
+        let (gone, away) = {
             let index = ctx
                 .index
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            index.is_synced() && !index.has_pod(&ns, &request.spec.pod, &request.spec.pod_uid)
+            let synced = index.is_synced();
+            let gone = synced && !index.has_pod(&ns, &request.spec.pod, &request.spec.pod_uid);
+            (
+                gone,
+                away_since(&lc, &request, synced.then_some(&*index), now),
+            )
         };
         let deadline = request.spec.expires_at.0 + GRACE;
-        let ending = if gone {
-            Decision::Withdrawn
+        let bound = SignedDuration::try_from(lc.settings.away_bound).unwrap_or_default();
+        let withdraw_at = away.map(|since| since + bound);
+        let (ending, why) = if gone {
+            (Decision::Withdrawn, Some(Withdrawal::PodGone))
         } else if now >= deadline {
-            Decision::Expired
+            (Decision::Expired, None)
+        } else if withdraw_at.is_some_and(|at| now >= at) {
+            (Decision::Withdrawn, Some(Withdrawal::SidecarAway))
         } else {
-            let left = now.duration_until(deadline).unsigned_abs();
+            let next = withdraw_at.map_or(deadline, |at| at.min(deadline));
+            let left = now.duration_until(next).unsigned_abs();
             return Ok(Action::requeue(left.min(POD_CHECK)));
         };
-        set_decision_if_pending(&api, &name, ending)
+        set_decision_if_pending(&api, &name, ending, why)
             .await
             .map_err(|e| Error::Decide(e.message().to_owned()))?;
+        lock(&lc.unfollowed).remove(&key(&ns, &name));
         return Ok(Action::await_change());
     }
     if request.annotations().get(RECORDED).map(String::as_str)
@@ -140,7 +177,8 @@ async fn reconcile(request: Arc<ApprovalRequest>, lc: Arc<Lifecycle>) -> Result<
         .as_ref()
         .or(request.metadata.creation_timestamp.as_ref())
         .map_or(now, |t| t.0);
-    let end = since + SignedDuration::try_from(lc.retention).unwrap_or(SignedDuration::MAX);
+    let end =
+        since + SignedDuration::try_from(lc.settings.retention).unwrap_or(SignedDuration::MAX);
     if now < end {
         return Ok(Action::requeue(now.duration_until(end).unsigned_abs()));
     }
@@ -150,6 +188,52 @@ async fn reconcile(request: Arc<ApprovalRequest>, lc: Arc<Lifecycle>) -> Result<
         Ok(_) => Ok(Action::await_change()),
         Err(e) => Err(Error::Write(e)),
     }
+}
+
+/// Since when no sidecar stream follows `request`, if none does: the time
+/// its last follower wrote, or, when that follower's replica is gone
+/// (`index` knows the operator's pods once synced), this replica's first
+/// sight of that.
+fn away_since(
+    lc: &Lifecycle,
+    request: &ApprovalRequest,
+    index: Option<&crate::index::Index>,
+    now: Timestamp,
+) -> Option<Timestamp> {
+    let annotations = request.annotations();
+    if let Some(since) = annotations
+        .get(AWAY_SINCE)
+        .and_then(|t| t.parse::<Timestamp>().ok())
+    {
+        return Some(since);
+    }
+    let key = key(
+        &request.namespace().unwrap_or_default(),
+        &request.name_any(),
+    );
+    let replica = annotations
+        .get(FOLLOWED_BY)
+        .and_then(|f| f.split_once('/'))
+        .map(|(replica, _)| replica);
+    let replica_gone = match (replica, index) {
+        (Some(replica), Some(index)) => !index.has_pod_named(&lc.settings.namespace, replica),
+        _ => false,
+    };
+    let mut unfollowed = lock(&lc.unfollowed);
+    if replica_gone {
+        Some(*unfollowed.entry(key).or_insert(now))
+    } else {
+        unfollowed.remove(&key);
+        None
+    }
+}
+
+fn key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The decision as an Event on the request and on the pod that asked.
@@ -174,15 +258,29 @@ async fn record(ctx: &Context, request: &ApprovalRequest, status: &ApprovalReque
             EventType::Warning,
             format!("{} expired undecided", spec.tool),
         ),
-        Decision::Withdrawn => (
-            EventType::Normal,
-            format!(
-                "{} withdrawn: the call was cancelled, its session ended, or the policy now blocks it",
-                spec.tool
-            ),
-        ),
+        Decision::Withdrawn => {
+            let why = status
+                .reason
+                .as_deref()
+                .and_then(|r| r.parse::<Withdrawal>().ok());
+            let sentence = why.map_or(
+                "withdrawn: it ended without a decision and will never run",
+                Withdrawal::sentence,
+            );
+            (EventType::Normal, format!("{} {sentence}", spec.tool))
+        }
         Decision::Pending => return,
     };
+    let why = match status.decision {
+        Decision::Withdrawn => status
+            .reason
+            .as_deref()
+            .and_then(|r| r.parse::<Withdrawal>().ok())
+            .map_or("Unknown", Withdrawal::as_str),
+        _ => "",
+    };
+    ctx.metrics
+        .approval_outcome(decision_word(status.decision), why);
     let note = format!("{} ({}): {note}", request.name_any(), spec.arguments_hash);
     let ns = request.namespace().unwrap_or_default();
     let pod = pod_reference(&ns, &spec.pod, Some(&spec.pod_uid));
@@ -200,13 +298,7 @@ async fn record(ctx: &Context, request: &ApprovalRequest, status: &ApprovalReque
 }
 
 fn decision_name(decision: Decision) -> &'static str {
-    match decision {
-        Decision::Pending => "Pending",
-        Decision::Approved => "Approved",
-        Decision::Denied => "Denied",
-        Decision::Expired => "Expired",
-        Decision::Withdrawn => "Withdrawn",
-    }
+    decision_word(decision)
 }
 
 fn error_policy(_: Arc<ApprovalRequest>, error: &Error, lc: Arc<Lifecycle>) -> Action {

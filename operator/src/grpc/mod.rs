@@ -11,14 +11,14 @@ pub mod tls;
 
 use aip_service::sync::lock;
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use aip_proto::v1::config_server::{Config, ConfigServer};
 use aip_proto::v1::{
-    ApprovalRequest, ApprovalUpdate, ReportRequest, ReportResponse, Snapshot, WatchRequest,
+    ApprovalRequest, ApprovalUpdate, ApprovalWithdrawal, ReportRequest, ReportResponse, Snapshot,
+    WatchRequest,
 };
 use kube::runtime::events::Recorder;
 use sha2::{Digest, Sha256};
@@ -34,6 +34,7 @@ use crate::identity::PodIdentity;
 use crate::index::{Index, ObjectKey};
 use crate::metrics::Metrics;
 pub use auth::{AuthError, Authenticate, TokenReviewer};
+pub use incoming::DEFAULT_MAX_SIDECARS;
 
 /// How long a reviewed token is trusted without asking the API server
 /// again (never past its own expiry).
@@ -82,6 +83,8 @@ pub struct ConfigService<A> {
     /// What the listener serves, whose CA bundle each stream hands its
     /// sidecar (set by `serve`).
     served: Option<ServedRx>,
+    /// The most sidecars this replica serves at once.
+    max_sidecars: usize,
 }
 
 impl<A: Authenticate> ConfigService<A> {
@@ -102,23 +105,58 @@ impl<A: Authenticate> ConfigService<A> {
             sent: Arc::new(Mutex::new(HashMap::new())),
             approvals: None,
             served: None,
+            max_sidecars: incoming::DEFAULT_MAX_SIDECARS,
         }
     }
 
+    /// Serves at most `max` sidecars at once; the next are refused with
+    /// RESOURCE_EXHAUSTED and retry elsewhere.
+    pub fn with_max_sidecars(mut self, max: usize) -> ConfigService<A> {
+        self.max_sidecars = max;
+        self
+    }
+
     /// Serves RequestApproval, creating ApprovalRequests with `client`
-    /// and recording Events with `recorder`.
-    pub fn with_approvals(mut self, client: kube::Client, recorder: Recorder) -> ConfigService<A> {
+    /// and recording Events with `recorder`; `replica` names this replica
+    /// on the requests it follows; `away_bound`: how long an ask waits for
+    /// its sidecar to come back.
+    pub fn with_approvals(
+        mut self,
+        client: kube::Client,
+        recorder: Recorder,
+        replica: &str,
+        away_bound: Duration,
+    ) -> ConfigService<A> {
         self.approvals = Some(Arc::new(Approvals {
             client,
             recorder,
             metrics: self.metrics.clone(),
             shutdown: self.shutdown.clone(),
+            replica: replica.to_owned(),
+            away_bound,
         }));
         self
     }
 
-    /// The caller's pod, from its bearer token.
+    /// The caller's pod, from its bearer token; refused at once on a
+    /// connection over this replica's cap.
     async fn identify<T>(&self, request: &Request<T>) -> Result<PodIdentity, Status> {
+        let over = request
+            .extensions()
+            .get::<incoming::ConnectInfo>()
+            .filter(|c| c.admission == incoming::Admission::OverCap);
+        if let Some(over) = over {
+            let peer = over
+                .tcp
+                .remote_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_default();
+            tracing::debug!(%peer, "a sidecar over this replica's maximum is refused");
+            return Err(Status::resource_exhausted(format!(
+                "this operator replica serves its maximum of {} sidecars (--max-sidecars); reconnect: the Service may reach a replica with room",
+                self.max_sidecars
+            )));
+        }
         let result = self.identify_token(request).await;
         if let Err(e) = &result {
             self.metrics.auth_failure(e.metric_label());
@@ -260,6 +298,7 @@ impl<A: Authenticate> Config for ConfigService<A> {
             ));
         };
         let ask = request.into_inner();
+        let explicit = ask.withdraws_explicitly;
         let name = if ask.resume_name.is_empty() {
             let governing = lock(&self.index)
                 .subscribe(&id.namespace, &id.pod, &id.uid)
@@ -276,8 +315,22 @@ impl<A: Authenticate> Config for ConfigService<A> {
             ask.resume_name
         };
         let (tx, rx) = mpsc::channel(4);
-        tokio::spawn(approvals.clone().follow(id, name, tx));
+        tokio::spawn(approvals.clone().follow(id, name, explicit, tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn withdraw_approval(
+        &self,
+        request: Request<ApprovalWithdrawal>,
+    ) -> Result<Response<ApprovalUpdate>, Status> {
+        let id = self.identify(&request).await?;
+        let Some(approvals) = &self.approvals else {
+            return Err(Status::unimplemented(
+                "this operator was started without approvals",
+            ));
+        };
+        let update = approvals.withdraw(&id, request.get_ref()).await?;
+        Ok(Response::new(update))
     }
 }
 
@@ -290,8 +343,12 @@ pub async fn serve<A: Authenticate>(
     let shutdown = service.shutdown.clone();
     let tls = crate::certs::server_config(&served, &[b"h2"])?;
     service.served = Some(served);
-    let addr: Option<SocketAddr> = listener.local_addr().ok();
-    tracing::info!(address = ?addr, "gRPC config service listening");
+    let addr = listener
+        .local_addr()
+        .map_or_else(|e| e.to_string(), |a| a.to_string());
+    let max_sidecars = service.max_sidecars;
+    let metrics = service.metrics.clone();
+    tracing::info!(address = %addr, max_sidecars, "gRPC config service listening");
     // Each sidecar holds one Watch and at most a few approval streams; dead
     // peers are found by keepalive; headers are small.
     tonic::transport::Server::builder()
@@ -303,7 +360,7 @@ pub async fn serve<A: Authenticate>(
         .http2_max_header_list_size(Some(16 * 1024))
         .add_service(ConfigServer::new(service))
         .serve_with_incoming_shutdown(
-            incoming::incoming(listener, tls),
+            incoming::incoming(listener, tls, max_sidecars, metrics),
             shutdown.cancelled_owned(),
         )
         .await?;

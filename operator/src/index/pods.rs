@@ -123,6 +123,14 @@ impl Index {
             .is_some_and(|p| p.uid == uid)
     }
 
+    /// Whether a pod `namespace/name` exists (any uid): an operator
+    /// replica, by its pod name.
+    pub fn has_pod_named(&self, namespace: &str, name: &str) -> bool {
+        self.namespaces
+            .get(namespace)
+            .is_some_and(|n| n.pods.contains_key(name))
+    }
+
     /// Policies whose selector may select `pod`, for the pod → policy map.
     pub fn policies_of_pod(&self, namespace: &str, name: &str) -> Vec<String> {
         self.namespaces

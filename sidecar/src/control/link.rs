@@ -47,6 +47,16 @@ impl Link {
         ConfigClient::new(lock(&self.current).0.clone())
     }
 
+    /// A new connection from the next call on, trusting the same CAs: an
+    /// operator replica that serves its maximum refused this one, and the
+    /// Service may send the next to a replica with room. Calls under way
+    /// finish on the old one.
+    pub fn renew(&self) -> anyhow::Result<()> {
+        let mut current = lock(&self.current);
+        current.0 = channel(&self.source, &current.1)?;
+        Ok(())
+    }
+
     /// Trusts `bundle` from the next connection on (a bundle that holds no
     /// certificate is refused, and the previous one kept); true if it is new.
     pub fn trust(&self, bundle: &str) -> Result<bool, String> {

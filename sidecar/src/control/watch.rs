@@ -47,6 +47,7 @@ pub fn watch(
         link: link.clone(),
         token_file: source.token_file.clone(),
         instance: instance.clone(),
+        withdrawals: tokio_util::task::TaskTracker::new(),
     });
     let follower = Follower {
         source,
@@ -81,23 +82,40 @@ impl Follower {
         let mut backoff = Backoff::new();
         // The moment the operator last sent a snapshot.
         let mut last_contact: Option<Instant> = None;
+        // Since when the stream has been down (None: up, or never up).
+        let mut lost: Option<Instant> = None;
         loop {
             let before = last_contact;
-            let code = match self.follow(&mut last_contact).await {
-                Ok(()) => return,
-                Err(e) => {
-                    tracing::warn!(error = %e.message(), retry_ms = backoff.peek().as_millis() as u64, "configuration stream from the operator lost; keeping the last configuration");
-                    e.code()
-                }
-            };
+            let result = self.follow(&mut last_contact, &mut lost).await;
             if last_contact != before {
                 // The stream worked for a while: start backing off afresh.
                 backoff.reset();
             }
-            if !Always.worth_retrying(code) {
+            let code = match result {
+                Ok(()) => return,
+                Err(e) => {
+                    let wait = backoff.next_wait();
+                    if lost.is_none() {
+                        lost = Some(Instant::now());
+                        tracing::warn!(error = %e.message(), retry_ms = wait.as_millis() as u64, "configuration stream from the operator lost; keeping the last configuration");
+                    } else {
+                        tracing::debug!(error = %e.message(), retry_ms = wait.as_millis() as u64, "configuration stream not back yet");
+                    }
+                    (e.code(), wait)
+                }
+            };
+            if !Always.worth_retrying(code.0) {
                 return;
             }
-            let wait = tokio::time::sleep(backoff.next_wait());
+            if code.0 == tonic::Code::ResourceExhausted {
+                // That replica serves its maximum: the next attempt goes
+                // out on a new connection, which the Service may send to
+                // another, after the jittered wait.
+                if let Err(e) = self.link.renew() {
+                    tracing::warn!(error = %e, "could not open a new connection to the operator");
+                }
+            }
+            let wait = tokio::time::sleep(code.1);
             tokio::pin!(wait);
             loop {
                 // Only a configuration that still allows something can go stale.
@@ -125,8 +143,13 @@ impl Follower {
         self.version.send_replace(0);
     }
 
-    /// One Watch stream, until it ends. Ok only on shutdown.
-    async fn follow(&mut self, last_contact: &mut Option<Instant>) -> Result<(), tonic::Status> {
+    /// One Watch stream, until it ends. Ok only on shutdown. `lost`: since
+    /// when the stream has been down, cleared (and said) once it is back.
+    async fn follow(
+        &mut self,
+        last_contact: &mut Option<Instant>,
+        lost: &mut Option<Instant>,
+    ) -> Result<(), tonic::Status> {
         let token = self.token()?;
         let mut request = tonic::Request::new(WatchRequest {
             sidecar_version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -152,6 +175,13 @@ impl Follower {
                 return Err(tonic::Status::unavailable("the operator ended the stream"));
             };
             *last_contact = Some(Instant::now());
+            if let Some(since) = lost.take() {
+                tracing::info!(
+                    away_ms = since.elapsed().as_millis() as u64,
+                    version = snapshot.version,
+                    "configuration stream from the operator back"
+                );
+            }
             let refused = match self.apply(&snapshot) {
                 Ok(()) => String::new(),
                 Err(e) => {

@@ -30,17 +30,18 @@ mod connections;
 mod edge;
 mod listings;
 mod present;
+mod record;
 mod relay;
 mod subscriptions;
 mod tasks;
 mod watches;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use aip_mcp::jsonrpc::{Kind, Limits, Message};
 use aip_mcp::{Exchange, Failure};
-use aip_policy::{AuditRecord, Decision, Evaluator, Request, Verdict, codes, normalize_name};
+use aip_policy::{Decision, Evaluator, Request, Verdict, codes, normalize_name};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -48,7 +49,7 @@ use tokio_util::sync::CancellationToken;
 use crate::approvals::LocalApprovals;
 use crate::audit::{Audit, UpstreamFailure};
 use crate::config::Config;
-use crate::metrics::{ConnectionLabels, DecisionLabels, FailureLabels, Metrics};
+use crate::metrics::{ConnectionLabels, FailureLabels, Metrics};
 use crate::upstream::health::ConnectionState;
 use bridge::Bridge;
 use call::{Call, Ids};
@@ -104,6 +105,7 @@ pub struct Gateway {
     tasks: Arc<tasks::Tasks>,
     subscriptions: subscriptions::Subscriptions,
     audit: Arc<Audit>,
+    decisions: record::Decisions,
     ids: Ids,
     shutdown: CancellationToken,
     /// Bumped when the tool list agents see has really changed, for their
@@ -127,11 +129,16 @@ impl Gateway {
         let audit = Arc::new(audit);
         let ids = Ids::default();
         let metrics = Metrics::default();
+        let decisions = record::Decisions::new(audit.clone(), metrics.decisions.clone());
         let asks = asks::Asks::new(
             approvals.clone(),
-            options.approval_timeout,
-            options.ask_progress_interval,
+            asks::Patience {
+                timeout: options.approval_timeout,
+                progress_every: options.ask_progress_interval,
+            },
             config.clone(),
+            decisions.clone(),
+            shutdown.clone(),
         );
         let subscriptions = subscriptions::Subscriptions::new(
             tasks.clone(),
@@ -159,6 +166,7 @@ impl Gateway {
             tasks,
             subscriptions,
             audit,
+            decisions,
             ids,
             shutdown,
             tools_changed,
@@ -238,8 +246,9 @@ impl Gateway {
     }
 
     fn end(&self, session: &str) {
-        self.edge.cancel_session(session);
+        // Asks first: they learn why before their calls are cancelled.
         self.asks.withdraw(session);
+        self.edge.cancel_session(session);
         self.subscriptions.end_session(session);
     }
 
@@ -356,13 +365,8 @@ impl Gateway {
             }
         };
         let verdict = evaluator.evaluate(&request);
-        self.audit.record(&AuditRecord::for_request(
-            evaluator,
-            &request,
-            &verdict,
-            SystemTime::now(),
-        ));
-        self.count_decision(&verdict, message, false);
+        self.decisions.audit(evaluator, &request, &verdict, None);
+        self.decisions.count(&verdict, message, false);
         if verdict.decision != Decision::Allow {
             return Handled::Reply(verdict.response().map_or(Reply::Nothing, Reply::Message));
         }
@@ -406,6 +410,7 @@ impl Gateway {
             }
         };
         let mut verdict = evaluator.evaluate(&request);
+        let mut approval: Option<String> = None;
         if let Some(why) = &call.withheld {
             let tool = request
                 .params
@@ -424,17 +429,18 @@ impl Gateway {
             // handed to its task.
             let held = self.asks.hold(&message, verdict, call, connection_of(call));
             match Box::pin(held).await {
-                Some(decided) => verdict = decided,
-                None => return Reply::Nothing, // withdrawn: never forwarded
+                Some(decided) => {
+                    verdict = decided.verdict;
+                    approval = decided.request;
+                }
+                // Withdrawn with nobody to tell (audited by `asks`): never
+                // forwarded.
+                None => return Reply::Nothing,
             }
         }
-        self.audit.record(&AuditRecord::for_request(
-            evaluator,
-            &request,
-            &verdict,
-            SystemTime::now(),
-        ));
-        self.count_decision(&verdict, &message, call.known);
+        self.decisions
+            .audit(evaluator, &request, &verdict, approval.as_deref());
+        self.decisions.count(&verdict, &message, call.known);
         if verdict.decision != Decision::Allow {
             // Blocked notifications are dropped (audited above): a
             // notification gets no reply.
@@ -551,47 +557,6 @@ impl Gateway {
             Some(id) => Reply::Message(error(Some(id), codes::INVALID_REQUEST, &reason, None)),
             None => Reply::Nothing,
         }
-    }
-
-    /// Audits and counts a decision made after the pipeline let go of the
-    /// message (a task's ask, decided later).
-    fn record_decision(&self, call: &Call, message: &Message, verdict: &Verdict) {
-        if let Ok(request) = Request::from_value(&message.value) {
-            let now = SystemTime::now();
-            let line = AuditRecord::for_request(&call.evaluator, &request, verdict, now);
-            self.audit.record(&line);
-        }
-        self.count_decision(verdict, message, call.known);
-    }
-
-    /// Counts a decision; a `tools/call`'s tool is its label only when it
-    /// is catalogued (`known`, from the edge's lookup).
-    fn count_decision(&self, verdict: &Verdict, message: &Message, known: bool) {
-        let called = (message.method() == Some("tools/call"))
-            .then(|| {
-                message
-                    .params()
-                    .and_then(|p| p.get("name"))
-                    .and_then(Value::as_str)
-            })
-            .flatten();
-        // Only catalogued names become label values.
-        let tool = match called {
-            Some(t) if known => t.to_owned(),
-            Some(_) => "other".to_owned(),
-            None => String::new(),
-        };
-        let span = tracing::Span::current();
-        span.record("aip.decision", verdict.audit_decision());
-        if !tool.is_empty() {
-            span.record("mcp.tool", tool.as_str());
-        }
-        let labels = DecisionLabels {
-            decision: verdict.audit_decision(),
-            tool,
-            mode: verdict.mode.as_str(),
-        };
-        self.metrics.decisions.get_or_create(&labels).inc();
     }
 
     /// Every listable connection's tools, filtered by policy.
@@ -784,10 +749,17 @@ impl Gateway {
     /// The task's life: the person's decision, then (approved) the call.
     async fn run_task(&self, id: &str, message: Message, verdict: Verdict, call: &Call) {
         let held = self.asks.hold(&message, verdict, call, connection_of(call));
-        let Some(decided) = held.await else {
+        let Some(asked) = held.await else {
             return;
         };
-        self.record_decision(call, &message, &decided);
+        let decided = asked.verdict;
+        self.decisions.record(
+            &call.evaluator,
+            &message,
+            &decided,
+            call.known,
+            asked.request.as_deref(),
+        );
         let reply = if decided.decision == Decision::Allow {
             self.tasks
                 .update(id, "working", "approved; the call is running", None);

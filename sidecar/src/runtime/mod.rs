@@ -40,10 +40,11 @@ pub fn main(cli: Cli) -> ExitCode {
     let runtime = match runtime {
         Ok(r) => r,
         Err(e) => {
-            eprintln!(
+            let text = format!(
                 "error: cannot start the runtime: {}",
                 aip_errors::without_os_errors(&e.to_string())
             );
+            aip_service::print_line(cli.log_format, "ERROR", "aip_sidecar", &text);
             return ExitCode::FAILURE;
         }
     };
@@ -53,7 +54,7 @@ pub fn main(cli: Cli) -> ExitCode {
             aip_service::init_telemetry(cli.log_format, "info", endpoint, "aip-sidecar")
                 .map_err(anyhow::Error::msg)?;
         let outcome = match cli.command {
-            Command::Run(args) => run::run(args).await,
+            Command::Run(args) => run::run(args, cli.log_format).await,
             Command::Stdio(args) => stdio::stdio(args).await,
             Command::Check { .. } => Ok(()),
         };
@@ -64,7 +65,8 @@ pub fn main(cli: Cli) -> ExitCode {
     let code = match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", aip_errors::one_line(&e));
+            let text = format!("error: {}", aip_errors::one_line(&e));
+            aip_service::print_line(cli.log_format, "ERROR", "aip_sidecar", &text);
             ExitCode::FAILURE
         }
     };

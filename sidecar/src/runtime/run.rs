@@ -15,7 +15,10 @@ use crate::audit::Audit;
 use crate::control as operator;
 use crate::gate::{Gateway, GatewayOptions};
 
-pub(super) async fn run(args: RunArgs) -> anyhow::Result<()> {
+/// How long a stopping sidecar gives its withdrawals to reach the operator.
+const WITHDRAWAL_FLUSH: Duration = Duration::from_secs(3);
+
+pub(super) async fn run(args: RunArgs, log_format: aip_service::LogFormat) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     let (evidence_tx, evidence) = tokio::sync::watch::channel(None);
     let kubernetes = args.operator.is_some();
@@ -53,8 +56,8 @@ pub(super) async fn run(args: RunArgs) -> anyhow::Result<()> {
         ..GatewayOptions::default()
     };
     let gateway = Gateway::new(config, Audit::new(audit), options, shutdown.clone());
-    if let Some(remote) = remote_approvals {
-        gateway.approvals.route_to(remote);
+    if let Some(remote) = &remote_approvals {
+        gateway.approvals.route_to(remote.clone());
     }
     let evidence_gateway = gateway.clone();
     let _ = evidence_tx.send(Some(Arc::new(move || {
@@ -86,12 +89,13 @@ pub(super) async fn run(args: RunArgs) -> anyhow::Result<()> {
         Some(l) => format!(" ; metrics at http://{}", l.local_addr()?),
         None => String::new(),
     };
-    eprintln!(
+    let banner = format!(
         "aip-sidecar: agents at http://{}{} ; admin at http://{}{metrics_note} ; {token_note}",
         agent_listener.local_addr()?,
         agent_http::MCP_PATH,
         admin_listener.local_addr()?,
     );
+    aip_service::announce(log_format, "aip_sidecar", &banner);
     tokio::spawn(aip_service::cancel_on_signal(shutdown.clone()));
     let admin = Arc::new(Admin {
         gateway: gateway.clone(),
@@ -126,11 +130,21 @@ pub(super) async fn run(args: RunArgs) -> anyhow::Result<()> {
     )
     .await?;
     tracker.close();
+    // Held asks were answered at once (-32016); calls under way get the
+    // drain to finish.
     if tokio::time::timeout(Duration::from_secs(args.drain_seconds), tracker.wait())
         .await
         .is_err()
     {
-        tracing::warn!("in-flight calls did not finish within the drain bound");
+        tracing::warn!(
+            drain_s = args.drain_seconds,
+            "in-flight calls did not finish within the drain bound"
+        );
+    }
+    if let Some(remote) = &remote_approvals {
+        // The operator learns that the held calls are gone before this
+        // process is.
+        remote.flush(WITHDRAWAL_FLUSH).await;
     }
     gateway.close_connections().await;
     Ok(())

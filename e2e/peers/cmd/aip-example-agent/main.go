@@ -7,8 +7,10 @@
 // mode (blocked: the policy does not allow fs_chmod), and deletes a file
 // (held until a person approves the ApprovalRequest the gateway makes).
 // Each step prints one line: the call, and what the gateway or the server
-// said. It exits 0 once every step has had its answer, whatever the answer;
-// 1 when it cannot reach the gateway or never sees a tool.
+// said. It exits 0 when every step ended as the example expects (the read
+// and the approved delete succeed, the chmod is refused with -32001); 2
+// when one did not (then the Job fails, and says so); 1 when it cannot
+// reach the gateway or never sees a tool.
 package main
 
 import (
@@ -47,10 +49,42 @@ func main() {
 
 	names := toolsOnceGranted(ctx, session)
 	fmt.Println("tools:", strings.Join(names, ", "))
-	call(ctx, session, "fs_read_file", map[string]any{"path": "/reports/q3.txt"}, callTimeout)
-	call(ctx, session, "fs_chmod", map[string]any{"path": "/reports/q3.txt"}, callTimeout)
+	var unexpected []string
+	expect := func(tool string, got outcome, want outcome) {
+		if got != want {
+			unexpected = append(unexpected, fmt.Sprintf("%s: expected %s, got %s", tool, want, got))
+		}
+	}
+	expect("fs_read_file", call(ctx, session, "fs_read_file", map[string]any{"path": "/reports/q3.txt"}, callTimeout), succeeded)
+	expect("fs_chmod", call(ctx, session, "fs_chmod", map[string]any{"path": "/reports/q3.txt"}, callTimeout), outcome{refused: -32001})
 	fmt.Println("fs_delete_file: waiting for a person (kubectl aip approvals -n agents)")
-	call(ctx, session, "fs_delete_file", map[string]any{"path": "/reports/old.txt"}, heldCallTimeout)
+	expect("fs_delete_file", call(ctx, session, "fs_delete_file", map[string]any{"path": "/reports/old.txt"}, heldCallTimeout), succeeded)
+	if len(unexpected) > 0 {
+		session.Close()
+		fmt.Fprintf(os.Stderr, "aip-example-agent: %d of 3 calls did not end as the example expects:\n  %s\n", len(unexpected), strings.Join(unexpected, "\n  "))
+		os.Exit(2)
+	}
+}
+
+// How a call ended: a result (ok, or a tool error), or a JSON-RPC error's
+// code (refused), or no answer at all.
+type outcome struct {
+	ok      bool
+	refused int64
+	failed  bool
+}
+
+var succeeded = outcome{ok: true}
+
+func (o outcome) String() string {
+	switch {
+	case o.ok:
+		return "a result"
+	case o.refused != 0:
+		return fmt.Sprintf("error %d", o.refused)
+	default:
+		return "no answer (or a tool error)"
+	}
 }
 
 func toolsOnceGranted(ctx context.Context, session *mcp.ClientSession) []string {
@@ -74,7 +108,7 @@ func toolsOnceGranted(ctx context.Context, session *mcp.ClientSession) []string 
 	}
 }
 
-func call(ctx context.Context, session *mcp.ClientSession, tool string, arguments map[string]any, timeout time.Duration) {
+func call(ctx context.Context, session *mcp.ClientSession, tool string, arguments map[string]any, timeout time.Duration) outcome {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	result, err := session.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: arguments})
@@ -83,10 +117,10 @@ func call(ctx context.Context, session *mcp.ClientSession, tool string, argument
 		if errors.As(err, &refusal) {
 			// The gateway says why in the error's data.
 			fmt.Printf("%s: refused: %d %s %s\n", tool, refusal.Code, refusal.Message, refusal.Data)
-		} else {
-			fmt.Printf("%s: refused: %v\n", tool, err)
+			return outcome{refused: refusal.Code}
 		}
-		return
+		fmt.Printf("%s: failed: %v\n", tool, err)
+		return outcome{failed: true}
 	}
 	var text []string
 	for _, content := range result.Content {
@@ -94,11 +128,12 @@ func call(ctx context.Context, session *mcp.ClientSession, tool string, argument
 			text = append(text, t.Text)
 		}
 	}
-	outcome := "ok"
+	said := "ok"
 	if result.IsError {
-		outcome = "error"
+		said = "error"
 	}
-	fmt.Printf("%s: %s: %s\n", tool, outcome, strings.Join(text, " "))
+	fmt.Printf("%s: %s: %s\n", tool, said, strings.Join(text, " "))
+	return outcome{ok: !result.IsError, failed: result.IsError}
 }
 
 func fail(format string, args ...any) {
