@@ -559,7 +559,7 @@ async fn names_that_collide_after_normalization_are_hidden_refused_and_reported(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_held_call_the_new_policy_blocks_is_withdrawn_and_answered_blocked() {
+async fn a_held_call_the_new_policy_blocks_is_withdrawn_and_answered_as_withdrawn() {
     let s = std::sync::Arc::new(stack().await);
     let session = s.session().await;
     let mut changes = s.gateway.approvals.subscribe();
@@ -588,7 +588,11 @@ async fn a_held_call_the_new_policy_blocks_is_withdrawn_and_answered_blocked() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(r["error"]["code"], -32001, "{r}");
+    // Not a person's denial, and not the new rule's refusal either: the
+    // ask was withdrawn because the policy changed.
+    assert_eq!(r["error"]["code"], -32015, "{r}");
+    assert_eq!(r["error"]["message"], "Approval withdrawn", "{r}");
+    assert_eq!(r["error"]["data"]["cause"], "PolicyChanged", "{r}");
     assert!(
         s.gateway.approvals.list().is_empty(),
         "the ask was withdrawn"
@@ -597,6 +601,114 @@ async fn a_held_call_the_new_policy_blocks_is_withdrawn_and_answered_blocked() {
         s.attempts().iter().all(|a| a["tool"] != "deploy"),
         "never forwarded"
     );
+    let line = s
+        .audit_lines()
+        .into_iter()
+        .find(|l| l["tool"] == "up_deploy")
+        .unwrap();
+    assert_eq!(
+        (line["decision"].as_str(), line["cause"].as_str()),
+        (Some("APPROVAL_WITHDRAWN"), Some("PolicyChanged")),
+        "{line}"
+    );
+}
+
+/// Waits until some ask is pending at the stack's gateway.
+async fn until_held(s: &Stack) {
+    let mut changes = s.gateway.approvals.subscribe();
+    while s.gateway.approvals.list().is_empty() {
+        tokio::time::timeout(PATIENCE, changes.changed())
+            .await
+            .unwrap()
+            .unwrap();
+    }
+}
+
+/// A gateway told to stop answers a held call at once with -32016, named
+/// for what happened (no drain can help an ask), and audits it so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_call_is_answered_at_once_when_the_gateway_stops() {
+    let s = std::sync::Arc::new(stack().await);
+    let session = s.session().await;
+    let (s2, session2) = (s.clone(), session.clone());
+    let asking = tokio::spawn(async move {
+        s2.call(
+            &session2,
+            json!("held"),
+            "up_deploy",
+            json!({"env": "prod"}),
+        )
+        .await
+    });
+    until_held(&s).await;
+    let stopped = std::time::Instant::now();
+    s.stop();
+    let r = tokio::time::timeout(PATIENCE, asking)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        stopped.elapsed() < Duration::from_secs(1),
+        "answered {:?} after the stop",
+        stopped.elapsed()
+    );
+    assert_eq!(r["error"]["code"], -32016, "{r}");
+    assert_eq!(r["error"]["message"], "Gateway shutting down", "{r}");
+    assert_eq!(r["error"]["data"]["cause"], "GatewayShutdown", "{r}");
+    let line = s
+        .audit_lines()
+        .into_iter()
+        .find(|l| l["tool"] == "up_deploy")
+        .unwrap();
+    assert_eq!(line["decision"], "GATEWAY_SHUTDOWN", "{line}");
+    assert!(s.attempts().iter().all(|a| a["tool"] != "deploy"));
+}
+
+/// A held call the agent cancels gets no answer (it asked for none), yet
+/// its end is audited and counted as the agent's cancellation, never as a
+/// person's denial.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_held_call_is_audited_as_cancelled() {
+    let s = std::sync::Arc::new(stack().await);
+    let session = s.session().await;
+    let (s2, session2) = (s.clone(), session.clone());
+    let asking = tokio::spawn(async move {
+        s2.call(&session2, json!(41), "up_deploy", json!({"env": "prod"}))
+            .await
+    });
+    until_held(&s).await;
+    let cancel =
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 41}});
+    let r = s
+        .post(&[("mcp-session-id", &session)], &cancel.to_string())
+        .await;
+    assert_eq!(r.status, 202);
+    // The audit file has no event to wait on: it is read until the line is
+    // there, for at most PATIENCE.
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let line = loop {
+        let found = s
+            .audit_lines()
+            .into_iter()
+            .find(|l| l["tool"] == "up_deploy");
+        if let Some(line) = found {
+            break line;
+        }
+        assert!(std::time::Instant::now() < deadline, "no audit line");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        (line["decision"].as_str(), line["cause"].as_str()),
+        (Some("APPROVAL_WITHDRAWN"), Some("Cancelled")),
+        "{line}"
+    );
+    assert!(s.gateway.approvals.list().is_empty());
+    let metrics = s.gateway.metrics.encode();
+    assert!(
+        metrics.contains("decision=\"APPROVAL_WITHDRAWN\""),
+        "{metrics}"
+    );
+    asking.abort();
 }
 
 /// Go's `encoding/json` reads `Arguments` as `arguments`: a call whose

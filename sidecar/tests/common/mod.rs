@@ -207,6 +207,11 @@ impl Stack {
             .unwrap();
     }
 
+    /// Stops the gateway as SIGTERM would (the stack's servers with it).
+    pub fn stop(&self) {
+        self.shutdown.cancel();
+    }
+
     /// The upstream attempts, as the fault server logged them.
     pub fn attempts(&self) -> Vec<Value> {
         self.fault
