@@ -256,6 +256,11 @@ async fn a_person_decides_each_held_call_with_kubectl() {
         "{.status.decision}",
         "Withdrawn",
     );
+    assert_eq!(
+        admin.get(&format!("approvalrequest/{withdrawn}"), "{.status.reason}"),
+        "Cancelled",
+        "named for what happened"
+    );
     let answered = answer(cancelled).await;
     assert!(answered.get("result").is_none(), "{answered}");
     let (ok, out, err) = story.alice.aip(&["approve", &withdrawn, "-n", "agents"]);
@@ -353,6 +358,10 @@ async fn a_person_decides_each_held_call_with_kubectl() {
         "{.status.decision}",
         "Withdrawn",
     );
+    assert_eq!(
+        admin.get(&format!("approvalrequest/{orphaned}"), "{.status.reason}"),
+        "SidecarRestarted"
+    );
     story.agent = agent_of(&sidecar).await;
     lists(&story.agent, "fs_delete_file").await;
     assert_eq!(deletes(&attempts), 4);
@@ -379,7 +388,10 @@ async fn a_person_decides_each_held_call_with_kubectl() {
     assert!(decisions.contains("Expired"), "{decisions}");
     assert_eq!(deletes(&attempts), 4, "nothing sent");
 
-    // A pod deleted while its call waits: the request is withdrawn.
+    // A sidecar that goes away and stays away (killed, not restarted):
+    // the stream that closed marks its request away, and past the bound
+    // (2 s here) the lease holder withdraws it as SidecarAway; a broken
+    // stream alone never does (the sidecar resumes it).
     admin.apply(&asking_policy(""));
     let generation = admin.get("agentpolicy/files", "{.metadata.generation}");
     admin.wait(
@@ -387,6 +399,31 @@ async fn a_person_decides_each_held_call_with_kubectl() {
         "{.status.observedGeneration}",
         &generation,
     );
+    let mut operator = operator;
+    operator.terminate();
+    let operator = installed.restart(&["--approval-away-bound", "2s"]);
+    operator.line("cluster state loaded").await;
+    story.agent = agent_of(&sidecar).await;
+    lists(&story.agent, "fs_delete_file").await;
+    let stranded = story.call(65, json!({"path": "stranded"}));
+    let stranded_request = pending_request(admin).await;
+    drop(sidecar);
+    let _ = answer(stranded).await;
+    admin.wait(
+        &format!("approvalrequest/{stranded_request}"),
+        "{.status.decision}",
+        "Withdrawn",
+    );
+    assert_eq!(
+        admin.get(&format!("approvalrequest/{stranded_request}"), "{.status.reason}"),
+        "SidecarAway"
+    );
+    let sidecar = start_sidecar(&operator_ca, ports.grpc, &sidecar_token);
+    story.agent = agent_of(&sidecar).await;
+    lists(&story.agent, "fs_delete_file").await;
+    assert_eq!(deletes(&attempts), 4);
+
+    // A pod deleted while its call waits: the request is withdrawn.
     let doomed = story.call(70, json!({"path": "doomed"}));
     let doomed_request = pending_request(admin).await;
     admin.ok(&["delete", "pod", "agent-1", "-n", "agents"], None);
@@ -394,6 +431,10 @@ async fn a_person_decides_each_held_call_with_kubectl() {
         &format!("approvalrequest/{doomed_request}"),
         "{.status.decision}",
         "Withdrawn",
+    );
+    assert_eq!(
+        admin.get(&format!("approvalrequest/{doomed_request}"), "{.status.reason}"),
+        "PodGone"
     );
     let _ = answer(doomed).await;
     assert_eq!(deletes(&attempts), 4, "never sent");
