@@ -60,6 +60,23 @@ fn protocol_basics_and_malformed_input() {
     assert_eq!(s.recv()["result"]["protocolVersion"], "2025-11-25");
 }
 
+/// `repeat: true` plays the steps again from the first: never exhausted.
+#[test]
+fn a_repeating_response_starts_again_after_its_last_step() {
+    let tools = "  tools:
+    - name: read
+      responses: [{repeat: true, sequence: [{return: one}, {return: two}]}]
+";
+    let mut s = StdioServer::spawn("repeat", &script(tools));
+    s.initialize();
+    let mut said = Vec::new();
+    for id in 1..=5 {
+        s.call(json!(id), "read", json!({}));
+        said.push(text_of(&s.recv()["result"]).to_owned());
+    }
+    assert_eq!(said, ["one", "two", "one", "two", "one"]);
+}
+
 #[test]
 fn steps_play_in_order_one_per_call() {
     let mut s = StdioServer::spawn("steps", &script(ITEMS));

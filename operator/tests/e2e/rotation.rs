@@ -141,10 +141,25 @@ async fn sidecars_follow_a_rotation_of_the_operators_ca() {
     let lost = dir.join("lost");
     std::fs::create_dir(&lost).unwrap();
     std::fs::copy(&token, lost.join("token")).unwrap();
-    let stranded = start_sidecar(&first_ca, installed.ports.grpc, &lost.join("token"));
+    // Said once when lost, then (at debug) at every attempt that fails.
+    let stranded = start_sidecar_logging(
+        &first_ca,
+        installed.ports.grpc,
+        &lost.join("token"),
+        &[],
+        "info,aip_sidecar::control::watch=debug",
+    );
     stranded
-        .lines_with("configuration stream from the operator lost", 2)
+        .lines_with("configuration stream from the operator lost", 1)
         .await;
+    stranded
+        .lines_with("configuration stream not back yet", 1)
+        .await;
+    assert_eq!(
+        stranded.count("configuration stream from the operator lost"),
+        1,
+        "one warning for one outage"
+    );
     assert_eq!(
         stranded.count(TRUSTED),
         0,

@@ -252,7 +252,19 @@ pub fn start_sidecar_with(
     token_file: &Path,
     extra: &[&std::ffi::OsStr],
 ) -> Proc {
+    start_sidecar_logging(ca, grpc, token_file, extra, "info")
+}
+
+/// The same, its diagnostics filtered by `rust_log` (RUST_LOG).
+pub fn start_sidecar_logging(
+    ca: &Path,
+    grpc: u16,
+    token_file: &Path,
+    extra: &[&std::ffi::OsStr],
+    rust_log: &str,
+) -> Proc {
     let mut c = Command::new(binary("aip-sidecar"));
+    c.env("RUST_LOG", rust_log);
     c.args(["--log-format", "json", "run"])
         .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
         .arg("--operator")
