@@ -415,7 +415,10 @@ async fn a_person_decides_each_held_call_with_kubectl() {
         "Withdrawn",
     );
     assert_eq!(
-        admin.get(&format!("approvalrequest/{stranded_request}"), "{.status.reason}"),
+        admin.get(
+            &format!("approvalrequest/{stranded_request}"),
+            "{.status.reason}"
+        ),
         "SidecarAway"
     );
     let sidecar = start_sidecar(&operator_ca, ports.grpc, &sidecar_token);
@@ -433,7 +436,10 @@ async fn a_person_decides_each_held_call_with_kubectl() {
         "Withdrawn",
     );
     assert_eq!(
-        admin.get(&format!("approvalrequest/{doomed_request}"), "{.status.reason}"),
+        admin.get(
+            &format!("approvalrequest/{doomed_request}"),
+            "{.status.reason}"
+        ),
         "PodGone"
     );
     let _ = answer(doomed).await;

@@ -148,4 +148,15 @@ async fn an_approval_survives_an_api_server_restart_and_the_call_runs_once() {
     let log = logs(&story.admin, "pod/agent-1", "agent");
     assert!(log.contains("fs_delete_file: ok: deleted"), "{log}");
     assert_eq!(story.upstream_calls("delete_file").len(), 1);
+    let line = audit_line(&story, "agent-1", "fs_delete_file", false).await;
+    assert_eq!(
+        (line["decision"].as_str(), line["approval"].as_str()),
+        (Some("ALLOW"), Some(request.as_str())),
+        "{line}"
+    );
+    let decision = story
+        .admin
+        .get(&format!("approvalrequest/{request}"), "{.status.decision}");
+    assert_eq!(decision, "Approved");
+    assert_logs_are_json(&story, &cluster);
 }

@@ -6,6 +6,8 @@
 //! approve`, the Job Complete (the sidecar does not hold it open), and what
 //! kubectl shows of it afterwards.
 
+use std::time::Duration;
+
 use aip_kube_test::User;
 use serde_json::Value;
 
@@ -91,6 +93,22 @@ async fn the_cluster_example_runs_in_real_pods_as_the_quickstart_says() {
 
     let (ok, out, err) = alice.aip(&["approve", &request, "-n", "agents", "--reason", "checked"]);
     assert!(ok, "kubectl aip approve: {out}{err}");
+    // The Job's pod finishes: within 5 s it is no longer governed, so the
+    // policy does not wait for a sidecar that will never run again.
+    wait_for(
+        &admin,
+        &format!("pod/{pod_name}"),
+        "jsonpath={.status.phase}=Succeeded",
+        POD_PATIENCE,
+    );
+    let finished = std::time::Instant::now();
+    wait_for(
+        &admin,
+        "agentpolicy/files",
+        "jsonpath={.status.governedPods}=0",
+        Duration::from_secs(5),
+    );
+    assert!(finished.elapsed() <= Duration::from_secs(5));
     wait_for(&admin, "job/agent", "condition=Complete", POD_PATIENCE);
     let log = logs(&admin, "job/agent", "agent");
     assert!(log.contains("fs_delete_file: ok: deleted"), "{log}");
@@ -110,9 +128,33 @@ async fn the_cluster_example_runs_in_real_pods_as_the_quickstart_says() {
         "the agent started before the pod was initialized: {pod}"
     );
 
-    // What kubectl shows of it.
+    // What kubectl shows of it: nothing governed runs, and a policy
+    // change afterwards is Ready at once (0/0), not waiting on the
+    // finished pod.
     let aip = admin.ok(&["get", "aip", "-n", "agents"], None);
-    assert!(aip.contains("files") && aip.contains("1/1"), "{aip}");
+    assert!(aip.contains("files") && aip.contains("0/0"), "{aip}");
+    admin.ok(
+        &[
+            "patch",
+            "agentpolicy",
+            "files",
+            "-n",
+            "agents",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"approval":{"timeoutSeconds":121}}}"#,
+        ],
+        None,
+    );
+    let generation = admin.get("agentpolicy/files", "{.metadata.generation}");
+    wait_for(
+        &admin,
+        "agentpolicy/files",
+        &format!("jsonpath={{.status.observedGeneration}}={generation}"),
+        POD_PATIENCE,
+    );
+    wait_for(&admin, "agentpolicy/files", "condition=Ready", POD_PATIENCE);
+    assert_eq!(admin.get("agentpolicy/files", "{.status.synced}"), "0/0");
     wait_for(
         &admin,
         "toolconnection/fs",
@@ -126,6 +168,34 @@ async fn the_cluster_example_runs_in_real_pods_as_the_quickstart_says() {
         events.contains("ApprovalRequested") && events.contains(&request),
         "{events}"
     );
+
+    // Run again, as `make demo-cluster` does: the Job deleted and made
+    // anew; the tool server answers every run; Complete again, the policy
+    // Ready after it.
+    admin.ok(
+        &["delete", "job", "agent", "-n", "agents", "--wait=true"],
+        None,
+    );
+    admin.ok(&["apply", "-k", EXAMPLE], None);
+    let again = eventually(
+        "a second pending ApprovalRequest",
+        POD_PATIENCE * 2,
+        || async {
+            let names = alice.get(
+                "approvalrequests",
+                "{.items[?(@.status.decision==\"Pending\")].metadata.name}",
+            );
+            (!names.is_empty() && names != request).then_some(names)
+        },
+    )
+    .await;
+    let (ok, out, err) = alice.aip(&["approve", &again, "-n", "agents"]);
+    assert!(ok, "kubectl aip approve: {out}{err}");
+    wait_for(&admin, "job/agent", "condition=Complete", POD_PATIENCE);
+    let log = logs(&admin, "job/agent", "agent");
+    assert!(log.contains("fs_delete_file: ok: deleted"), "{log}");
+    assert!(log.contains("fs_read_file: ok: "), "{log}");
+    wait_for(&admin, "agentpolicy/files", "condition=Ready", POD_PATIENCE);
 }
 
 fn condition(pod: &Value, kind: &str) -> Value {

@@ -15,6 +15,7 @@
 mod common;
 
 mod admission;
+mod approvals;
 mod chart;
 mod disruptions;
 mod enforcement;

@@ -493,6 +493,32 @@ spec:
         ));
     }
 
+    /// Policy `files` that lets agents read and holds fs_delete_file for a
+    /// person (`timeout_seconds` to decide), and group `approvers` (alice)
+    /// bound to decide in the namespace.
+    pub fn asking(&self, timeout_seconds: u32) {
+        let ns = &self.namespace;
+        self.admin.apply(&format!(
+            "apiVersion: aip.io/v1alpha1
+kind: AgentPolicy
+metadata: {{name: files, namespace: {ns}}}
+spec:
+  podSelector: {{matchLabels: {{app: agent}}}}
+  toolConnections: [fs]
+  allowed_tools: [fs_read_file, fs_delete_file]
+  approval: {{timeoutSeconds: {timeout_seconds}}}
+  tool_rules:
+    - {{tool: fs_delete_file, action: ask}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: approvers, namespace: {ns}}}
+subjects: [{{kind: Group, name: approvers, apiGroup: rbac.authorization.k8s.io}}]
+roleRef: {{kind: ClusterRole, name: aip-approver, apiGroup: rbac.authorization.k8s.io}}
+"
+        ));
+    }
+
     /// Pod `name` (`app=agent`), its agent container the node's pause
     /// image; returns once the kubelet reports it Ready.
     pub fn agent_pod(&self, name: &str) {
@@ -729,5 +755,169 @@ where
         }
         assert!(tokio::time::Instant::now() < deadline, "never: {what}");
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The containerd id of container `container` of pod `name` (the sidecar is
+/// an init container, the others regular ones), once it runs.
+pub fn container_id(story: &Story, name: &str, container: &str) -> String {
+    let pod = story.pod_json(name);
+    let statuses = ["initContainerStatuses", "containerStatuses"];
+    statuses
+        .iter()
+        .flat_map(|list| pod["status"][list].as_array().cloned().unwrap_or_default())
+        .find(|s| s["name"] == container)
+        .and_then(|s| s["containerID"].as_str().map(str::to_owned))
+        .and_then(|id| id.strip_prefix("containerd://").map(str::to_owned))
+        .unwrap_or_else(|| panic!("no running container {container} in pod {name}: {pod}"))
+}
+
+/// `ctr` against the node's containerd, in Kubernetes' namespace; its
+/// stdout.
+fn ctr(args: &[&str]) -> String {
+    let node = aip_kube_test::node::NodeInfo::read(std::path::Path::new(
+        &std::env::var_os(aip_kube_test::node::ENV).unwrap(),
+    ))
+    .unwrap();
+    let out = Command::new("ctr")
+        .arg("--address")
+        .arg(&node.containerd_socket)
+        .args(["-n", "k8s.io"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ctr {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Sends `signal` (SIGTERM, SIGKILL) to a container's process, as the
+/// kubelet or an OOM kill would.
+pub fn signal_container(id: &str, signal: &str) {
+    ctr(&["tasks", "kill", "--signal", signal, id]);
+}
+
+/// The host pid of a container's process.
+pub fn container_pid(id: &str) -> u32 {
+    ctr(&["tasks", "ls"])
+        .lines()
+        .find(|l| l.starts_with(id))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("no task {id}"))
+}
+
+/// Resets every TCP connection to port `port` that the network namespace
+/// of process `pid` holds, as a conntrack flush or a load balancer would:
+/// the kernel aborts the sockets and sends each peer a reset. How many
+/// sockets `ss` listed (and so killed).
+pub fn reset_connections(pid: u32, port: u16) -> usize {
+    let out = Command::new("nsenter")
+        .args(["-t", &pid.to_string(), "-n", "ss", "-K", "-t", "-n"])
+        .args(["dport", "=", &format!(":{port}")])
+        .output()
+        .expect("nsenter and ss");
+    let listed = String::from_utf8_lossy(&out.stdout);
+    listed.lines().filter(|l| l.starts_with("ESTAB")).count()
+}
+
+/// The operator's gRPC port as the injected sidecar of pod `name` dials it.
+pub fn operator_port(story: &Story, name: &str) -> u16 {
+    let pod = story.pod_json(name);
+    let args = pod["spec"]["initContainers"][0]["args"].clone();
+    let url = args
+        .as_array()
+        .and_then(|a| {
+            a.iter()
+                .skip_while(|v| *v != "--operator")
+                .nth(1)
+                .and_then(Value::as_str)
+        })
+        .unwrap_or_else(|| panic!("no --operator in {args}"))
+        .to_owned();
+    url.rsplit(':')
+        .next()
+        .and_then(|p| p.trim_end_matches('/').parse().ok())
+        .unwrap_or_else(|| panic!("no port in {url}"))
+}
+
+/// Every line container `container` of pod `name` printed (`previous`: of
+/// the container before its restart).
+pub fn container_log(story: &Story, name: &str, container: &str, previous: bool) -> String {
+    story
+        .admin
+        .run(
+            &[
+                "logs",
+                "-n",
+                &story.namespace,
+                name,
+                "-c",
+                container,
+                &format!("--previous={previous}"),
+            ],
+            None,
+        )
+        .1
+}
+
+/// The sidecar's audit line for `tool` (its stdout, which kubectl logs
+/// beside the diagnostics), once it is there.
+pub async fn audit_line(story: &Story, name: &str, tool: &str, previous: bool) -> Value {
+    eventually(
+        &format!("an audit line for {tool}"),
+        POD_PATIENCE,
+        || async {
+            container_log(story, name, "aip-sidecar", previous)
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .find(|l| l["tool"] == tool && l.get("decision").is_some())
+        },
+    )
+    .await
+}
+
+/// Every line of `log` is a JSON object: what a log pipeline parses.
+pub fn assert_json_lines(what: &str, log: &str) {
+    for (i, line) in log.lines().enumerate() {
+        let parsed = serde_json::from_str::<Value>(line);
+        assert!(
+            parsed.as_ref().is_ok_and(Value::is_object),
+            "line {} of {what} is not a JSON object: {line}",
+            i + 1
+        );
+    }
+}
+
+/// Every line the story's sidecars (now and before a restart) and the
+/// operator's pods printed parses as JSON, under the JSON format they run
+/// with.
+pub fn assert_logs_are_json(story: &Story, cluster: &Cluster) {
+    let names = story.admin.get("pods", "{.items[*].metadata.name}");
+    for pod in names.split_whitespace() {
+        for previous in [false, true] {
+            let log = container_log(story, pod, "aip-sidecar", previous);
+            assert_json_lines(&format!("{pod}'s aip-sidecar (previous: {previous})"), &log);
+        }
+    }
+    let operator = cluster.kubectl(User::Admin, OPERATOR_NAMESPACE);
+    let names = operator.get("pods", "{.items[*].metadata.name}");
+    for pod in names.split_whitespace() {
+        for previous in [false, true] {
+            let (_, log, _) = operator.run(
+                &[
+                    "logs",
+                    "-n",
+                    OPERATOR_NAMESPACE,
+                    pod,
+                    &format!("--previous={previous}"),
+                ],
+                None,
+            );
+            assert_json_lines(&format!("{pod} (previous: {previous})"), &log);
+        }
     }
 }
