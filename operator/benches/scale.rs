@@ -6,17 +6,28 @@
 //!   of N simulated sidecars (real gRPC clients over TLS on loopback, each
 //!   with its own pod-bound token), p50/p90/p99 over several changes;
 //! - memory: the operator's RSS with 10,000 AgentPolicies and 10,000 pods,
-//!   once every policy's status is written.
+//!   once every policy's status is written;
+//! - capacity: 10,000 simulated sidecars against two replicas capped at
+//!   6,000 each (`--max-sidecars`), each sidecar dialling a replica at
+//!   random as a Service does and, refused (RESOURCE_EXHAUSTED), dialling
+//!   again after a jittered wait: how long until every one is served, how
+//!   many refusals that took, propagation p50/p99 at that size;
+//! - against the previous build: with AIP_BENCH_BASELINE_OPERATOR naming an
+//!   aip-operator binary of an earlier commit (`make bench` builds one,
+//!   scripts/bench-baseline.sh), propagation at 1000 sidecars for both
+//!   binaries in the same run, on the same control plane, alternating.
 //!
 //! Results go to target/bench/operator.json for scripts/bench-table.py.
-//! AIP_BENCH_SIDECARS (default 1000), AIP_BENCH_ROUNDS (default 5) and
-//! AIP_BENCH_OBJECTS (default 10000) scale it down for a quick look.
+//! AIP_BENCH_SIDECARS (default 1000), AIP_BENCH_ROUNDS (default 5),
+//! AIP_BENCH_OBJECTS (default 10000) and AIP_BENCH_FLEET (default 10000;
+//! 0 leaves the capacity stage out) scale it down for a quick look.
 
 #![allow(clippy::unwrap_used)]
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -55,13 +66,20 @@ fn main() {
     let sidecars = env_usize("AIP_BENCH_SIDECARS", 1000);
     let rounds = env_usize("AIP_BENCH_ROUNDS", 5);
     let objects = env_usize("AIP_BENCH_OBJECTS", 10_000);
+    let fleet = env_usize("AIP_BENCH_FLEET", 10_000);
+    let baseline = std::env::var_os("AIP_BENCH_BASELINE_OPERATOR").map(PathBuf::from);
     let propagation = if sidecars == 0 {
         Value::Null
     } else {
-        runtime.block_on(propagation(sidecars, rounds))
+        runtime.block_on(propagation(sidecars, rounds, baseline.as_deref()))
+    };
+    let capacity = if fleet == 0 {
+        Value::Null
+    } else {
+        runtime.block_on(capacity(fleet, 2, fleet * 3 / 5, 3))
     };
     let memory = runtime.block_on(memory(objects));
-    let out = json!({"propagation": propagation, "memory": memory});
+    let out = json!({"propagation": propagation, "capacity": capacity, "memory": memory});
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(
@@ -182,18 +200,24 @@ struct Operator {
 
 impl Operator {
     fn start(cluster: &Cluster) -> Operator {
+        Operator::start_as(cluster, Path::new(env!("CARGO_BIN_EXE_aip-operator")), "bench", &[])
+    }
+
+    /// `binary` as replica `name`, with `extra` arguments.
+    fn start_as(cluster: &Cluster, binary: &Path, name: &str, extra: &[&str]) -> Operator {
         let tls = TlsFiles::new(cluster.dir.path());
         let (grpc_port, admin_port) = (free_port(), free_port());
-        let mut child = Command::new(env!("CARGO_BIN_EXE_aip-operator"))
+        let mut child = Command::new(binary)
             .env("KUBECONFIG", cluster.kubeconfig())
             .args(["--grpc-listen", &format!("127.0.0.1:{grpc_port}")])
             .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")])
             .args(["--webhook-listen", "127.0.0.1:0", "--log-format", "json"])
-            .args(["--namespace", "aip-system", "--pod-name", "bench"])
+            .args(["--namespace", "aip-system", "--pod-name", name])
             .arg("--tls-cert")
             .arg(&tls.cert)
             .arg("--tls-key")
             .arg(&tls.key)
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -292,138 +316,290 @@ fn policy(tools: &[String]) -> String {
 /// What one simulated sidecar has acked: the policy documents, and when.
 type Acks = watch::Sender<Vec<(String, Instant)>>;
 
-async fn propagation(sidecars: usize, rounds: usize) -> Value {
-    let cluster = Cluster::start("propagation").await;
-    cluster.namespace("agents").await;
-    cluster.service_account("agents", "agent").await;
-    let names = (0..sidecars)
-        .map(|i| (format!("agent-{i}"), json!({"app": "agent"})))
-        .collect();
-    let pods = cluster.pods("agents", names).await;
-    let mut tokens = Vec::new();
-    for chunk in pods.chunks(50) {
-        let minted =
-            futures::future::join_all(chunk.iter().map(|(p, uid)| cluster.token("agents", p, uid)))
-                .await;
-        tokens.extend(minted);
-    }
-    // kubectl's first applies to a fresh API server take seconds (2.2 s,
-    // 0.9 s, then about 0.2 s: it fills its discovery and OpenAPI caches);
-    // those are not the operator's. The same document again changes
-    // nothing.
-    for _ in 0..3 {
-        cluster.kubectl().apply(&policy(&["tool_0".to_owned()]));
-    }
-    let operator = Operator::start(&cluster);
-    operator
-        .said("cluster state loaded", Duration::from_secs(60))
-        .await;
-
-    let endpoint = Endpoint::from_shared(format!("https://127.0.0.1:{}", operator.grpc_port))
-        .unwrap()
-        .tls_config(
-            ClientTlsConfig::new()
-                .ca_certificate(Certificate::from_pem(&operator.cert_pem))
-                .domain_name("localhost"),
-        )
-        .unwrap();
-    let (acks_tx, acks) = watch::channel(0usize);
-    let acks_tx = Arc::new(acks_tx);
-    let mut recorders = Vec::new();
-    for token in tokens {
-        let (tx, rx): (Acks, _) = watch::channel(Vec::new());
-        recorders.push(rx);
-        let channel = endpoint.connect().await.unwrap();
-        let acks_tx = acks_tx.clone();
-        tokio::spawn(simulated_sidecar(channel, token, tx, acks_tx));
-    }
-    let all_have = |tool: &str, recorders: &[watch::Receiver<Vec<(String, Instant)>>]| {
-        recorders
-            .iter()
-            .all(|r| r.borrow().iter().any(|(doc, _)| doc.contains(tool)))
-    };
-    let mut acks = acks;
-    while !all_have("tool_0", &recorders) {
-        tokio::time::timeout(Duration::from_secs(60), acks.changed())
-            .await
-            .expect("every sidecar acks its first config")
-            .unwrap();
-    }
-
-    let mut latencies: Vec<f64> = Vec::new();
-    // From kubectl's exit: what is the operator's (and the sidecars') own.
-    let mut after_kubectl: Vec<f64> = Vec::new();
-    let mut kubectl_ms: Vec<f64> = Vec::new();
-    let mut tools = vec!["tool_0".to_owned()];
-    for round in 1..=rounds {
-        let tool = format!("tool_{round}");
-        tools.push(tool.clone());
-        let text = policy(&tools);
-        let start = Instant::now();
-        let kubectl = cluster.kubectl();
-        tokio::task::spawn_blocking(move || kubectl.apply(&text))
-            .await
-            .unwrap();
-        let applied = Instant::now();
-        kubectl_ms.push(applied.duration_since(start).as_secs_f64() * 1000.0);
-        let needle = format!("\"{tool}\"");
-        while !all_have(&needle, &recorders) {
-            tokio::time::timeout(Duration::from_secs(60), acks.changed())
-                .await
-                .expect("every sidecar acks the change")
-                .unwrap();
-        }
-        for r in &recorders {
-            let at = r
-                .borrow()
-                .iter()
-                .find(|(doc, _)| doc.contains(&needle))
-                .map(|(_, at)| *at)
-                .unwrap();
-            latencies.push(at.duration_since(start).as_secs_f64() * 1000.0);
-            // An ack can come before kubectl has exited: zero, then.
-            after_kubectl.push(at.saturating_duration_since(applied).as_secs_f64() * 1000.0);
-        }
-    }
-    let pct = |samples: &mut Vec<f64>, p: f64| {
-        samples.sort_by(f64::total_cmp);
-        samples[((samples.len() as f64 * p).ceil() as usize)
-            .saturating_sub(1)
-            .min(samples.len() - 1)]
-    };
-    let mut l = latencies;
-    let mut a = after_kubectl;
-    let (rss, peak) = operator.rss_kib();
-    let pushes = operator.pushes().await;
-    json!({
-        "pushes": pushes,
-        "sidecars": sidecars, "rounds": rounds,
-        "p50_ms": pct(&mut l, 0.50), "p90_ms": pct(&mut l, 0.90),
-        "p99_ms": pct(&mut l, 0.99), "max_ms": pct(&mut l, 1.0),
-        "kubectl_p50_ms": pct(&mut kubectl_ms, 0.50),
-        "after_kubectl_p50_ms": pct(&mut a, 0.50), "after_kubectl_p99_ms": pct(&mut a, 0.99),
-        "operator_rss_kib": rss, "operator_peak_kib": peak,
-    })
+/// Pods with their sidecars' tokens, and the policy that governs them.
+struct Fleet {
+    cluster: Cluster,
+    tokens: Vec<String>,
+    /// The policy's tools so far: each change adds one.
+    tools: Vec<String>,
 }
 
-/// Watches its pod's config and acks every snapshot, recording when the ack
-/// completed for which policy document.
-async fn simulated_sidecar(
-    channel: tonic::transport::Channel,
+impl Fleet {
+    async fn new(name: &str, sidecars: usize) -> Fleet {
+        let cluster = Cluster::start(name).await;
+        cluster.namespace("agents").await;
+        cluster.service_account("agents", "agent").await;
+        let names = (0..sidecars)
+            .map(|i| (format!("agent-{i}"), json!({"app": "agent"})))
+            .collect();
+        let pods = cluster.pods("agents", names).await;
+        let mut tokens = Vec::new();
+        for chunk in pods.chunks(50) {
+            let minted = futures::future::join_all(
+                chunk.iter().map(|(p, uid)| cluster.token("agents", p, uid)),
+            )
+            .await;
+            tokens.extend(minted);
+        }
+        // kubectl's first applies to a fresh API server take seconds (2.2
+        // s, 0.9 s, then about 0.2 s: it fills its discovery and OpenAPI
+        // caches); those are not the operator's. The same document again
+        // changes nothing.
+        let tools = vec!["tool_0".to_owned()];
+        for _ in 0..3 {
+            cluster.kubectl().apply(&policy(&tools));
+        }
+        Fleet {
+            cluster,
+            tokens,
+            tools,
+        }
+    }
+
+    /// Every sidecar dials one of `replicas` at random (as a Service does)
+    /// and retries refusals with jitter; once all are served, `rounds`
+    /// policy changes, each timed from `kubectl apply` to every sidecar's
+    /// ack. The sidecars are gone when this returns.
+    async fn measure(&mut self, replicas: &[&Operator], rounds: usize) -> Value {
+        let endpoints: Arc<Vec<Endpoint>> = Arc::new(
+            replicas
+                .iter()
+                .map(|operator| {
+                    Endpoint::from_shared(format!("https://127.0.0.1:{}", operator.grpc_port))
+                        .unwrap()
+                        .tls_config(
+                            ClientTlsConfig::new()
+                                .ca_certificate(Certificate::from_pem(&operator.cert_pem))
+                                .domain_name("localhost"),
+                        )
+                        .unwrap()
+                })
+                .collect(),
+        );
+        let (acks_tx, mut acks) = watch::channel(0usize);
+        let acks_tx = Arc::new(acks_tx);
+        let refusals = Arc::new(AtomicUsize::new(0));
+        // Handshakes at once, at most: a burst of thousands would only
+        // time out at the operator and be dialled again.
+        let dialling = Arc::new(tokio::sync::Semaphore::new(200));
+        let mut recorders = Vec::new();
+        let mut tasks = tokio::task::JoinSet::new();
+        let started = Instant::now();
+        for token in &self.tokens {
+            let (tx, rx): (Acks, _) = watch::channel(Vec::new());
+            recorders.push(rx);
+            tasks.spawn(simulated_sidecar(Sidecar {
+                endpoints: endpoints.clone(),
+                token: token.clone(),
+                acks: tx,
+                counter: acks_tx.clone(),
+                refusals: refusals.clone(),
+                dialling: dialling.clone(),
+            }));
+        }
+        let current = format!("\"{}\"", self.tools.last().unwrap());
+        let all_have = |needle: &str, recorders: &[watch::Receiver<Vec<(String, Instant)>>]| {
+            recorders
+                .iter()
+                .all(|r| r.borrow().iter().any(|(doc, _)| doc.contains(needle)))
+        };
+        while !all_have(&current, &recorders) {
+            tokio::time::timeout(Duration::from_secs(120), acks.changed())
+                .await
+                .expect("every sidecar is served and acks its config")
+                .unwrap();
+        }
+        let served_s = started.elapsed().as_secs_f64();
+
+        let mut latencies: Vec<f64> = Vec::new();
+        // From kubectl's exit: what is the operator's (and the sidecars') own.
+        let mut after_kubectl: Vec<f64> = Vec::new();
+        let mut kubectl_ms: Vec<f64> = Vec::new();
+        for _ in 0..rounds {
+            let tool = format!("tool_{}", self.tools.len());
+            self.tools.push(tool.clone());
+            let text = policy(&self.tools);
+            let start = Instant::now();
+            let kubectl = self.cluster.kubectl();
+            tokio::task::spawn_blocking(move || kubectl.apply(&text))
+                .await
+                .unwrap();
+            let applied = Instant::now();
+            kubectl_ms.push(applied.duration_since(start).as_secs_f64() * 1000.0);
+            let needle = format!("\"{tool}\"");
+            while !all_have(&needle, &recorders) {
+                tokio::time::timeout(Duration::from_secs(60), acks.changed())
+                    .await
+                    .expect("every sidecar acks the change")
+                    .unwrap();
+            }
+            for r in &recorders {
+                let at = r
+                    .borrow()
+                    .iter()
+                    .find(|(doc, _)| doc.contains(&needle))
+                    .map(|(_, at)| *at)
+                    .unwrap();
+                latencies.push(at.duration_since(start).as_secs_f64() * 1000.0);
+                // An ack can come before kubectl has exited: zero, then.
+                after_kubectl.push(at.saturating_duration_since(applied).as_secs_f64() * 1000.0);
+            }
+        }
+        tasks.shutdown().await;
+        let pct = |samples: &mut Vec<f64>, p: f64| {
+            samples.sort_by(f64::total_cmp);
+            samples[((samples.len() as f64 * p).ceil() as usize)
+                .saturating_sub(1)
+                .min(samples.len() - 1)]
+        };
+        let mut l = latencies;
+        let mut a = after_kubectl;
+        let mut pushes = 0.0;
+        let mut rss = 0;
+        let mut peak = 0;
+        for operator in replicas {
+            pushes += operator.pushes().await;
+            let (r, p) = operator.rss_kib();
+            rss = rss.max(r);
+            peak = peak.max(p);
+        }
+        json!({
+            "pushes": pushes,
+            "sidecars": self.tokens.len(), "rounds": rounds, "replicas": replicas.len(),
+            "served_s": served_s, "refusals": refusals.load(Ordering::Relaxed),
+            "p50_ms": pct(&mut l, 0.50), "p90_ms": pct(&mut l, 0.90),
+            "p99_ms": pct(&mut l, 0.99), "max_ms": pct(&mut l, 1.0),
+            "kubectl_p50_ms": pct(&mut kubectl_ms, 0.50),
+            "after_kubectl_p50_ms": pct(&mut a, 0.50), "after_kubectl_p99_ms": pct(&mut a, 0.99),
+            "operator_rss_kib": rss, "operator_peak_kib": peak,
+        })
+    }
+}
+
+/// Propagation to `sidecars` sidecars of one replica over `rounds`
+/// changes; with `baseline` (an earlier build's aip-operator), the same
+/// for it on the same control plane, the two alternating (current,
+/// baseline, current, baseline), and the ratio of their p99s.
+async fn propagation(sidecars: usize, rounds: usize, baseline: Option<&Path>) -> Value {
+    let mut fleet = Fleet::new("propagation", sidecars).await;
+    let current = Path::new(env!("CARGO_BIN_EXE_aip-operator"));
+    let Some(baseline) = baseline else {
+        let operator = Operator::start_as(&fleet.cluster, current, "bench", &[]);
+        operator.said("cluster state loaded", Duration::from_secs(60)).await;
+        return fleet.measure(&[&operator], rounds).await;
+    };
+    let mut runs: Vec<(bool, Value)> = Vec::new();
+    for (i, binary) in [current, baseline, current, baseline].into_iter().enumerate() {
+        let operator = Operator::start_as(&fleet.cluster, binary, &format!("bench-{i}"), &[]);
+        operator.said("cluster state loaded", Duration::from_secs(60)).await;
+        let measured = fleet.measure(&[&operator], rounds).await;
+        eprintln!(
+            "propagation, {} build: p99 {:.0} ms",
+            if binary == current { "this" } else { "the previous" },
+            measured["p99_ms"].as_f64().unwrap_or(0.0)
+        );
+        runs.push((binary == current, measured));
+        drop(operator);
+    }
+    // Each build's best run of two, so that a one-off stall of this
+    // machine does not decide the ratio.
+    let best = |this: bool| {
+        runs.iter()
+            .filter(|(c, _)| *c == this)
+            .map(|(_, v)| v.clone())
+            .min_by(|a, b| a["p99_ms"].as_f64().unwrap_or(0.0).total_cmp(&b["p99_ms"].as_f64().unwrap_or(0.0)))
+            .unwrap()
+    };
+    let mut out = best(true);
+    let before = best(false);
+    let ratio = out["p99_ms"].as_f64().unwrap_or(0.0) / before["p99_ms"].as_f64().unwrap_or(1.0);
+    out["baseline"] = before;
+    out["p99_over_baseline"] = json!(ratio);
+    out["runs"] = json!(runs.iter().map(|(c, v)| json!({"this_build": c, "p99_ms": v["p99_ms"]})).collect::<Vec<_>>());
+    out
+}
+
+/// `sidecars` sidecars against `replicas` replicas capped at `cap` each:
+/// how long until all are served, the refusals on the way, and
+/// propagation at that size over `rounds` changes.
+async fn capacity(sidecars: usize, replicas: usize, cap: usize, rounds: usize) -> Value {
+    let mut fleet = Fleet::new("capacity", sidecars).await;
+    let cap_arg = cap.to_string();
+    let current = Path::new(env!("CARGO_BIN_EXE_aip-operator"));
+    let operators: Vec<Operator> = (0..replicas)
+        .map(|i| {
+            Operator::start_as(
+                &fleet.cluster,
+                current,
+                &format!("replica-{i}"),
+                &["--max-sidecars", &cap_arg],
+            )
+        })
+        .collect();
+    for operator in &operators {
+        operator.said("cluster state loaded", Duration::from_secs(120)).await;
+    }
+    let refs: Vec<&Operator> = operators.iter().collect();
+    let mut out = fleet.measure(&refs, rounds).await;
+    out["cap_per_replica"] = json!(cap);
+    let mut served = Vec::new();
+    for operator in &operators {
+        served.push(operator.metric("aip_operator_capacity_refusals_total").await);
+    }
+    out["refusals_by_replica"] = json!(served);
+    out
+}
+
+/// One simulated sidecar's world: where the Service leads, its token, and
+/// where it records.
+struct Sidecar {
+    endpoints: Arc<Vec<Endpoint>>,
     token: String,
     acks: Acks,
     counter: Arc<watch::Sender<usize>>,
-) {
-    let mut client = ConfigClient::new(channel);
-    let bearer: tonic::metadata::MetadataValue<_> = format!("Bearer {token}").parse().unwrap();
-    let mut request = tonic::Request::new(WatchRequest {
-        sidecar_version: "bench".to_owned(),
-        ..WatchRequest::default()
-    });
-    request
-        .metadata_mut()
-        .insert("authorization", bearer.clone());
-    let mut stream = client.watch(request).await.unwrap().into_inner();
+    refusals: Arc<AtomicUsize>,
+    dialling: Arc<tokio::sync::Semaphore>,
+}
+
+/// Dials a replica at random until one serves it (a refusal, or a failed
+/// dial, is tried again after a jittered wait that doubles up to 5 s, as
+/// the sidecar does), then watches its pod's config and acks every
+/// snapshot, recording when the ack completed for which policy document.
+async fn simulated_sidecar(s: Sidecar) {
+    let bearer: tonic::metadata::MetadataValue<_> = format!("Bearer {}", s.token).parse().unwrap();
+    let mut wait = Duration::from_millis(200);
+    let (mut client, mut stream) = loop {
+        let endpoint = &s.endpoints[rand::random_range(0..s.endpoints.len())];
+        let dialled = {
+            let _turn = s.dialling.acquire().await.unwrap();
+            endpoint.connect().await
+        };
+        let refused = match dialled {
+            Ok(channel) => {
+                let mut client = ConfigClient::new(channel);
+                let mut request = tonic::Request::new(WatchRequest {
+                    sidecar_version: "bench".to_owned(),
+                    ..WatchRequest::default()
+                });
+                request
+                    .metadata_mut()
+                    .insert("authorization", bearer.clone());
+                match client.watch(request).await {
+                    Ok(stream) => break (client, stream.into_inner()),
+                    Err(e) if e.code() == tonic::Code::ResourceExhausted => {
+                        s.refusals.fetch_add(1, Ordering::Relaxed);
+                        true
+                    }
+                    Err(e) => panic!("watch: {e}"),
+                }
+            }
+            Err(_) => false,
+        };
+        let _ = refused;
+        let jitter = wait.mul_f64(rand::random::<f64>() / 4.0);
+        tokio::time::sleep(wait + jitter).await;
+        wait = (wait * 2).min(Duration::from_secs(5));
+    };
     while let Ok(Some(snapshot)) = stream.message().await {
         let mut report = tonic::Request::new(ReportRequest {
             applied_version: snapshot.version,
@@ -434,8 +610,8 @@ async fn simulated_sidecar(
             .insert("authorization", bearer.clone());
         client.report(report).await.unwrap();
         let doc = snapshot.policy.map(|p| p.document_json).unwrap_or_default();
-        acks.send_modify(|v| v.push((doc, Instant::now())));
-        counter.send_modify(|n| *n += 1);
+        s.acks.send_modify(|v| v.push((doc, Instant::now())));
+        s.counter.send_modify(|n| *n += 1);
     }
 }
 

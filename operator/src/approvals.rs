@@ -94,7 +94,7 @@ impl Approvals {
             Err(kube::Error::Api(e)) if e.code == 409 && !ask.ask_id.is_empty() => {
                 let name = object.metadata.name.clone().unwrap_or_default();
                 let existing = api.get(&name).await.map_err(|e| {
-                    Status::unavailable(format!("cannot read ApprovalRequest {name}: {e}"))
+                    Status::unavailable(format!("cannot read ApprovalRequest {name}: {}", crate::errors::api_reason(&e)))
                 })?;
                 if existing.spec.pod_uid != pod.uid || existing.spec.ask_id != ask.ask_id {
                     return Err(Status::already_exists(format!(
@@ -183,7 +183,7 @@ impl Approvals {
                 }
                 next = objects.next() => match next {
                     Some(Ok(o)) => o,
-                    Some(Err(e)) => { tracing::warn!(approval = %name, error = %e, "the ApprovalRequest's watch failed; it is retried"); continue; }
+                    Some(Err(e)) => { tracing::warn!(approval = %name, error = %crate::errors::Watch(&e), "the ApprovalRequest's watch failed; it is retried"); continue; }
                     None => return,
                 },
             };

@@ -27,3 +27,50 @@ impl std::fmt::Display for Api<'_> {
         f.write_str(&api_reason(self.0))
     }
 }
+
+/// A watch's failure as one readable line, the API server's refusal worded
+/// by [`api_reason`].
+pub fn watch_reason(e: &kube::runtime::watcher::Error) -> String {
+    use kube::runtime::watcher::Error as W;
+    match e {
+        W::InitialListFailed(e) => format!("the initial list failed: {}", api_reason(e)),
+        W::WatchStartFailed(e) => format!("the watch did not start: {}", api_reason(e)),
+        W::WatchFailed(e) => format!("the watch failed: {}", api_reason(e)),
+        W::WatchError(status) => format!(
+            "the API server ended the watch: {} {}: {}",
+            status.code, status.reason, status.message
+        ),
+        other => other.to_string(),
+    }
+}
+
+/// A watch failure for `tracing`'s `%` formatting.
+pub struct Watch<'a>(pub &'a kube::runtime::watcher::Error);
+
+impl std::fmt::Display for Watch<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&watch_reason(self.0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_api_refusal_reads_as_code_reason_and_message_not_a_debug_dump() {
+        let status: kube::core::Status = serde_json::from_value(serde_json::json!({
+            "status": "Failure", "code": 409, "reason": "AlreadyExists",
+            "message": "approvalrequests.aip.io \"x\" already exists"}))
+        .unwrap();
+        let e = kube::Error::Api(Box::new(status));
+        let said = api_reason(&e);
+        assert_eq!(
+            said,
+            "409 AlreadyExists: approvalrequests.aip.io \"x\" already exists"
+        );
+        let watched = watch_reason(&kube::runtime::watcher::Error::WatchFailed(e));
+        assert!(!watched.contains("Status {"), "{watched}");
+        assert!(watched.starts_with("the watch failed: 409 AlreadyExists"), "{watched}");
+    }
+}

@@ -33,7 +33,7 @@ pub async fn publish(
         secondary: None,
     };
     if let Err(e) = recorder.publish(&event, reference).await {
-        tracing::warn!(error = %e, reason, "event not recorded");
+        tracing::warn!(error = %crate::errors::Api(&e), reason, "event not recorded");
     }
 }
 

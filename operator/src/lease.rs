@@ -47,7 +47,7 @@ pub async fn run(
                 }
             }
             Err(e) => {
-                tracing::warn!(lease = %config.name, error = %e, "lease not renewed");
+                tracing::warn!(lease = %config.name, error = %crate::errors::Api(&e), "lease not renewed");
                 // Step down before the Lease can expire for the others.
                 let deadline = config.duration.saturating_sub(config.renew_every);
                 if last_renewed.is_none_or(|t| t.elapsed() >= deadline) && set(&leader, false) {
@@ -63,7 +63,7 @@ pub async fn run(
     if set(&leader, false)
         && let Err(e) = release(&api, &config).await
     {
-        tracing::warn!(error = %e, "lease not released; another replica takes over when it expires");
+        tracing::warn!(error = %crate::errors::Api(&e), "lease not released; another replica takes over when it expires");
     }
 }
 

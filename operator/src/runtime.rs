@@ -444,7 +444,7 @@ fn server_tls(args: &Args) -> anyhow::Result<ServerTls> {
         std::fs::write(out, &tls.cert_pem)
             .with_context(|| format!("writing the dev certificate to {}", out.display()))?;
     }
-    tracing::warn!(names = ?args.dev_tls_names, "dev mode: serving a self-signed certificate");
+    tracing::warn!(names = %args.dev_tls_names.join(","), "dev mode: serving a self-signed certificate");
     Ok(tls)
 }
 

@@ -156,7 +156,7 @@ async fn ensure_stored(
     stored.write(&mut secret);
     match api.create(&PostParams::default(), &secret).await {
         Ok(_) => {
-            tracing::info!(namespace, secret = name, names = ?dns_names, "made the operator's CA and serving certificate");
+            tracing::info!(namespace, secret = name, names = %dns_names.join(","), "made the operator's CA and serving certificate");
             Ok(stored)
         }
         // Another replica made it first: serve that one.

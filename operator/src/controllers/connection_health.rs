@@ -374,7 +374,7 @@ async fn write(ctx: &Context, key: &ObjectKey, resolved: &ResolvedConnection, ou
             Ok(Some(c)) => c,
             Ok(None) => return,
             Err(e) => {
-                tracing::warn!(connection = %key.name, error = %e, "cannot read the ToolConnection");
+                tracing::warn!(connection = %key.name, error = %crate::errors::Api(&e), "cannot read the ToolConnection");
                 return;
             }
         };
@@ -403,7 +403,7 @@ async fn write(ctx: &Context, key: &ObjectKey, resolved: &ResolvedConnection, ou
             Err(kube::Error::Api(e)) if e.code == 409 => {}
             Err(e) => {
                 ctx.metrics.reconcile_failed("ToolConnection", "patch");
-                tracing::warn!(connection = %key.name, error = %e, "ToolConnection status not written");
+                tracing::warn!(connection = %key.name, error = %crate::errors::Api(&e), "ToolConnection status not written");
                 return;
             }
         }

@@ -188,7 +188,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     if let Err(e) = publisher.find_leftovers().await {
-        tracing::warn!(error = %e, "sync reports of an earlier run not listed; they stay until their pod is gone");
+        tracing::warn!(error = %crate::errors::Api(&e), "sync reports of an earlier run not listed; they stay until their pod is gone");
     }
     loop {
         tokio::select! {
@@ -204,7 +204,7 @@ pub async fn run(
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .local_acks();
         if let Err(e) = publisher.publish(acks).await {
-            tracing::warn!(error = %e, retry_in_ms = RETRY.as_millis() as u64, "sync report not written; the lease holder counts this replica's sidecars once it is");
+            tracing::warn!(error = %crate::errors::Api(&e), retry_in_ms = RETRY.as_millis() as u64, "sync report not written; the lease holder counts this replica's sidecars once it is");
             acked.notify_one();
             tokio::select! {
                 () = tokio::time::sleep(RETRY) => {}
@@ -215,6 +215,6 @@ pub async fn run(
     if publisher.owner.is_none()
         && let Err(e) = publisher.withdraw().await
     {
-        tracing::warn!(error = %e, "sync report not withdrawn");
+        tracing::warn!(error = %crate::errors::Api(&e), "sync report not withdrawn");
     }
 }

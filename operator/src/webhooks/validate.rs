@@ -102,7 +102,7 @@ pub async fn review(
         Ok(()) => allowed,
         Err(refusal) => {
             let message = refusal.to_string();
-            tracing::info!(kind, namespace = %namespace, name = %name, user = ?request.user_info.username, reason = %message, "admission refused");
+            tracing::info!(kind, namespace = %namespace, name = %name, user = request.user_info.username.as_deref().unwrap_or_default(), reason = %message, "admission refused");
             allowed.deny(message)
         }
     }

@@ -122,7 +122,17 @@ impl OperatorApprovals {
         // so retrying every 2 s at most costs the operator little.
         let mut backoff = Backoff::up_to(APPROVAL_RETRY_MAX);
         loop {
-            match self.open(ask, held).await {
+            // A dial may hang (a Service with no endpoints left, a silent
+            // network) past the expiry or the bound: they are kept here too.
+            let gave_up = away.map(|since| since + held.keep);
+            let opened = tokio::select! {
+                opened = self.open(ask, held) => opened,
+                () = tokio::time::sleep_until(deadline), if away.is_some() => {
+                    return self.answer(held, Approval::TimedOut);
+                }
+                () = sleep_until(gave_up) => return self.unreachable(held),
+            };
+            match opened {
                 Ok(mut stream) => {
                     if let Some(since) = away.take() {
                         tracing::info!(
@@ -210,11 +220,14 @@ impl OperatorApprovals {
         tokio::select! {
             () = tokio::time::sleep(wait) => None,
             () = tokio::time::sleep_until(deadline) => Some(self.answer(held, Approval::TimedOut)),
-            () = sleep_until(gave_up) => {
-                tracing::warn!(approval = held.name.as_deref().unwrap_or_default(), away_s = held.keep.as_secs(), "the operator has been out of reach too long; the held call is answered as withdrawn");
-                Some(self.answer(held, Approval::Withdrawn(Withdrawal::OperatorUnreachable)))
-            }
+            () = sleep_until(gave_up) => Some(self.unreachable(held)),
         }
+    }
+
+    /// The operator has been out of reach for longer than the ask is kept.
+    fn unreachable(&self, held: &Held) -> Answer {
+        tracing::warn!(approval = held.name.as_deref().unwrap_or_default(), away_s = held.keep.as_secs(), "the operator has been out of reach too long; the held call is answered as withdrawn");
+        self.answer(held, Approval::Withdrawn(Withdrawal::OperatorUnreachable))
     }
 
     fn answer(&self, held: &Held, approval: Approval) -> Answer {

@@ -400,7 +400,7 @@ impl Gateway {
         if !undefined.is_empty() {
             message.source = None; // no longer what the value says
             let method = message.method().unwrap_or_default();
-            tracing::debug!(method, keys = ?undefined, "params keys the method does not define were dropped");
+            tracing::debug!(method, keys = %undefined.join(","), "params keys the method does not define were dropped");
         }
         let request = match Request::from_value(&message.value) {
             Ok(r) => r,

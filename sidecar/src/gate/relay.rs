@@ -377,7 +377,7 @@ impl Relay {
                 return;
             }
             None => {
-                tracing::warn!(id = ?message.id(), "a reply to no pending server request was dropped");
+                tracing::warn!(id = %message.id().map(|v| v.to_string()).unwrap_or_default(), "a reply to no pending server request was dropped");
                 return;
             }
         };

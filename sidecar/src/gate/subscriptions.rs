@@ -316,7 +316,11 @@ impl Subscription {
             r.upstream_id == upstream_id && r.connection.connection().name == connection
         })?;
         if let Err(failure) = aip_mcp::protocol::check_task(task) {
-            tracing::warn!(connection, error = ?failure, "a server's task notification is malformed; dropped");
+            let why = match &failure {
+                aip_mcp::Failure::Malformed(what) => what.clone(),
+                other => other.explained(),
+            };
+            tracing::warn!(connection, error = %why, "a server's task notification is malformed; dropped");
             return None;
         }
         self.tasks.saw_status(id, super::tasks::status_of(task));

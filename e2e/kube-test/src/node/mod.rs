@@ -87,6 +87,18 @@ impl NodeInfo {
     }
 }
 
+/// Sends SIGTERM to process `pid` (a container's, as the kubelet stops
+/// it), at once: a test that times what follows starts its clock here.
+/// False when there is no such process.
+pub fn terminate(pid: u32) -> bool {
+    i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .is_some_and(|target| {
+            rustix::process::kill_process(target, rustix::process::Signal::TERM).is_ok()
+        })
+}
+
 /// Sends SIGKILL to every process of the node named `name` (its
 /// `/proc/PID/comm`, e.g. `kube-apiserver`); how many there were. The node
 /// starts a killed API server again.

@@ -75,7 +75,7 @@ pub(super) async fn follow<K, S>(
                 listed();
             }
             Err(e) => {
-                tracing::warn!(kind = %K::kind(&Default::default()), error = %e, "watch error; retrying with backoff")
+                tracing::warn!(kind = %K::kind(&Default::default()), error = %crate::errors::Watch(&e), "watch error; retrying with backoff")
             }
         }
     }

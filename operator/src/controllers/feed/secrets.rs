@@ -130,7 +130,7 @@ async fn follow(
                 let _ = ready.send(key.clone());
             }
             Err(e) => {
-                tracing::warn!(namespace = %key.namespace, secret = %key.name, error = %e, "Secret watch error");
+                tracing::warn!(namespace = %key.namespace, secret = %key.name, error = %crate::errors::Watch(&e), "Secret watch error");
             }
         }
     }
