@@ -144,7 +144,8 @@ conformance: check-shared build
 	$(AIP) conformance conformance/project
 	$(AIP) conformance "$(SHARED)/conformance/basic"
 
-## bench: the engine benchmarks, the gateway and operator benchmarks, the
+## bench: the engine benchmarks, the gateway and operator benchmarks (the
+## operator's beside the previous build's, scripts/bench-baseline.sh), the
 ## node figures (operator/benches/node.rs on the test node: pod start,
 ## policy propagation, the example Job, memory as the kubelet reports it),
 ## then the performance table with targets. The gateway benchmark measures
@@ -155,7 +156,7 @@ bench: kubectl helm controlplane images node-deps build
 	scripts/ensure-bench-peers.sh
 	$(CARGO) bench --locked -p aip-sidecar --bench gateway
 	$(CARGO) bench --locked -p aip-sidecar --bench resources
-	PATH="$(CURDIR)/target/bin:$$PATH" $(CARGO) bench --locked -p aip-operator --bench scale
+	AIP_BENCH_BASELINE_OPERATOR="$$(scripts/bench-baseline.sh | tail -1)" PATH="$(CURDIR)/target/bin:$$PATH" $(CARGO) bench --locked -p aip-operator --bench scale
 	$(CARGO) build --locked --release -p kubectl-aip
 	PATH="$(CURDIR)/target/bin:$$PATH" target/debug/aip-node run -- $(CARGO) bench --locked -p aip-operator --bench node
 	python3 scripts/bench-table.py target/criterion

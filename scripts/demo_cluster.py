@@ -11,7 +11,9 @@ apply -k examples/cluster`, `kubectl aip grant`; the kubelet runs the agent
 Job's pod with the injected gateway as a native sidecar; the agent (the
 official MCP Go SDK's client, in its own container) makes an allowed, a
 blocked and a held call; alice approves the held one with `kubectl aip
-approve`; the Job completes; kubectl shows what happened.
+approve`; the Job completes; kubectl shows what happened. Then it runs the
+Job again (deleted and made anew), as a platform team reruns an agent: the
+tool server answers every run, and the policy reads Ready after each.
 
 Run from the repository root; needs only Python 3.
 """
@@ -102,6 +104,44 @@ def events():
         print(f"     ({d}, from before the grant, left out: the connection is Healthy now)")
 
 
+def run_the_job(first):
+    """The agent Job's pod, its calls, a person's approval; the Job Complete
+    (its agent exits non-zero when a call did not end as the example
+    expects, and then the Job fails and this says so) and the policy Ready
+    afterwards: a finished pod no longer counts as governed."""
+    if first:
+        step("The agent's pod: the injector added the gateway, the kubelet runs it first")
+    pod = until("the agent's pod", lambda: json.loads(kubectl(
+        "get", "pods", "-n", "agents", "-l", "job-name=agent", "-o", "json", show=False))["items"])[0]
+    if first:
+        sidecar = pod["spec"]["initContainers"][0]
+        print(f"   initContainers: {sidecar['name']} (restartPolicy: {sidecar['restartPolicy']}: a native sidecar, "
+              f"startup probe {sidecar['startupProbe']['httpGet']['path']})")
+        env = ", ".join(f"{e['name']}={e.get('value', '')}" for e in pod["spec"]["containers"][0].get("env", []))
+        print(f"   the agent container's environment: {env}")
+        step("The agent (the official MCP Go SDK's client) calls its tools through the gateway")
+    log = until("the agent's held call", lambda: "waiting for a person" in agent_log() and agent_log())
+    for line in log.splitlines():
+        print(f"   {line}")
+
+    if first:
+        step("A person decides the held call")
+    tool("kubectl", "aip", "approvals", "-n", "agents", user="alice")
+    name = kubectl("get", "approvalrequests", "-n", "agents", "-o",
+                   'jsonpath={.items[?(@.status.decision=="Pending")].metadata.name}', show=False).split()[0]
+    tool("kubectl", "aip", "approve", name, "-n", "agents", "--reason", "old report, fine", user="alice")
+    print("   $ kubectl wait -n agents job/agent --for=condition=Complete --timeout=180s")
+    state = until("the Job to finish", lambda: {"Complete", "Failed"} & set(kubectl(
+        "get", "job/agent", "-n", "agents", "-o", "jsonpath={.status.conditions[*].type}", show=False).split()))
+    for line in agent_log().splitlines()[-2:]:
+        print(f"   {line}")
+    if "Complete" not in state:
+        kubectl("get", "job,pods", "-n", "agents", check=False)
+        raise SystemExit("the agent Job failed: a call did not end as the example expects (its log is above)")
+    print("   job.batch/agent: Complete")
+    kubectl("wait", "-n", "agents", "agentpolicy/files", "--for=condition=Ready", "--timeout=60s")
+
+
 def main():
     if not NODE:
         raise SystemExit("run by `make demo-cluster` (aip-node run sets AIP_TEST_NODE)")
@@ -118,27 +158,12 @@ def main():
     kubectl("apply", "-k", "examples/cluster")
     kubectl("aip", "grant", "fs", "-n", "agents")
 
-    step("The agent's pod: the injector added the gateway, the kubelet runs it first")
-    pod = until("the agent's pod", lambda: json.loads(kubectl(
-        "get", "pods", "-n", "agents", "-l", "job-name=agent", "-o", "json", show=False))["items"])[0]
-    sidecar = pod["spec"]["initContainers"][0]
-    print(f"   initContainers: {sidecar['name']} (restartPolicy: {sidecar['restartPolicy']}: a native sidecar, "
-          f"startup probe {sidecar['startupProbe']['httpGet']['path']})")
-    env = ", ".join(f"{e['name']}={e.get('value', '')}" for e in pod["spec"]["containers"][0].get("env", []))
-    print(f"   the agent container's environment: {env}")
+    run_the_job(first=True)
 
-    step("The agent (the official MCP Go SDK's client) calls its tools through the gateway")
-    log = until("the agent's held call", lambda: "waiting for a person" in agent_log() and agent_log())
-    for line in log.splitlines():
-        print(f"   {line}")
-
-    step("A person decides the held call")
-    tool("kubectl", "aip", "approvals", "-n", "agents", user="alice")
-    name = kubectl("get", "approvalrequests", "-n", "agents", "-o",
-                   'jsonpath={.items[?(@.status.decision=="Pending")].metadata.name}', show=False).split()[0]
-    tool("kubectl", "aip", "approve", name, "-n", "agents", "--reason", "old report, fine", user="alice")
-    kubectl("wait", "-n", "agents", "job/agent", "--for=condition=Complete", "--timeout=180s")
-    print(f"   {agent_log().splitlines()[-1]}")
+    step("Run it again: the Job deleted and made anew")
+    kubectl("delete", "job", "agent", "-n", "agents", "--wait=true")
+    kubectl("apply", "-k", "examples/cluster")
+    run_the_job(first=False)
 
     step("What the cluster says")
     kubectl("get", "aip", "-n", "agents")
@@ -146,6 +171,12 @@ def main():
     events()
     calls = [l for l in kubectl("logs", "-n", "tools", "deployment/files", show=False).splitlines() if '"tool"' in l]
     print(f"\n   The file service saw {len(calls)} tool calls: the blocked one never left the agent's pod.")
+    warnings = [l for l in kubectl("logs", "-n", "aip-system", "-l", "app.kubernetes.io/name=aip-operator",
+                                   "--tail=-1", "--prefix", show=False).splitlines()
+                if '"level":"WARN"' in l or '"level":"ERROR"' in l]
+    print(f"   The operator logged {len(warnings)} warnings and errors.")
+    for w in warnings:
+        print(f"     {w}")
     print(f"   Done in {time.monotonic() - started:.1f} s, in real pods on a real node.")
 
 

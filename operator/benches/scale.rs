@@ -200,7 +200,12 @@ struct Operator {
 
 impl Operator {
     fn start(cluster: &Cluster) -> Operator {
-        Operator::start_as(cluster, Path::new(env!("CARGO_BIN_EXE_aip-operator")), "bench", &[])
+        Operator::start_as(
+            cluster,
+            Path::new(env!("CARGO_BIN_EXE_aip-operator")),
+            "bench",
+            &[],
+        )
     }
 
     /// `binary` as replica `name`, with `extra` arguments.
@@ -485,17 +490,28 @@ async fn propagation(sidecars: usize, rounds: usize, baseline: Option<&Path>) ->
     let current = Path::new(env!("CARGO_BIN_EXE_aip-operator"));
     let Some(baseline) = baseline else {
         let operator = Operator::start_as(&fleet.cluster, current, "bench", &[]);
-        operator.said("cluster state loaded", Duration::from_secs(60)).await;
+        operator
+            .said("cluster state loaded", Duration::from_secs(60))
+            .await;
         return fleet.measure(&[&operator], rounds).await;
     };
     let mut runs: Vec<(bool, Value)> = Vec::new();
-    for (i, binary) in [current, baseline, current, baseline].into_iter().enumerate() {
+    for (i, binary) in [current, baseline, current, baseline]
+        .into_iter()
+        .enumerate()
+    {
         let operator = Operator::start_as(&fleet.cluster, binary, &format!("bench-{i}"), &[]);
-        operator.said("cluster state loaded", Duration::from_secs(60)).await;
+        operator
+            .said("cluster state loaded", Duration::from_secs(60))
+            .await;
         let measured = fleet.measure(&[&operator], rounds).await;
         eprintln!(
             "propagation, {} build: p99 {:.0} ms",
-            if binary == current { "this" } else { "the previous" },
+            if binary == current {
+                "this"
+            } else {
+                "the previous"
+            },
             measured["p99_ms"].as_f64().unwrap_or(0.0)
         );
         runs.push((binary == current, measured));
@@ -507,7 +523,12 @@ async fn propagation(sidecars: usize, rounds: usize, baseline: Option<&Path>) ->
         runs.iter()
             .filter(|(c, _)| *c == this)
             .map(|(_, v)| v.clone())
-            .min_by(|a, b| a["p99_ms"].as_f64().unwrap_or(0.0).total_cmp(&b["p99_ms"].as_f64().unwrap_or(0.0)))
+            .min_by(|a, b| {
+                a["p99_ms"]
+                    .as_f64()
+                    .unwrap_or(0.0)
+                    .total_cmp(&b["p99_ms"].as_f64().unwrap_or(0.0))
+            })
             .unwrap()
     };
     let mut out = best(true);
@@ -515,7 +536,11 @@ async fn propagation(sidecars: usize, rounds: usize, baseline: Option<&Path>) ->
     let ratio = out["p99_ms"].as_f64().unwrap_or(0.0) / before["p99_ms"].as_f64().unwrap_or(1.0);
     out["baseline"] = before;
     out["p99_over_baseline"] = json!(ratio);
-    out["runs"] = json!(runs.iter().map(|(c, v)| json!({"this_build": c, "p99_ms": v["p99_ms"]})).collect::<Vec<_>>());
+    out["runs"] = json!(
+        runs.iter()
+            .map(|(c, v)| json!({"this_build": c, "p99_ms": v["p99_ms"]}))
+            .collect::<Vec<_>>()
+    );
     out
 }
 
@@ -537,14 +562,20 @@ async fn capacity(sidecars: usize, replicas: usize, cap: usize, rounds: usize) -
         })
         .collect();
     for operator in &operators {
-        operator.said("cluster state loaded", Duration::from_secs(120)).await;
+        operator
+            .said("cluster state loaded", Duration::from_secs(120))
+            .await;
     }
     let refs: Vec<&Operator> = operators.iter().collect();
     let mut out = fleet.measure(&refs, rounds).await;
     out["cap_per_replica"] = json!(cap);
     let mut served = Vec::new();
     for operator in &operators {
-        served.push(operator.metric("aip_operator_capacity_refusals_total").await);
+        served.push(
+            operator
+                .metric("aip_operator_capacity_refusals_total")
+                .await,
+        );
     }
     out["refusals_by_replica"] = json!(served);
     out

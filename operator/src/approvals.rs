@@ -94,7 +94,10 @@ impl Approvals {
             Err(kube::Error::Api(e)) if e.code == 409 && !ask.ask_id.is_empty() => {
                 let name = object.metadata.name.clone().unwrap_or_default();
                 let existing = api.get(&name).await.map_err(|e| {
-                    Status::unavailable(format!("cannot read ApprovalRequest {name}: {}", crate::errors::api_reason(&e)))
+                    Status::unavailable(format!(
+                        "cannot read ApprovalRequest {name}: {}",
+                        crate::errors::api_reason(&e)
+                    ))
                 })?;
                 if existing.spec.pod_uid != pod.uid || existing.spec.ask_id != ask.ask_id {
                     return Err(Status::already_exists(format!(

@@ -71,6 +71,9 @@ mod tests {
         );
         let watched = watch_reason(&kube::runtime::watcher::Error::WatchFailed(e));
         assert!(!watched.contains("Status {"), "{watched}");
-        assert!(watched.starts_with("the watch failed: 409 AlreadyExists"), "{watched}");
+        assert!(
+            watched.starts_with("the watch failed: 409 AlreadyExists"),
+            "{watched}"
+        );
     }
 }

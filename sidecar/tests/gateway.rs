@@ -1187,3 +1187,95 @@ async fn a_credential_echoed_in_any_spelling_or_cut_in_two_never_reaches_the_age
     }
     shutdown.cancel();
 }
+
+/// An approver elsewhere that never decides and records, when the gateway
+/// drops its wait, the reason it was given.
+struct Recording {
+    asked: tokio::sync::Notify,
+    dropped: std::sync::Mutex<Vec<Option<aip_policy::Withdrawal>>>,
+}
+
+struct Records(std::sync::Arc<Recording>, aip_sidecar::approvals::Ended);
+
+impl Drop for Records {
+    fn drop(&mut self) {
+        self.0.dropped.lock().unwrap().push(self.1.get().copied());
+    }
+}
+
+struct Remote(std::sync::Arc<Recording>);
+
+impl aip_sidecar::approvals::Remote for Remote {
+    fn ask(
+        &self,
+        ask: aip_sidecar::approvals::Ask,
+        _: Duration,
+    ) -> aip_sidecar::approvals::BoxFuture<'_, aip_sidecar::approvals::Answer> {
+        let records = Records(self.0.clone(), ask.ended.clone());
+        self.0.asked.notify_one();
+        Box::pin(async move {
+            let _records = records;
+            std::future::pending().await
+        })
+    }
+}
+
+/// The reason a dropped wait carries to the operator is the one that
+/// ended it: the gateway stopping, the policy changing, the agent
+/// cancelling (not the default for a closed connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_wait_carries_the_reason_that_ended_it() {
+    use aip_policy::Withdrawal;
+    for (cause, expected) in [
+        ("stop", Withdrawal::GatewayShutdown),
+        ("policy", Withdrawal::PolicyChanged),
+        ("cancel", Withdrawal::Cancelled),
+    ] {
+        let s = std::sync::Arc::new(stack().await);
+        let recording = std::sync::Arc::new(Recording {
+            asked: tokio::sync::Notify::new(),
+            dropped: std::sync::Mutex::new(Vec::new()),
+        });
+        s.gateway
+            .approvals
+            .route_to(std::sync::Arc::new(Remote(recording.clone())));
+        let session = s.session().await;
+        let (s2, session2) = (s.clone(), session.clone());
+        let asking = tokio::spawn(async move {
+            s2.call(&session2, json!(5), "up_deploy", json!({"env": "prod"}))
+                .await
+        });
+        tokio::time::timeout(PATIENCE, recording.asked.notified())
+            .await
+            .unwrap();
+        match cause {
+            "stop" => s.stop(),
+            "policy" => {
+                let blocking = s.config_text.replace(
+                    "{tool: up_deploy, action: ask}",
+                    "{tool: up_deploy, action: block}",
+                );
+                s.reload(&blocking).await;
+            }
+            _ => {
+                let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 5}});
+                s.post(&[("mcp-session-id", &session)], &cancel.to_string())
+                    .await;
+            }
+        }
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while recording.dropped.lock().unwrap().is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{cause}: never dropped"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            recording.dropped.lock().unwrap()[0],
+            Some(expected),
+            "{cause}"
+        );
+        asking.abort();
+    }
+}

@@ -213,7 +213,7 @@ async fn post_within(
     stream.write_all(head.as_bytes()).await.unwrap();
     stream.write_all(body.as_bytes()).await.unwrap();
     let mut raw = Vec::new();
-    let read = tokio::time::timeout(patience, stream.read_to_end(&mut raw))
+    let read = tokio::time::timeout(patience, read_response(&mut stream, &mut raw))
         .await
         .expect("a response in time");
     // `kubectl port-forward` ends a connection the pod closed with a reset,
@@ -234,6 +234,34 @@ async fn post_within(
         .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
         .collect();
     (status, headers, body.to_owned())
+}
+
+/// Reads one HTTP response into `raw`: up to its Content-Length when it has
+/// one (the answer is there the moment it is: `kubectl port-forward` closes
+/// the local end of a connection the pod closed only a second later), else
+/// to the end of the connection.
+async fn read_response(
+    stream: &mut tokio::net::TcpStream,
+    raw: &mut Vec<u8>,
+) -> std::io::Result<()> {
+    let mut buf = [0u8; 8192];
+    loop {
+        if let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+            let length = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok());
+            if length.is_some_and(|n| raw.len() >= end + 4 + n) {
+                return Ok(());
+            }
+        }
+        let n = stream.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        raw.extend_from_slice(&buf[..n]);
+    }
 }
 
 fn rand_id() -> u16 {

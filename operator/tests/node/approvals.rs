@@ -162,7 +162,10 @@ async fn a_held_call_outlives_the_lease_holder_being_killed() {
     // The kubelet restarts it; the lease is held again (by either replica:
     // the restarted one may take it back under its pod's name).
     eventually("the killed replica restarted", POD_PATIENCE, || async {
-        let restarts = operator.get(&format!("pod/{holder}"), "{.status.containerStatuses[0].restartCount}");
+        let restarts = operator.get(
+            &format!("pod/{holder}"),
+            "{.status.containerStatuses[0].restartCount}",
+        );
         (restarts == "1").then_some(())
     })
     .await;
@@ -288,7 +291,10 @@ async fn a_sidecar_stopped_with_sigterm_answers_its_held_call_at_once() {
 
     let sidecar = container_pid(&container_id(&story, "agent-1", "aip-sidecar"));
     let sent = Instant::now();
-    assert!(aip_kube_test::node::terminate(sidecar), "no sidecar process");
+    assert!(
+        aip_kube_test::node::terminate(sidecar),
+        "no sidecar process"
+    );
     let answer = answered(call, ANSWER).await;
     assert!(
         sent.elapsed() <= Duration::from_secs(1),

@@ -226,7 +226,11 @@ impl OperatorApprovals {
 
     /// The operator has been out of reach for longer than the ask is kept.
     fn unreachable(&self, held: &Held) -> Answer {
-        tracing::warn!(approval = held.name.as_deref().unwrap_or_default(), away_s = held.keep.as_secs(), "the operator has been out of reach too long; the held call is answered as withdrawn");
+        tracing::warn!(
+            approval = held.name.as_deref().unwrap_or_default(),
+            away_s = held.keep.as_secs(),
+            "the operator has been out of reach too long; the held call is answered as withdrawn"
+        );
         self.answer(held, Approval::Withdrawn(Withdrawal::OperatorUnreachable))
     }
 

@@ -117,19 +117,30 @@ impl Asks {
                 request: None,
             }
         };
+        // Each way out names itself before the select drops the others:
+        // dropping the ask withdraws it (a later decision releases
+        // nothing), for the reason set here.
+        let because = |why: Withdrawal| {
+            let _ = ended.set(why);
+        };
         let answer = tokio::select! {
             a = self.approvals.ask(held, self.patience.timeout) => Asked {
                 verdict: verdict.clone().resolve(a.approval),
                 request: a.request,
             },
-            // Dropping the ask withdraws it: a later decision releases nothing.
-            _ = self.blocked_by_new_policy(message, evaluator) => withdraw(Withdrawal::PolicyChanged),
-            () = self.shutdown.cancelled() => withdraw(Withdrawal::GatewayShutdown),
+            () = async {
+                self.blocked_by_new_policy(message, evaluator).await;
+                because(Withdrawal::PolicyChanged);
+            } => withdraw(Withdrawal::PolicyChanged),
+            () = async {
+                self.shutdown.cancelled().await;
+                because(Withdrawal::GatewayShutdown);
+            } => withdraw(Withdrawal::GatewayShutdown),
             () = withdrawn.cancelled() => return None,
-            () = caller.cancel.cancelled() => {
-                let _ = ended.set(Withdrawal::Cancelled);
-                return None;
-            }
+            () = async {
+                caller.cancel.cancelled().await;
+                because(Withdrawal::Cancelled);
+            } => return None,
             () = self.waiting_progress(token, caller) => return None, // never ends
         };
         unanswered.answered = true;
@@ -148,17 +159,13 @@ impl Asks {
         self.held.end_session(session);
     }
 
-    /// Resolves when a new configuration blocks this held call outright.
-    /// The call was asked under `asked_under`; a configuration that came
-    /// after it counts even if it came before this first looks (the ask is
-    /// visible, and a policy may be applied, before this is first polled).
-    async fn blocked_by_new_policy(
-        &self,
-        message: &Message,
-        asked_under: &Arc<Evaluator>,
-    ) -> Verdict {
-        // (The new verdict's own reason is logged; the agent is told the
-        // call was withdrawn because the policy changed.)
+    /// Resolves when a new configuration blocks this held call outright
+    /// (its reason is logged; the agent is told the call was withdrawn
+    /// because the policy changed). The call was asked under `asked_under`;
+    /// a configuration that came after it counts even if it came before
+    /// this first looks (the ask is visible, and a policy may be applied,
+    /// before this is first polled).
+    async fn blocked_by_new_policy(&self, message: &Message, asked_under: &Arc<Evaluator>) {
         let mut config = self.config.clone();
         let mut seen = asked_under.clone();
         loop {
@@ -172,7 +179,7 @@ impl Asks {
                             reason = verdict.reason().unwrap_or_default(),
                             "a held call is now blocked by policy; its ask is withdrawn"
                         );
-                        return verdict;
+                        return;
                     }
                 }
                 seen = evaluator;
