@@ -105,7 +105,7 @@ impl Approvals {
                     )));
                 }
                 if existing.status.is_none() {
-                    set_decision(&api, &name, Decision::Pending, None).await?;
+                    set_decision(&api, &name, Decision::Pending, None, None).await?;
                 }
                 tracing::info!(namespace = %pod.namespace, pod = %pod.pod, approval = %name, "approval request retried; following the one already made");
                 return Ok(name);
@@ -118,7 +118,7 @@ impl Approvals {
             }
         };
         let name = created.metadata.name.clone().unwrap_or_default();
-        set_decision(&api, &name, Decision::Pending, None).await?;
+        set_decision(&api, &name, Decision::Pending, None, None).await?;
         tracing::info!(namespace = %pod.namespace, pod = %pod.pod, approval = %name, tool = %ask.tool, "approval requested");
         let note = format!(
             "pod {} asks to call {} on {}; decide with: kubectl aip approve {name} -n {} (or deny)",
@@ -466,9 +466,13 @@ async fn set_decision(
     api: &Api<ApprovalRequest>,
     name: &str,
     decision: Decision,
+    reason: Option<&str>,
     resource_version: Option<String>,
 ) -> Result<(), Status> {
     let mut status = json!({"status": {"decision": decision}});
+    if let Some(reason) = reason {
+        status["status"]["reason"] = json!(reason);
+    }
     if let Some(rv) = resource_version {
         status["metadata"] = json!({"resourceVersion": rv});
     }
@@ -501,20 +505,8 @@ pub async fn set_decision_if_pending(
     }
     let reason = why.map(Withdrawal::as_str);
     tracing::info!(approval = %name, decision = decision_word(decision), reason, "approval ended without a person's decision");
-    let mut status = json!({"status": {"decision": decision}});
-    if let Some(reason) = reason {
-        status["status"]["reason"] = json!(reason);
-    }
-    status["metadata"] = json!({"resourceVersion": current.metadata.resource_version});
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(status))
-        .await
-        .map(|_| ())
-        .map_err(|e| {
-            Status::unavailable(format!(
-                "cannot write the ApprovalRequest's status: {}",
-                crate::errors::api_reason(&e)
-            ))
-        })
+    let rv = current.metadata.resource_version;
+    set_decision(api, name, decision, reason, rv).await
 }
 
 /// A decision as its status writes it.

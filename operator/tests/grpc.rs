@@ -640,6 +640,15 @@ mod approvals {
             .map(tonic::Response::into_inner)
     }
 
+    /// Alice's approval of `name`, written straight to its status.
+    async fn approved(h: &Harness, name: &str) {
+        let api: Api<ApprovalObject> = Api::namespaced(h.cluster.admin.clone(), &h.ns);
+        let decided = serde_json::json!({"status": {"decision": "Approved", "decidedBy": "alice"}});
+        api.patch_status(name, &PatchParams::default(), &Patch::Merge(decided))
+            .await
+            .unwrap();
+    }
+
     /// Waits until ApprovalRequest `name` satisfies `ok`.
     async fn until(
         h: &Harness,
@@ -771,15 +780,7 @@ mod approvals {
         .await;
         assert_eq!(away.status.unwrap().decision, Decision::Pending);
 
-        let api: Api<ApprovalObject> = Api::namespaced(h.cluster.admin.clone(), &h.ns);
-        let decided = serde_json::json!({"status": {"decision": "Approved", "decidedBy": "alice"}});
-        api.patch_status(
-            &pending.name,
-            &PatchParams::default(),
-            &Patch::Merge(decided),
-        )
-        .await
-        .unwrap();
+        approved(&h, &pending.name).await;
         let mut resumed = ask_as(&h, &token, explicit("a1", &pending.name)).await;
         assert_eq!(update(&mut resumed).await.decision, Wire::Approved as i32);
         let back = until(&h, &pending.name, |o| {
@@ -862,15 +863,7 @@ mod approvals {
 
         let mut stream = ask_as(&h, &token, explicit("w2", "")).await;
         let pending = update(&mut stream).await;
-        let api: Api<ApprovalObject> = Api::namespaced(h.cluster.admin.clone(), &h.ns);
-        let decided = serde_json::json!({"status": {"decision": "Approved", "decidedBy": "alice"}});
-        api.patch_status(
-            &pending.name,
-            &PatchParams::default(),
-            &Patch::Merge(decided),
-        )
-        .await
-        .unwrap();
+        approved(&h, &pending.name).await;
         let late = withdraw(
             &h,
             &token,

@@ -42,8 +42,15 @@ impl Stream {
     pub async fn run(self) {
         let key = (self.id.namespace.clone(), self.id.pod.clone());
         let sent = self.sent.clone();
+        let since = Instant::now();
         self.pump().await;
         lock(&sent).remove(&key);
+        tracing::info!(
+            namespace = %key.0,
+            pod = %key.1,
+            connected_s = since.elapsed().as_secs(),
+            "sidecar's configuration stream ended"
+        );
     }
 
     async fn pump(mut self) {

@@ -473,24 +473,7 @@ spec:
     /// AgentPolicy `files` for pods `app=agent`: `allowed` tools, and
     /// `rules` (YAML list items, indented as `tool_rules` entries).
     pub fn policy(&self, allowed: &[&str], rules: &str) {
-        let ns = &self.namespace;
-        let rules = if rules.is_empty() {
-            String::new()
-        } else {
-            format!("  tool_rules:\n{rules}")
-        };
-        self.admin.apply(&format!(
-            "apiVersion: aip.io/v1alpha1
-kind: AgentPolicy
-metadata: {{name: files, namespace: {ns}}}
-spec:
-  podSelector: {{matchLabels: {{app: agent}}}}
-  toolConnections: [fs]
-  allowed_tools: {allowed}
-  approval: {{timeoutSeconds: 300}}
-{rules}",
-            allowed = serde_json::json!(allowed),
-        ));
+        self.admin.apply(&self.policy_text(allowed, rules, 300));
     }
 
     /// Policy `files` that lets agents read and holds fs_delete_file for a
@@ -498,18 +481,13 @@ spec:
     /// bound to decide in the namespace.
     pub fn asking(&self, timeout_seconds: u32) {
         let ns = &self.namespace;
+        let policy = self.policy_text(
+            &["fs_read_file", "fs_delete_file"],
+            "    - {tool: fs_delete_file, action: ask}\n",
+            timeout_seconds,
+        );
         self.admin.apply(&format!(
-            "apiVersion: aip.io/v1alpha1
-kind: AgentPolicy
-metadata: {{name: files, namespace: {ns}}}
-spec:
-  podSelector: {{matchLabels: {{app: agent}}}}
-  toolConnections: [fs]
-  allowed_tools: [fs_read_file, fs_delete_file]
-  approval: {{timeoutSeconds: {timeout_seconds}}}
-  tool_rules:
-    - {{tool: fs_delete_file, action: ask}}
----
+            "{policy}---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: RoleBinding
 metadata: {{name: approvers, namespace: {ns}}}
@@ -517,6 +495,27 @@ subjects: [{{kind: Group, name: approvers, apiGroup: rbac.authorization.k8s.io}}
 roleRef: {{kind: ClusterRole, name: aip-approver, apiGroup: rbac.authorization.k8s.io}}
 "
         ));
+    }
+
+    fn policy_text(&self, allowed: &[&str], rules: &str, timeout_seconds: u32) -> String {
+        let ns = &self.namespace;
+        let rules = if rules.is_empty() {
+            String::new()
+        } else {
+            format!("  tool_rules:\n{rules}")
+        };
+        format!(
+            "apiVersion: aip.io/v1alpha1
+kind: AgentPolicy
+metadata: {{name: files, namespace: {ns}}}
+spec:
+  podSelector: {{matchLabels: {{app: agent}}}}
+  toolConnections: [fs]
+  allowed_tools: {allowed}
+  approval: {{timeoutSeconds: {timeout_seconds}}}
+{rules}",
+            allowed = serde_json::json!(allowed),
+        )
     }
 
     /// Pod `name` (`app=agent`), its agent container the node's pause
