@@ -196,6 +196,22 @@ async fn the_cluster_example_runs_in_real_pods_as_the_quickstart_says() {
     assert!(log.contains("fs_delete_file: ok: deleted"), "{log}");
     assert!(log.contains("fs_read_file: ok: "), "{log}");
     wait_for(&admin, "agentpolicy/files", "condition=Ready", POD_PATIENCE);
+
+    // Done as the quickstart says, nothing of it is a warning in the
+    // operator's log (the other stories' faults may be, elsewhere).
+    let operator = cluster.kubectl(User::Admin, OPERATOR_NAMESPACE);
+    let warned: Vec<String> = operator_logs(&operator)
+        .lines()
+        .filter(|l| l.contains("\"level\":\"WARN\"") || l.contains("\"level\":\"ERROR\""))
+        // The example's namespace, as a field or quoted in a message.
+        .filter(|l| l.contains("\"agents\"") || l.contains("\\\"agents\\\""))
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        warned.is_empty(),
+        "the operator warned:\n{}",
+        warned.join("\n")
+    );
 }
 
 fn condition(pod: &Value, kind: &str) -> Value {

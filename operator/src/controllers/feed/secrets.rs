@@ -121,7 +121,10 @@ async fn follow(
             }
             Err(e) if is_forbidden(&e) => {
                 if !std::mem::replace(&mut forbidden, true) {
-                    tracing::warn!(namespace = %key.namespace, secret = %key.name, "the operator may not read a Secret a ToolConnection references");
+                    // The documented order (apply, then `kubectl aip
+                    // grant`) passes through this: the connection's status
+                    // says so (NeedsCredentials), not a warning.
+                    tracing::info!(namespace = %key.namespace, secret = %key.name, "the operator may not read a Secret a ToolConnection references (yet): kubectl aip grant allows it");
                     let mut index = lock(&index);
                     let reason = unreadable(&index, &key);
                     touched.policies(index.secret_unreadable(&key.namespace, &key.name, reason));
