@@ -38,7 +38,7 @@ def operator_rows(path):
         return None
     p, m = o["propagation"], o["memory"]
     mb = m["rss_kib"] / 1024
-    return [
+    rows = [
         (f"config propagation, kubectl apply to {p['sidecars']} sidecars acked, p99", "(Istio p90 2.9 s)", "<= 250 ms",
          f"{p['p99_ms']:.0f} ms", f"{p['p99_ms'] / 250:.2f}x", "", "meets" if p["p99_ms"] <= 250 else "MISSES"),
         ("  - p50 / p90 / max over " + str(p["rounds"]) + " changes", "", "",
@@ -50,6 +50,19 @@ def operator_rows(path):
         ("  - peak RSS; cluster state loaded / every status written after", "", "",
          f"{m['peak_kib'] / 1024:.1f} MB; {m['loaded_s']:.1f} s / {m['statuses_written_s']:.1f} s", "", "", ""),
     ]
+    base = p.get("baseline")
+    if base:
+        ratio = p["p99_over_baseline"]
+        rows.append((f"  - p99 over the previous build's, same run ({base['p99_ms']:.0f} ms)", "", "<= 1.1",
+                     f"{ratio:.2f}", f"{ratio / 1.1:.2f}x", "", "meets" if ratio <= 1.1 else "MISSES"))
+    c = o.get("capacity")
+    if c:
+        rows.append((f"{c['sidecars']} sidecars against {c['replicas']} replicas capped at {c['cap_per_replica']}: all served",
+                     "-", "<= 60 s", f"{c['served_s']:.1f} s", f"{c['served_s'] / 60:.2f}x", "",
+                     "meets" if c["served_s"] <= 60 else "MISSES"))
+        rows.append(("  - refusals on the way; propagation p50 / p99 at that size", "", "",
+                     f"{c['refusals']}; {c['p50_ms']:.0f} / {c['p99_ms']:.0f} ms", "", "", ""))
+    return rows
 
 
 def sidecar_rows(path):

@@ -210,7 +210,11 @@ impl Operator {
 
     /// `binary` as replica `name`, with `extra` arguments.
     fn start_as(cluster: &Cluster, binary: &Path, name: &str, extra: &[&str]) -> Operator {
-        let tls = TlsFiles::new(cluster.dir.path());
+        // A certificate of its own: each replica reads its files again
+        // every 10 s, and a second replica's must not replace the first's.
+        let dir = cluster.dir.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let tls = TlsFiles::new(&dir);
         let (grpc_port, admin_port) = (free_port(), free_port());
         let mut child = Command::new(binary)
             .env("KUBECONFIG", cluster.kubeconfig())
@@ -365,7 +369,7 @@ impl Fleet {
     /// and retries refusals with jitter; once all are served, `rounds`
     /// policy changes, each timed from `kubectl apply` to every sidecar's
     /// ack. The sidecars are gone when this returns.
-    async fn measure(&mut self, replicas: &[&Operator], rounds: usize) -> Value {
+    async fn measure(&mut self, replicas: &[&Operator], rounds: usize) -> (Value, Vec<f64>) {
         let endpoints: Arc<Vec<Endpoint>> = Arc::new(
             replicas
                 .iter()
@@ -384,6 +388,7 @@ impl Fleet {
         let (acks_tx, mut acks) = watch::channel(0usize);
         let acks_tx = Arc::new(acks_tx);
         let refusals = Arc::new(AtomicUsize::new(0));
+        let failures = Arc::new(Mutex::new(Vec::new()));
         // Handshakes at once, at most: a burst of thousands would only
         // time out at the operator and be dialled again.
         let dialling = Arc::new(tokio::sync::Semaphore::new(200));
@@ -399,6 +404,7 @@ impl Fleet {
                 acks: tx,
                 counter: acks_tx.clone(),
                 refusals: refusals.clone(),
+                failures: failures.clone(),
                 dialling: dialling.clone(),
             }));
         }
@@ -409,10 +415,34 @@ impl Fleet {
                 .all(|r| r.borrow().iter().any(|(doc, _)| doc.contains(needle)))
         };
         while !all_have(&current, &recorders) {
-            tokio::time::timeout(Duration::from_secs(120), acks.changed())
-                .await
-                .expect("every sidecar is served and acks its config")
-                .unwrap();
+            let progress = tokio::time::timeout(Duration::from_secs(120), acks.changed()).await;
+            if progress.is_err() {
+                let served = recorders
+                    .iter()
+                    .filter(|r| r.borrow().iter().any(|(doc, _)| doc.contains(&current)))
+                    .count();
+                let mut replicas_said = Vec::new();
+                for operator in replicas {
+                    let mut said = Vec::new();
+                    for metric in [
+                        "aip_operator_grpc_connections",
+                        "aip_operator_connected_sidecars",
+                        "aip_operator_capacity_refusals_total",
+                    ] {
+                        said.push(format!("{metric} {}", operator.metric(metric).await));
+                    }
+                    replicas_said.push(said.join(", "));
+                }
+                let failed = failures.lock().unwrap();
+                panic!(
+                    "{served} of {} sidecars served after {:.0} s, {} refusals, {} other failures (the last: {:?}); replicas: {replicas_said:?}",
+                    recorders.len(),
+                    started.elapsed().as_secs_f64(),
+                    refusals.load(Ordering::Relaxed),
+                    failed.len(),
+                    failed.iter().rev().take(5).collect::<Vec<_>>()
+                );
+            }
         }
         let served_s = started.elapsed().as_secs_f64();
 
@@ -451,12 +481,8 @@ impl Fleet {
             }
         }
         tasks.shutdown().await;
-        let pct = |samples: &mut Vec<f64>, p: f64| {
-            samples.sort_by(f64::total_cmp);
-            samples[((samples.len() as f64 * p).ceil() as usize)
-                .saturating_sub(1)
-                .min(samples.len() - 1)]
-        };
+        let pct = |samples: &mut Vec<f64>, p: f64| quantile(samples, p);
+        let samples = latencies.clone();
         let mut l = latencies;
         let mut a = after_kubectl;
         let mut pushes = 0.0;
@@ -468,79 +494,76 @@ impl Fleet {
             rss = rss.max(r);
             peak = peak.max(p);
         }
-        json!({
+        let summary = json!({
             "pushes": pushes,
             "sidecars": self.tokens.len(), "rounds": rounds, "replicas": replicas.len(),
             "served_s": served_s, "refusals": refusals.load(Ordering::Relaxed),
+            "other_failures": failures.lock().unwrap().len(),
             "p50_ms": pct(&mut l, 0.50), "p90_ms": pct(&mut l, 0.90),
             "p99_ms": pct(&mut l, 0.99), "max_ms": pct(&mut l, 1.0),
             "kubectl_p50_ms": pct(&mut kubectl_ms, 0.50),
             "after_kubectl_p50_ms": pct(&mut a, 0.50), "after_kubectl_p99_ms": pct(&mut a, 0.99),
             "operator_rss_kib": rss, "operator_peak_kib": peak,
-        })
+        });
+        (summary, samples)
     }
 }
 
+/// The `p` quantile of `samples` (sorted here).
+fn quantile(samples: &mut [f64], p: f64) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples[((samples.len() as f64 * p).ceil() as usize)
+        .saturating_sub(1)
+        .min(samples.len() - 1)]
+}
+
 /// Propagation to `sidecars` sidecars of one replica over `rounds`
-/// changes; with `baseline` (an earlier build's aip-operator), the same
-/// for it on the same control plane, the two alternating (current,
-/// baseline, current, baseline), and the ratio of their p99s.
+/// changes; with `baseline` (an earlier build's aip-operator), both builds
+/// on the same control plane, alternating three times (this, previous,
+/// this, ...), each build's samples pooled, and the ratio of the pooled
+/// p99s: one run's p99 moves by more than a tenth between runs of one
+/// build on this machine (`kubectl apply`, inside every sample, most).
 async fn propagation(sidecars: usize, rounds: usize, baseline: Option<&Path>) -> Value {
     let mut fleet = Fleet::new("propagation", sidecars).await;
     let current = Path::new(env!("CARGO_BIN_EXE_aip-operator"));
     let Some(baseline) = baseline else {
         let operator = Operator::start_as(&fleet.cluster, current, "bench", &[]);
-        operator
-            .said("cluster state loaded", Duration::from_secs(60))
-            .await;
-        return fleet.measure(&[&operator], rounds).await;
+        operator.said("cluster state loaded", Duration::from_secs(60)).await;
+        return fleet.measure(&[&operator], rounds).await.0;
     };
-    let mut runs: Vec<(bool, Value)> = Vec::new();
-    for (i, binary) in [current, baseline, current, baseline]
-        .into_iter()
-        .enumerate()
-    {
+    let mut this: (Vec<Value>, Vec<f64>) = (Vec::new(), Vec::new());
+    let mut before: (Vec<Value>, Vec<f64>) = (Vec::new(), Vec::new());
+    for i in 0..6 {
+        let is_this = i % 2 == 0;
+        let binary = if is_this { current } else { baseline };
         let operator = Operator::start_as(&fleet.cluster, binary, &format!("bench-{i}"), &[]);
-        operator
-            .said("cluster state loaded", Duration::from_secs(60))
-            .await;
-        let measured = fleet.measure(&[&operator], rounds).await;
+        operator.said("cluster state loaded", Duration::from_secs(60)).await;
+        let (summary, samples) = fleet.measure(&[&operator], rounds).await;
         eprintln!(
             "propagation, {} build: p99 {:.0} ms",
-            if binary == current {
-                "this"
-            } else {
-                "the previous"
-            },
-            measured["p99_ms"].as_f64().unwrap_or(0.0)
+            if is_this { "this" } else { "the previous" },
+            summary["p99_ms"].as_f64().unwrap_or(0.0)
         );
-        runs.push((binary == current, measured));
+        let into = if is_this { &mut this } else { &mut before };
+        into.0.push(summary);
+        into.1.extend(samples);
         drop(operator);
     }
-    // Each build's best run of two, so that a one-off stall of this
-    // machine does not decide the ratio.
-    let best = |this: bool| {
-        runs.iter()
-            .filter(|(c, _)| *c == this)
-            .map(|(_, v)| v.clone())
-            .min_by(|a, b| {
-                a["p99_ms"]
-                    .as_f64()
-                    .unwrap_or(0.0)
-                    .total_cmp(&b["p99_ms"].as_f64().unwrap_or(0.0))
-            })
-            .unwrap()
+    let pooled = |runs: &mut (Vec<Value>, Vec<f64>)| {
+        let mut first = runs.0[0].clone();
+        first["p50_ms"] = json!(quantile(&mut runs.1, 0.50));
+        first["p90_ms"] = json!(quantile(&mut runs.1, 0.90));
+        first["p99_ms"] = json!(quantile(&mut runs.1, 0.99));
+        first["max_ms"] = json!(quantile(&mut runs.1, 1.0));
+        first["rounds"] = json!(runs.0.len() * rounds);
+        first["runs_p99_ms"] = json!(runs.0.iter().map(|v| v["p99_ms"].clone()).collect::<Vec<_>>());
+        first
     };
-    let mut out = best(true);
-    let before = best(false);
-    let ratio = out["p99_ms"].as_f64().unwrap_or(0.0) / before["p99_ms"].as_f64().unwrap_or(1.0);
-    out["baseline"] = before;
+    let mut out = pooled(&mut this);
+    let previous = pooled(&mut before);
+    let ratio = out["p99_ms"].as_f64().unwrap_or(0.0) / previous["p99_ms"].as_f64().unwrap_or(1.0);
+    out["baseline"] = previous;
     out["p99_over_baseline"] = json!(ratio);
-    out["runs"] = json!(
-        runs.iter()
-            .map(|(c, v)| json!({"this_build": c, "p99_ms": v["p99_ms"]}))
-            .collect::<Vec<_>>()
-    );
     out
 }
 
@@ -567,7 +590,7 @@ async fn capacity(sidecars: usize, replicas: usize, cap: usize, rounds: usize) -
             .await;
     }
     let refs: Vec<&Operator> = operators.iter().collect();
-    let mut out = fleet.measure(&refs, rounds).await;
+    let (mut out, _) = fleet.measure(&refs, rounds).await;
     out["cap_per_replica"] = json!(cap);
     let mut served = Vec::new();
     for operator in &operators {
@@ -589,6 +612,8 @@ struct Sidecar {
     acks: Acks,
     counter: Arc<watch::Sender<usize>>,
     refusals: Arc<AtomicUsize>,
+    /// Other failed attempts, each once.
+    failures: Arc<Mutex<Vec<String>>>,
     dialling: Arc<tokio::sync::Semaphore>,
 }
 
@@ -621,10 +646,19 @@ async fn simulated_sidecar(s: Sidecar) {
                         s.refusals.fetch_add(1, Ordering::Relaxed);
                         true
                     }
-                    Err(e) => panic!("watch: {e}"),
+                    // As the sidecar does: anything else (an operator still
+                    // loading, a review that failed under load) is tried
+                    // again too, and counted.
+                    Err(e) => {
+                        s.failures.lock().unwrap().push(format!("{:?}: {}", e.code(), e.message()));
+                        false
+                    }
                 }
             }
-            Err(_) => false,
+            Err(e) => {
+                s.failures.lock().unwrap().push(format!("dial: {e}"));
+                false
+            }
         };
         let _ = refused;
         let jitter = wait.mul_f64(rand::random::<f64>() / 4.0);

@@ -33,7 +33,7 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 /// Sidecars (one connection each) a single operator replica serves at
 /// once, by default (`--max-sidecars`): docs/operator.md#capacity says how
 /// it was measured.
-pub const DEFAULT_MAX_SIDECARS: usize = 8192;
+pub const DEFAULT_MAX_SIDECARS: usize = 5000;
 /// How long a client has to finish its TLS handshake.
 const HANDSHAKE: Duration = Duration::from_secs(10);
 /// How long a connection over the cap stays open: long enough to hear its
