@@ -528,7 +528,9 @@ async fn propagation(sidecars: usize, rounds: usize, baseline: Option<&Path>) ->
     let current = Path::new(env!("CARGO_BIN_EXE_aip-operator"));
     let Some(baseline) = baseline else {
         let operator = Operator::start_as(&fleet.cluster, current, "bench", &[]);
-        operator.said("cluster state loaded", Duration::from_secs(60)).await;
+        operator
+            .said("cluster state loaded", Duration::from_secs(60))
+            .await;
         return fleet.measure(&[&operator], rounds).await.0;
     };
     let mut this: (Vec<Value>, Vec<f64>) = (Vec::new(), Vec::new());
@@ -537,7 +539,9 @@ async fn propagation(sidecars: usize, rounds: usize, baseline: Option<&Path>) ->
         let is_this = i % 2 == 0;
         let binary = if is_this { current } else { baseline };
         let operator = Operator::start_as(&fleet.cluster, binary, &format!("bench-{i}"), &[]);
-        operator.said("cluster state loaded", Duration::from_secs(60)).await;
+        operator
+            .said("cluster state loaded", Duration::from_secs(60))
+            .await;
         let (summary, samples) = fleet.measure(&[&operator], rounds).await;
         eprintln!(
             "propagation, {} build: p99 {:.0} ms",
@@ -556,7 +560,12 @@ async fn propagation(sidecars: usize, rounds: usize, baseline: Option<&Path>) ->
         first["p99_ms"] = json!(quantile(&mut runs.1, 0.99));
         first["max_ms"] = json!(quantile(&mut runs.1, 1.0));
         first["rounds"] = json!(runs.0.len() * rounds);
-        first["runs_p99_ms"] = json!(runs.0.iter().map(|v| v["p99_ms"].clone()).collect::<Vec<_>>());
+        first["runs_p99_ms"] = json!(
+            runs.0
+                .iter()
+                .map(|v| v["p99_ms"].clone())
+                .collect::<Vec<_>>()
+        );
         first
     };
     let mut out = pooled(&mut this);
@@ -650,7 +659,10 @@ async fn simulated_sidecar(s: Sidecar) {
                     // loading, a review that failed under load) is tried
                     // again too, and counted.
                     Err(e) => {
-                        s.failures.lock().unwrap().push(format!("{:?}: {}", e.code(), e.message()));
+                        s.failures
+                            .lock()
+                            .unwrap()
+                            .push(format!("{:?}: {}", e.code(), e.message()));
                         false
                     }
                 }

@@ -125,6 +125,19 @@ async fn serve<A: Authenticate>(
     metrics: &Arc<Metrics>,
     shutdown: &CancellationToken,
 ) -> Listening {
+    serve_capped(index, auth, approvals, signals, metrics, shutdown, None).await
+}
+
+/// The same, serving at most `max_sidecars` when given.
+async fn serve_capped<A: Authenticate>(
+    index: &Arc<Mutex<Index>>,
+    auth: A,
+    approvals: Option<kube::Client>,
+    signals: Signals,
+    metrics: &Arc<Metrics>,
+    shutdown: &CancellationToken,
+    max_sidecars: Option<usize>,
+) -> Listening {
     let mut service = ConfigService::new(
         index.clone(),
         auth,
@@ -132,6 +145,9 @@ async fn serve<A: Authenticate>(
         metrics.clone(),
         shutdown.clone(),
     );
+    if let Some(max) = max_sidecars {
+        service = service.with_max_sidecars(max);
+    }
     if let Some(client) = approvals {
         let recorder = kube::runtime::events::Recorder::new(
             client.clone(),
@@ -564,6 +580,93 @@ async fn the_stream_ends_when_the_token_expires() {
         end.message()
     );
     assert!(std::time::SystemTime::now() >= expires);
+}
+
+/// A replica that serves its maximum refuses the next sidecar at once
+/// (accepted and told, RESOURCE_EXHAUSTED naming the cap, not left in the
+/// backlog), counts it, and serves it once there is room again on a new
+/// connection (what the sidecar opens after such a refusal).
+#[tokio::test]
+async fn a_sidecar_over_the_cap_is_refused_at_once_and_served_when_there_is_room() {
+    let index = Arc::new(Mutex::new(Index::new()));
+    index.lock().unwrap().apply_pod(PodMeta {
+        namespace: "agents".to_owned(),
+        name: "agent-1".to_owned(),
+        uid: "u1".to_owned(),
+        labels: BTreeMap::new(),
+        injected: true,
+    });
+    let (ptx, _policies) = mpsc::unbounded_channel();
+    let (etx, _evidence) = mpsc::unbounded_channel();
+    let metrics = Arc::new(Metrics::new());
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let auth = Vouch(PodIdentity {
+        namespace: "agents".to_owned(),
+        pod: "agent-1".to_owned(),
+        uid: "u1".to_owned(),
+        service_account: "runner".to_owned(),
+        expires: None,
+    });
+    let signals = Signals {
+        policies: ptx,
+        evidence: etx,
+        acked: Default::default(),
+    };
+    let listening = serve_capped(&index, auth, None, signals, &metrics, &shutdown, Some(1)).await;
+    let watch = |channel: Channel| async move {
+        let mut request = tonic::Request::new(WatchRequest::default());
+        request
+            .metadata_mut()
+            .insert("authorization", "Bearer any".parse().unwrap());
+        ConfigClient::new(channel).watch(request).await
+    };
+    let mut first = watch(listening.channel.clone()).await.unwrap().into_inner();
+    assert!(
+        next(&mut first).await.unwrap().is_some(),
+        "the first is served"
+    );
+
+    let started = std::time::Instant::now();
+    let second = channel_to(listening.addr, &listening.tls.cert_pem);
+    let refused = watch(second.clone()).await.unwrap_err();
+    assert!(started.elapsed() < PATIENCE, "answered, not left waiting");
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert!(
+        refused
+            .message()
+            .contains("serves its maximum of 1 sidecars (--max-sidecars)"),
+        "{}",
+        refused.message()
+    );
+    let said = metrics.encode();
+    assert!(
+        said.contains("aip_operator_capacity_refusals_total 1"),
+        "{said}"
+    );
+    assert!(said.contains("aip_operator_grpc_connections 1"), "{said}");
+    assert!(said.contains("aip_operator_max_sidecars 1"), "{said}");
+
+    // Room again: the first leaves; a new connection is served.
+    drop(first);
+    drop(listening.channel);
+    drop(second);
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        let fresh = channel_to(listening.addr, &listening.tls.cert_pem);
+        match watch(fresh).await {
+            Ok(stream) => {
+                let mut stream = stream.into_inner();
+                assert!(next(&mut stream).await.unwrap().is_some());
+                break;
+            }
+            Err(e) if e.code() == Code::ResourceExhausted => {
+                assert!(std::time::Instant::now() < deadline, "never served again");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
 }
 
 mod approvals {

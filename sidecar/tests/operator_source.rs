@@ -42,6 +42,10 @@ struct Operator {
     tokens: Arc<Mutex<Vec<String>>>,
     /// While set, approval calls are refused as an operator that is away.
     away: Arc<std::sync::atomic::AtomicBool>,
+    /// Watches to refuse as a replica serving its maximum would.
+    full: Arc<std::sync::atomic::AtomicUsize>,
+    /// Where each Watch came from.
+    peers: Arc<Mutex<Vec<Option<std::net::SocketAddr>>>>,
 }
 
 impl Operator {
@@ -61,6 +65,15 @@ impl ConfigApi for Operator {
 
     async fn watch(&self, r: Request<WatchRequest>) -> Result<Response<Snapshots>, Status> {
         self.token(&r);
+        self.peers.lock().unwrap().push(r.remote_addr());
+        let full = self.full.load(std::sync::atomic::Ordering::SeqCst);
+        if full > 0 {
+            self.full
+                .store(full - 1, std::sync::atomic::Ordering::SeqCst);
+            return Err(Status::resource_exhausted(
+                "this operator replica serves its maximum of 1 sidecars (--max-sidecars)",
+            ));
+        }
         let (tx, rx) = mpsc::channel(4);
         self.streams.send(tx).unwrap();
         Ok(Response::new(Box::pin(
@@ -120,6 +133,8 @@ struct Harness {
     reports: mpsc::UnboundedReceiver<ReportRequest>,
     withdrawals: mpsc::UnboundedReceiver<ApprovalWithdrawal>,
     away: Arc<std::sync::atomic::AtomicBool>,
+    full: Arc<std::sync::atomic::AtomicUsize>,
+    peers: Arc<Mutex<Vec<Option<std::net::SocketAddr>>>>,
     tokens: Arc<Mutex<Vec<String>>>,
     token_file: std::path::PathBuf,
     _dir: tempfile::TempDir,
@@ -154,7 +169,11 @@ async fn harness(max_staleness: Option<Duration>) -> Harness {
     let (atx, asks) = mpsc::unbounded_channel();
     let (wtx, withdrawals) = mpsc::unbounded_channel();
     let away = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let full = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let peers = Arc::new(Mutex::new(Vec::new()));
     let service = Operator {
+        full: full.clone(),
+        peers: peers.clone(),
         asks: atx,
         streams: stx,
         reports: rtx,
@@ -198,6 +217,8 @@ async fn harness(max_staleness: Option<Duration>) -> Harness {
         reports,
         withdrawals,
         away,
+        full,
+        peers,
         tokens,
         token_file,
         _dir: dir,
@@ -319,6 +340,39 @@ async fn past_max_staleness_every_call_is_refused_until_the_operator_returns() {
     let feed = within(h.streams.recv()).await.unwrap();
     feed.send(Ok(snapshot(3, &["read_file"]))).await.unwrap();
     config_until(&mut h, |c| allows(c, "read_file")).await;
+}
+
+/// A replica that serves its maximum refuses the Watch: the sidecar tries
+/// again on a new connection (which a Service may send to another replica),
+/// not on the one that was refused.
+#[tokio::test]
+async fn a_refusal_for_capacity_is_tried_again_on_a_new_connection() {
+    let mut h = harness(None).await;
+    // The harness's first Watch may already be under way: refuse the next
+    // two from now on, whichever they are.
+    h.full.store(2, std::sync::atomic::Ordering::SeqCst);
+    let feed = within(async {
+        loop {
+            let feed = h.streams.recv().await.unwrap();
+            if h.full.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                return feed;
+            }
+            // Accepted before the refusals began: end it, as a restart would.
+            let _ = feed.send(Err(Status::unavailable("again"))).await;
+        }
+    })
+    .await;
+    feed.send(Ok(snapshot(1, &["read_file"]))).await.unwrap();
+    config_until(&mut h, |c| allows(c, "read_file")).await;
+    let peers = h.peers.lock().unwrap().clone();
+    let n = peers.len();
+    assert!(n >= 3, "{peers:?}");
+    let (refused, served) = (peers[n - 2], peers[n - 1]);
+    assert!(refused.is_some() && served.is_some(), "{peers:?}");
+    assert_ne!(
+        refused, served,
+        "a new connection after the refusal: {peers:?}"
+    );
 }
 
 #[test]
