@@ -44,6 +44,29 @@ pub fn watch_reason(e: &kube::runtime::watcher::Error) -> String {
     }
 }
 
+/// Whether a watch ended because its resource version expired (410 Gone):
+/// the API server compacted its history, and the watcher lists again by
+/// design. It happens in every healthy cluster, so it is not a warning.
+pub fn watch_expired(e: &kube::runtime::watcher::Error) -> bool {
+    use kube::runtime::watcher::Error as W;
+    match e {
+        W::WatchError(status) => status.code == 410,
+        W::WatchFailed(kube::Error::Api(status))
+        | W::WatchStartFailed(kube::Error::Api(status)) => status.code == 410,
+        _ => false,
+    }
+}
+
+/// Logs a watch's failure: an expired resource version at info (the watcher
+/// lists again), anything else as a warning.
+pub fn log_watch_error(what: &str, e: &kube::runtime::watcher::Error) {
+    if watch_expired(e) {
+        tracing::info!(watch = what, reason = %Watch(e), "watch expired; listing again");
+    } else {
+        tracing::warn!(watch = what, error = %Watch(e), "watch error; retrying with backoff");
+    }
+}
+
 /// A watch failure for `tracing`'s `%` formatting.
 pub struct Watch<'a>(pub &'a kube::runtime::watcher::Error);
 
@@ -63,7 +86,7 @@ mod tests {
             "status": "Failure", "code": 409, "reason": "AlreadyExists",
             "message": "approvalrequests.aip.io \"x\" already exists"}))
         .unwrap();
-        let e = kube::Error::Api(Box::new(status));
+        let e = kube::Error::Api(Box::new(status.clone()));
         let said = api_reason(&e);
         assert_eq!(
             said,
@@ -75,5 +98,18 @@ mod tests {
             watched.starts_with("the watch failed: 409 AlreadyExists"),
             "{watched}"
         );
+        let e = kube::runtime::watcher::Error::WatchFailed(kube::Error::Api(Box::new(status)));
+        assert!(!watch_expired(&e), "a 409 is not an expired watch");
+    }
+
+    #[test]
+    fn an_expired_resource_version_is_an_expected_relist_not_a_failure() {
+        let status: kube::core::Status = serde_json::from_value(serde_json::json!({
+            "status": "Failure", "code": 410, "reason": "Expired",
+            "message": "too old resource version: 320 (322)"}))
+        .unwrap();
+        assert!(watch_expired(&kube::runtime::watcher::Error::WatchError(
+            Box::new(status)
+        )));
     }
 }

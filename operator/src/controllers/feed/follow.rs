@@ -74,9 +74,7 @@ pub(super) async fn follow<K, S>(
                 }
                 listed();
             }
-            Err(e) => {
-                tracing::warn!(kind = %K::kind(&Default::default()), error = %crate::errors::Watch(&e), "watch error; retrying with backoff")
-            }
+            Err(e) => crate::errors::log_watch_error(&K::kind(&Default::default()), &e),
         }
     }
 }

@@ -133,7 +133,10 @@ async fn follow(
                 let _ = ready.send(key.clone());
             }
             Err(e) => {
-                tracing::warn!(namespace = %key.namespace, secret = %key.name, error = %crate::errors::Watch(&e), "Secret watch error");
+                crate::errors::log_watch_error(
+                    &format!("Secret {}/{}", key.namespace, key.name),
+                    &e,
+                );
             }
         }
     }
