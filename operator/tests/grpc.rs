@@ -528,37 +528,77 @@ impl Authenticate for Vouch {
     }
 }
 
+/// A server for one injected pod, `agents/agent-1`, whose every token is
+/// vouched for (until `expires`).
+struct OnePod {
+    index: Arc<Mutex<Index>>,
+    auth: PodIdentity,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+    signals: Signals,
+    /// Kept open for the server's sends.
+    _received: (
+        mpsc::UnboundedReceiver<ObjectKey>,
+        mpsc::UnboundedReceiver<aip_operator::grpc::Evidence>,
+    ),
+}
+
+impl OnePod {
+    fn new(expires: Option<std::time::SystemTime>) -> Self {
+        let index = Arc::new(Mutex::new(Index::new()));
+        index.lock().unwrap().apply_pod(PodMeta {
+            namespace: "agents".to_owned(),
+            name: "agent-1".to_owned(),
+            uid: "u1".to_owned(),
+            labels: BTreeMap::new(),
+            injected: true,
+        });
+        let auth = PodIdentity {
+            namespace: "agents".to_owned(),
+            pod: "agent-1".to_owned(),
+            uid: "u1".to_owned(),
+            service_account: "runner".to_owned(),
+            expires,
+        };
+        let (policies, acks) = mpsc::unbounded_channel();
+        let (evidence, evidenced) = mpsc::unbounded_channel();
+        Self {
+            index,
+            auth,
+            metrics: Arc::new(Metrics::new()),
+            shutdown: CancellationToken::new(),
+            signals: Signals {
+                policies,
+                evidence,
+                acked: Default::default(),
+            },
+            _received: (acks, evidenced),
+        }
+    }
+
+    /// Serves it, with at most `cap` sidecars.
+    async fn serve(&self, cap: Option<usize>) -> Listening {
+        let auth = Vouch(self.auth.clone());
+        let signals = self.signals.clone();
+        serve_capped(
+            &self.index,
+            auth,
+            None,
+            signals,
+            &self.metrics,
+            &self.shutdown,
+            cap,
+        )
+        .await
+    }
+}
+
 #[tokio::test]
 async fn the_stream_ends_when_the_token_expires() {
-    let index = Arc::new(Mutex::new(Index::new()));
-    index.lock().unwrap().apply_pod(PodMeta {
-        namespace: "agents".to_owned(),
-        name: "agent-1".to_owned(),
-        uid: "u1".to_owned(),
-        labels: BTreeMap::new(),
-        injected: true,
-    });
-    let (ptx, _policies) = mpsc::unbounded_channel();
-    let (etx, _evidence) = mpsc::unbounded_channel();
-    let metrics = Arc::new(Metrics::new());
-    let shutdown = CancellationToken::new();
-    let _stop = shutdown.clone().drop_guard();
     let expires = std::time::SystemTime::now() + Duration::from_millis(1500);
-    let auth = Vouch(PodIdentity {
-        namespace: "agents".to_owned(),
-        pod: "agent-1".to_owned(),
-        uid: "u1".to_owned(),
-        service_account: "runner".to_owned(),
-        expires: Some(expires),
-    });
-    let signals = Signals {
-        policies: ptx,
-        evidence: etx,
-        acked: Default::default(),
-    };
-    let channel = serve(&index, auth, None, signals, &metrics, &shutdown)
-        .await
-        .channel;
+    let one = OnePod::new(Some(expires));
+    let _stop = one.shutdown.clone().drop_guard();
+    let channel = one.serve(None).await.channel;
     let mut request = tonic::Request::new(WatchRequest::default());
     request
         .metadata_mut()
@@ -588,32 +628,10 @@ async fn the_stream_ends_when_the_token_expires() {
 /// connection (what the sidecar opens after such a refusal).
 #[tokio::test]
 async fn a_sidecar_over_the_cap_is_refused_at_once_and_served_when_there_is_room() {
-    let index = Arc::new(Mutex::new(Index::new()));
-    index.lock().unwrap().apply_pod(PodMeta {
-        namespace: "agents".to_owned(),
-        name: "agent-1".to_owned(),
-        uid: "u1".to_owned(),
-        labels: BTreeMap::new(),
-        injected: true,
-    });
-    let (ptx, _policies) = mpsc::unbounded_channel();
-    let (etx, _evidence) = mpsc::unbounded_channel();
-    let metrics = Arc::new(Metrics::new());
-    let shutdown = CancellationToken::new();
-    let _stop = shutdown.clone().drop_guard();
-    let auth = Vouch(PodIdentity {
-        namespace: "agents".to_owned(),
-        pod: "agent-1".to_owned(),
-        uid: "u1".to_owned(),
-        service_account: "runner".to_owned(),
-        expires: None,
-    });
-    let signals = Signals {
-        policies: ptx,
-        evidence: etx,
-        acked: Default::default(),
-    };
-    let listening = serve_capped(&index, auth, None, signals, &metrics, &shutdown, Some(1)).await;
+    let one = OnePod::new(None);
+    let _stop = one.shutdown.clone().drop_guard();
+    let metrics = one.metrics.clone();
+    let listening = one.serve(Some(1)).await;
     let watch = |channel: Channel| async move {
         let mut request = tonic::Request::new(WatchRequest::default());
         request
