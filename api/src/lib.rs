@@ -10,11 +10,13 @@
 
 pub mod agent_policy;
 pub mod approval_request;
+pub mod egress_lock;
 mod schema;
 pub mod tool_connection;
 
 pub use agent_policy::{AgentPolicy, AgentPolicySpec, AgentPolicyStatus};
 pub use approval_request::{ApprovalRequest, ApprovalRequestSpec, ApprovalRequestStatus};
+pub use egress_lock::{EgressLock, EgressLockSpec, EgressLockStatus};
 pub use tool_connection::{ToolConnection, ToolConnectionSpec, ToolConnectionStatus};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -27,6 +29,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         AgentPolicy::crd(),
         ToolConnection::crd(),
         ApprovalRequest::crd(),
+        EgressLock::crd(),
     ];
     crds.iter_mut().for_each(schema::for_kubernetes);
     crds

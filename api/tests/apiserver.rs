@@ -174,6 +174,8 @@ fn every_cel_rule_has_its_test() {
             "ToolConnection .spec.auth.tokenExchange: !has(self.issuer) || !has(self.tokenEndpoint) (give issuer (its token endpoint is discovered) or tokenEndpoint, not both (neither: both are found from the server's own metadata, RFC 9728))",
             "ToolConnection .spec.auth.tokenExchange: !has(self.clientAuthMethod) || has(self.clientSecret) (clientAuthMethod applies to clientSecret only)",
             "ApprovalRequest .spec: self == oldSelf (spec is immutable)",
+            "EgressLock .spec.allow[]: isCIDR(self.cidr) && cidr(self.cidr) == cidr(self.cidr).masked() (cidr must be an address range such as 203.0.113.0/24 or 2001:db8::/32, with no bits set past its prefix)",
+            "EgressLock .spec.allow[]: !has(self.endPort) || (has(self.port) && self.endPort >= self.port) (endPort needs port, and must not be below it)",
         ]
     );
 }
@@ -239,6 +241,52 @@ async fn a_tls_block_on_an_http_url_is_refused_by_its_cel_rule() {
         .patch("secure", &PatchParams::default(), &Patch::Merge(&patch))
         .await;
     assert!(refusal(refused).ends_with("spec: Invalid value: tls applies to https:// URLs only"));
+}
+
+#[tokio::test]
+async fn an_egress_lock_refuses_what_is_not_a_range_and_ports_out_of_order_by_its_cel_rules() {
+    crds().await;
+    let ns = fresh_namespace("cel-egress").await;
+    let api = api("EgressLock", &ns).await;
+    let lock = |allow: Value| object("EgressLock", "default", json!({"allow": [allow]}));
+    for (allow, said) in [
+        (
+            json!({"cidr": "api.example.com"}),
+            "spec.allow[0].cidr: Invalid value: cidr must be an address range",
+        ),
+        (
+            json!({"cidr": "203.0.113.7/24"}),
+            "spec.allow[0].cidr: Invalid value: cidr must be an address range",
+        ),
+        (
+            json!({"cidr": "203.0.113.0/24", "port": 443, "endPort": 80}),
+            "spec.allow[0].endPort: Invalid value: endPort needs port, and must not be below it",
+        ),
+        (
+            json!({"cidr": "2001:db8::/32", "endPort": 80}),
+            "spec.allow[0].endPort: Invalid value: endPort needs port",
+        ),
+    ] {
+        let refused = refusal(
+            api.create(&PostParams::default(), &lock(allow.clone()))
+                .await,
+        );
+        assert!(refused.contains(said), "{allow}: {refused}");
+    }
+    for allow in [
+        json!({"cidr": "203.0.113.0/24", "port": 443}),
+        json!({"cidr": "2001:db8::1/128", "protocol": "UDP", "port": 4000, "endPort": 4010}),
+    ] {
+        let name = format!("ok-{}", allow["port"]);
+        let mut ok = lock(allow);
+        ok.metadata.name = Some(name.clone());
+        let made = api.create(&PostParams::default(), &ok).await.unwrap();
+        assert_eq!(
+            made.data["spec"]["allow"][0]["protocol"].as_str().is_some(),
+            true
+        );
+        api.delete(&name, &Default::default()).await.unwrap();
+    }
 }
 
 #[tokio::test]

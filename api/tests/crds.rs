@@ -20,7 +20,7 @@ fn every_kind_is_in_the_aip_category_with_its_own_short_name() {
         .iter()
         .flat_map(|c| c.spec.names.short_names.clone().unwrap_or_default())
         .collect();
-    assert_eq!(shorts, ["agp", "tconn", "apr"]);
+    assert_eq!(shorts, ["agp", "tconn", "apr", "egl"]);
     for crd in &crds {
         assert_eq!(
             crd.spec.names.categories.as_deref(),
