@@ -295,7 +295,7 @@ fn the_agents_direct_connections_are_refused_at_once_and_the_sidecars_pass() {
     // Root is not exempt either (the injector refuses root agents anyway).
     refused_at_once(tcp(&net, 0, SERVER_V4, 8080), "TCP as root");
     // Loopback (the gateway's port) and the pod's own address stay open.
-    let local = net.pod.run(None, || {
+    net.pod.run(None, || {
         let listener = TcpListener::bind("0.0.0.0:15001").unwrap();
         std::thread::spawn(move || {
             for mut stream in listener.incoming().flatten() {
@@ -303,7 +303,6 @@ fn the_agents_direct_connections_are_refused_at_once_and_the_sidecars_pass() {
             }
         });
     });
-    let () = local;
     assert_eq!(tcp(&net, AGENT, "127.0.0.1", 15001).0, Seen::Reached);
     assert_eq!(tcp(&net, AGENT, POD_V4, 15001).0, Seen::Reached);
 }
