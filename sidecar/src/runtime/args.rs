@@ -37,6 +37,14 @@ pub enum Command {
         #[arg(long = "config", value_name = "FILE", conflicts_with = "file")]
         config_flag: Option<PathBuf>,
     },
+    /// Exit 0 only if this pod's egress lock refuses a direct TCP
+    /// connection and UDP datagram to PROBE at once (the injector runs it
+    /// as a locked pod's first init container).
+    LockCheck {
+        /// A destination the lock forbids.
+        #[arg(long, default_value = "192.0.2.1:9")]
+        probe: std::net::SocketAddr,
+    },
 }
 
 #[derive(clap::Args)]

@@ -3,6 +3,7 @@
 
 pub mod args;
 mod check;
+mod lock_check;
 mod run;
 mod stdio;
 mod token;
@@ -19,6 +20,9 @@ pub use args::{Cli, Command};
 
 /// Runs the command `cli` names and says how the process should exit.
 pub fn main(cli: Cli) -> ExitCode {
+    if let Command::LockCheck { probe } = &cli.command {
+        return lock_check::lock_check(*probe);
+    }
     if let Command::Check { file, config_flag } = &cli.command {
         aip_service::init_tracing(cli.log_format, "info");
         let Some(config) = file.as_ref().or(config_flag.as_ref()) else {
@@ -56,7 +60,7 @@ pub fn main(cli: Cli) -> ExitCode {
         let outcome = match cli.command {
             Command::Run(args) => run::run(args, cli.log_format).await,
             Command::Stdio(args) => stdio::stdio(args).await,
-            Command::Check { .. } => Ok(()),
+            Command::Check { .. } | Command::LockCheck { .. } => Ok(()),
         };
         // Flushing blocks on the exporter, whose client needs this runtime.
         let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
