@@ -175,6 +175,14 @@ pub struct InjectionArgs {
     /// The user id the injected sidecar runs as (non-root).
     #[arg(long, default_value_t = inject::DEFAULT_USER)]
     pub sidecar_user: i64,
+    /// The cluster's DNS servers, which locked pods may reach on port 53
+    /// (comma-separated addresses). Default: the addresses of Service
+    /// kube-system/kube-dns, read at start.
+    #[arg(long, value_delimiter = ',')]
+    pub cluster_dns: Vec<IpAddr>,
+    /// The user id of a locked pod's proof of its lock (aip-lock-check).
+    #[arg(long, default_value_t = crate::webhooks::lock::DEFAULT_CHECK_USER)]
+    pub lock_check_user: i64,
     /// The injected sidecar's CPU request.
     #[arg(long, default_value = inject::DEFAULT_CPU_REQUEST)]
     pub sidecar_cpu_request: String,
@@ -230,6 +238,10 @@ impl InjectionArgs {
             metrics_port: self.sidecar_metrics_port,
             metrics_address: self.sidecar_metrics_address,
             user_id: self.sidecar_user,
+            lock: crate::webhooks::lock::LockSettings {
+                cluster_dns: self.cluster_dns.clone(),
+                check_user: self.lock_check_user,
+            },
             audience: audience.to_owned(),
             cpu_request: self.sidecar_cpu_request.clone(),
             memory_request: self.sidecar_memory_request.clone(),
@@ -274,10 +286,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         client: client.clone(),
         metrics: metrics.clone(),
         operator: args.operator_username.clone(),
-        injection: args
+        injection: match args
             .injection
             .injection(&args.namespace, &args.token_audience, "")
-            .map(|i| i.following(served.clone())),
+        {
+            Some(mut injection) => {
+                if injection.lock.cluster_dns.is_empty() {
+                    injection.lock.cluster_dns = crate::webhooks::lock::cluster_dns(&client).await;
+                }
+                Some(injection.following(served.clone()))
+            }
+            None => None,
+        },
     });
     let webhook_tls = crate::certs::server_config(&served, &[])?;
 

@@ -15,6 +15,7 @@
 
 mod config;
 mod connections;
+mod egress;
 mod peers;
 mod pods;
 mod policies;
@@ -87,6 +88,7 @@ struct Namespace {
     connections: BTreeMap<String, ConnectionEntry>,
     secrets: Secrets,
     pods: BTreeMap<String, PodEntry>,
+    egress_locks: BTreeMap<String, aip_api::EgressLockSpec>,
 }
 
 impl Namespace {

@@ -19,7 +19,9 @@ use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use serde_json::{Value, json};
 
+use super::lock::{self, LockRefusal, LockSettings};
 use crate::certs::ServedRx;
+use aip_api::egress_lock::{Destination, LOCK_ANNOTATION};
 
 /// The opt-in label, on a namespace or a pod; `disabled` on a pod opts out.
 pub const INJECT_LABEL: &str = "aip.io/inject";
@@ -67,7 +69,10 @@ pub struct Injection {
     /// Every address by default, i.e. the pod's IP: the kubelet probes from
     /// the node, which cannot reach the pod's loopback.
     pub metrics_address: IpAddr,
+    /// The gateway's user id: the egress lock lets its connections through.
     pub user_id: i64,
+    /// What pods of a namespace with an EgressLock get.
+    pub lock: LockSettings,
     pub audience: String,
     pub cpu_request: String,
     pub memory_request: String,
@@ -88,6 +93,8 @@ pub enum Refusal {
         label = INJECT_LABEL
     )]
     SharedProcesses { pod: String },
+    #[error(transparent)]
+    Lock(#[from] LockRefusal),
 }
 
 /// Defaults of the injected container (the operator's flags use them too).
@@ -96,7 +103,10 @@ pub const DEFAULT_ADMIN_PORT: u16 = 15021;
 pub const DEFAULT_ADMIN_ADDRESS: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 pub const DEFAULT_METRICS_PORT: u16 = 15020;
 pub const DEFAULT_METRICS_ADDRESS: IpAddr = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
-pub const DEFAULT_USER: i64 = 65532;
+/// A user id of the gateway's own: not distroless's 65532 (which most
+/// images, this project's included, run as), nor Istio's 1337 or Linkerd's
+/// 2102, whose proxies may share a pod with it.
+pub const DEFAULT_USER: i64 = 7301;
 pub const DEFAULT_PULL_POLICY: &str = "IfNotPresent";
 pub const DEFAULT_CPU_REQUEST: &str = "50m";
 pub const DEFAULT_MEMORY_REQUEST: &str = "32Mi";
@@ -119,6 +129,10 @@ impl Injection {
             metrics_port: DEFAULT_METRICS_PORT,
             metrics_address: DEFAULT_METRICS_ADDRESS,
             user_id: DEFAULT_USER,
+            lock: LockSettings {
+                cluster_dns: Vec::new(),
+                check_user: lock::DEFAULT_CHECK_USER,
+            },
             audience: aip_proto::TOKEN_AUDIENCE.to_owned(),
             cpu_request: DEFAULT_CPU_REQUEST.to_owned(),
             memory_request: DEFAULT_MEMORY_REQUEST.to_owned(),
@@ -170,11 +184,13 @@ pub fn port_conflict(port: u16, admin_port: u16, metrics_port: u16) -> Option<St
     })
 }
 
-/// The verdict on one pod.
+/// The verdict on one pod. `egress`: the destinations its namespace's
+/// EgressLocks allow, None when it has none.
 pub fn review(
     injection: &Injection,
     request: &AdmissionRequest<DynamicObject>,
     upstream_tokens: &[(String, u32, String)],
+    egress: Option<&[Destination]>,
 ) -> AdmissionResponse {
     let response = AdmissionResponse::from(request);
     if request.operation != Operation::Create {
@@ -190,7 +206,7 @@ pub fn review(
         Some(Ok(pod)) => pod,
         _ => return response.deny("the request carries no Pod"),
     };
-    match patch(injection, &pod, upstream_tokens) {
+    match patch(injection, &pod, upstream_tokens, egress) {
         Ok(None) => response,
         Ok(Some(ops)) => match serde_json::from_value::<json_patch::Patch>(Value::Array(ops)) {
             Ok(p) => response
@@ -207,10 +223,13 @@ pub fn review(
 /// `upstream_tokens` (audience, lifetime, path) are the projected tokens
 /// its namespace's connections authenticate upstream with: they join the
 /// sidecar's own in its volume, which no other container mounts.
+/// `egress`: the destinations of the namespace's EgressLocks, which lock
+/// the pod (see `lock.rs`); None when the namespace has none.
 pub fn patch(
     injection: &Injection,
     pod: &Pod,
     upstream_tokens: &[(String, u32, String)],
+    egress: Option<&[Destination]>,
 ) -> Result<Option<Vec<Value>>, Refusal> {
     let labels = pod.metadata.labels.clone().unwrap_or_default();
     if labels.get(INJECT_LABEL).map(String::as_str) == Some("disabled") {
@@ -237,12 +256,34 @@ pub fn patch(
     if spec.share_process_namespace == Some(true) {
         return Err(Refusal::SharedProcesses { pod: name });
     }
+    let locked = match egress {
+        Some(allow) => {
+            lock::check_containers(pod, &name, injection.user_id)?;
+            let rules = lock::lock_for(&injection.lock, injection.user_id, allow, &name)?;
+            Some((rules, lock::probe(allow)))
+        }
+        None => None,
+    };
     let mut ops = Vec::new();
-    let sidecar = container(injection);
+    // The proof of the lock first (nothing of the pod runs before it), then
+    // the gateway, then the pod's own init containers.
+    let mut first = vec![container(injection)];
+    if let Some((_, probe)) = &locked {
+        let check = lock::check_container_spec(
+            &injection.image,
+            &injection.pull_policy,
+            &injection.lock,
+            *probe,
+        );
+        first.insert(0, check);
+    }
+    let inserted = first.len();
     if spec.init_containers.is_none() {
-        ops.push(json!({"op": "add", "path": "/spec/initContainers", "value": [sidecar]}));
+        ops.push(json!({"op": "add", "path": "/spec/initContainers", "value": first}));
     } else {
-        ops.push(json!({"op": "add", "path": "/spec/initContainers/0", "value": sidecar}));
+        for c in first.into_iter().rev() {
+            ops.push(json!({"op": "add", "path": "/spec/initContainers/0", "value": c}));
+        }
     }
     let volumes = [
         token_volume(&injection.audience, upstream_tokens),
@@ -257,11 +298,11 @@ pub fn patch(
     }
     let url = format!("http://127.0.0.1:{}/mcp", injection.port);
     let env = json!({"name": MCP_URL_ENV, "value": url});
-    // Init containers shift by one: the sidecar went in first.
+    // The pod's init containers shift by what went in before them.
     let others = init
         .iter()
         .enumerate()
-        .map(|(i, c)| (format!("/spec/initContainers/{}", i + 1), c))
+        .map(|(i, c)| (format!("/spec/initContainers/{}", i + inserted), c))
         .chain(
             spec.containers
                 .iter()
@@ -279,11 +320,32 @@ pub fn patch(
             ops.push(json!({"op": "add", "path": format!("{path}/env/-"), "value": env}));
         }
     }
-    let key = INJECTED_ANNOTATION.replace('/', "~1");
-    if pod.metadata.annotations.is_none() {
-        ops.push(json!({"op": "add", "path": "/metadata/annotations", "value": {INJECTED_ANNOTATION: "injected"}}));
-    } else {
-        ops.push(json!({"op": "add", "path": format!("/metadata/annotations/{key}"), "value": "injected"}));
+    let mut annotations = vec![(INJECTED_ANNOTATION.to_owned(), "injected".to_owned())];
+    if let Some((rules, _)) = &locked {
+        annotations.push(lock::annotation(rules));
+    }
+    match &pod.metadata.annotations {
+        None => {
+            let value: serde_json::Map<String, Value> = annotations
+                .into_iter()
+                .map(|(k, v)| (k, Value::String(v)))
+                .collect();
+            ops.push(json!({"op": "add", "path": "/metadata/annotations", "value": value}));
+        }
+        Some(existing) => {
+            for (key, value) in annotations {
+                let path = format!("/metadata/annotations/{}", key.replace('/', "~1"));
+                ops.push(json!({"op": "add", "path": path, "value": value}));
+            }
+            // Only the injector says what a pod's lock is.
+            if locked.is_none() && existing.contains_key(LOCK_ANNOTATION) {
+                let path = format!(
+                    "/metadata/annotations/{}",
+                    LOCK_ANNOTATION.replace('/', "~1")
+                );
+                ops.push(json!({"op": "remove", "path": path}));
+            }
+        }
     }
     Ok(Some(ops))
 }
@@ -391,7 +453,7 @@ mod tests {
     }
 
     fn applied(pod: &Pod) -> Pod {
-        let ops = patch(&injection(), pod, &[]).unwrap().unwrap();
+        let ops = patch(&injection(), pod, &[], None).unwrap().unwrap();
         let mut doc = serde_json::to_value(pod).unwrap();
         let p: json_patch::Patch = serde_json::from_value(Value::Array(ops)).unwrap();
         json_patch::patch(&mut doc, &p).unwrap();
@@ -452,7 +514,7 @@ mod tests {
 
     fn sidecar_of(injection: &Injection) -> k8s_openapi::api::core::v1::Container {
         let before = pod(json!({"containers": [{"name": "agent", "image": "a"}]}));
-        let ops = patch(injection, &before, &[]).unwrap().unwrap();
+        let ops = patch(injection, &before, &[], None).unwrap().unwrap();
         let mut doc = serde_json::to_value(&before).unwrap();
         let p: json_patch::Patch = serde_json::from_value(Value::Array(ops)).unwrap();
         json_patch::patch(&mut doc, &p).unwrap();
@@ -576,7 +638,7 @@ mod tests {
         let once = applied(&pod(
             json!({"containers": [{"name": "agent", "image": "a"}]}),
         ));
-        assert_eq!(patch(&injection(), &once, &[]).unwrap(), None);
+        assert_eq!(patch(&injection(), &once, &[], None).unwrap(), None);
     }
 
     #[test]
@@ -587,7 +649,7 @@ mod tests {
             600,
             "upstream/00ff".to_owned(),
         )];
-        let ops = patch(&injection(), &p, &tokens).unwrap().unwrap();
+        let ops = patch(&injection(), &p, &tokens, None).unwrap().unwrap();
         let text = serde_json::to_string(&ops).unwrap();
         let volumes = ops
             .iter()
@@ -618,6 +680,7 @@ mod tests {
             &injection(),
             &pod(json!({"hostNetwork": true, "containers": [{"name": "a", "image": "a"}]})),
             &[],
+            None,
         )
         .unwrap_err()
         .to_string();
@@ -628,6 +691,7 @@ mod tests {
                 json!({"shareProcessNamespace": true, "containers": [{"name": "a", "image": "a"}]}),
             ),
             &[],
+            None,
         )
         .unwrap_err()
         .to_string();
@@ -635,9 +699,83 @@ mod tests {
     }
 
     #[test]
+    fn a_locked_pod_proves_its_lock_first_and_carries_its_rules() {
+        let mut injection = injection();
+        injection.lock.cluster_dns = vec!["10.96.0.10".parse().unwrap()];
+        let safe = json!({"runAsUser": 1000, "allowPrivilegeEscalation": false});
+        let before = pod(json!({
+            "initContainers": [{"name": "setup", "image": "s", "securityContext": safe}],
+            "containers": [{"name": "agent", "image": "a", "securityContext": safe}]
+        }));
+        let allow = [aip_api::egress_lock::Destination {
+            cidr: "203.0.113.0/24".into(),
+            protocol: Default::default(),
+            port: Some(443),
+            end_port: None,
+        }];
+        let ops = patch(&injection, &before, &[], Some(&allow))
+            .unwrap()
+            .unwrap();
+        let mut doc = serde_json::to_value(&before).unwrap();
+        let p: json_patch::Patch = serde_json::from_value(Value::Array(ops)).unwrap();
+        json_patch::patch(&mut doc, &p).unwrap();
+        let after: Pod = serde_json::from_value(doc).unwrap();
+        let init = after.spec.clone().unwrap().init_containers.unwrap();
+        let names: Vec<&str> = init.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, [lock::CHECK, SIDECAR, "setup"]);
+        assert_eq!(
+            init[0].args.clone().unwrap(),
+            ["lock-check", "--probe", "192.0.2.1:9"]
+        );
+        let check_user = init[0].security_context.clone().unwrap().run_as_user;
+        assert_eq!(check_user, Some(lock::DEFAULT_CHECK_USER));
+        assert_eq!(
+            init[1].security_context.clone().unwrap().run_as_user,
+            Some(DEFAULT_USER)
+        );
+        // The pod's own init container was told where its gateway is.
+        assert!(
+            init[2]
+                .env
+                .clone()
+                .unwrap()
+                .iter()
+                .any(|e| e.name == MCP_URL_ENV)
+        );
+        let annotations = after.metadata.annotations.unwrap();
+        let rules: aip_api::egress_lock::Lock =
+            serde_json::from_str(&annotations[LOCK_ANNOTATION]).unwrap();
+        assert_eq!(rules.sidecar_uid, 7301);
+        assert_eq!(
+            rules.dns,
+            ["10.96.0.10".parse::<std::net::IpAddr>().unwrap()]
+        );
+        assert_eq!(rules.allow, allow);
+
+        // Without a lock in the namespace, a lock the pod wrote itself goes.
+        let mut own = pod(json!({"containers": [{"name": "agent", "image": "a"}]}));
+        own.metadata.annotations = Some([(LOCK_ANNOTATION.to_owned(), "{}".to_owned())].into());
+        let ops = patch(&injection, &own, &[], None).unwrap().unwrap();
+        assert!(ops.iter().any(
+            |o| o["op"] == "remove" && o["path"] == "/metadata/annotations/aip.io~1egress-lock"
+        ));
+
+        // A root agent is refused, naming the field.
+        let root = pod(json!({"containers": [{"name": "agent", "image": "a",
+            "securityContext": {"runAsUser": 0, "allowPrivilegeEscalation": false}}]}));
+        let err = patch(&injection, &root, &[], Some(&allow))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("spec.containers[0].securityContext.runAsUser is 0 (root)"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn a_pod_labelled_disabled_is_left_alone() {
         let mut p = pod(json!({"hostNetwork": true, "containers": [{"name": "a", "image": "a"}]}));
         p.metadata.labels = Some([(INJECT_LABEL.to_owned(), "disabled".to_owned())].into());
-        assert_eq!(patch(&injection(), &p, &[]).unwrap(), None);
+        assert_eq!(patch(&injection(), &p, &[], None).unwrap(), None);
     }
 }

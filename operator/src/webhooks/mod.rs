@@ -7,6 +7,7 @@
 
 pub mod approvals;
 pub mod inject;
+pub mod lock;
 pub mod tool_acceptance;
 pub mod validate;
 
@@ -166,13 +167,27 @@ async fn route(
         (Ok(request), Hook::Inject) => match &webhooks.injection {
             Some(injection) => {
                 let namespace = request.namespace.clone().unwrap_or_default();
-                let tokens = webhooks.index.as_ref().map_or_else(Vec::new, |index| {
-                    index
+                let known = webhooks.index.as_ref().map(|index| {
+                    let index = index
                         .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .upstream_tokens(&namespace)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    (
+                        index.is_synced(),
+                        index.upstream_tokens(&namespace),
+                        index.egress_allow(&namespace),
+                    )
                 });
-                inject::review(injection, &request, &tokens)
+                match known {
+                    // Before the cluster's EgressLocks are known, a pod
+                    // could be let in unlocked: its creation is retried.
+                    Some((false, _, _)) => AdmissionResponse::from(&request).deny(
+                        "the operator is still loading the cluster's state (EgressLocks, ToolConnections); try again in a moment",
+                    ),
+                    Some((true, tokens, egress)) => {
+                        inject::review(injection, &request, &tokens, egress.as_deref())
+                    }
+                    None => inject::review(injection, &request, &[], None),
+                }
             }
             None => AdmissionResponse::from(&request).deny(
                 "sidecar injection is not configured on this operator (start it with --sidecar-image)",

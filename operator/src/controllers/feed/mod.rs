@@ -1,6 +1,6 @@
 //! Watches that feed the index: AgentPolicies, ToolConnections, the Secrets
-//! those reference (one watch each, see `secrets`), and pods as metadata
-//! only. Each event becomes one index update; what it touched is handed to
+//! those reference (one watch each, see `secrets`), EgressLocks, and pods as
+//! metadata only. Each event becomes one index update; what it touched is handed to
 //! the status writers.
 //!
 //! The other replicas' sync reports are followed on their own (`peers`):
@@ -11,6 +11,7 @@
 //! events) and `Touched` (telling the status writers), never each other.
 
 mod connections;
+mod egress;
 mod follow;
 pub mod peers;
 mod pods;
@@ -55,7 +56,7 @@ pub async fn run(client: Client, index: Shared, touched: Touched, ready: watch::
     let mark_synced = {
         let index = index.clone();
         async move {
-            if listed.wait_for(|n| *n >= 4).await.is_ok() {
+            if listed.wait_for(|n| *n >= 5).await.is_ok() {
                 lock(&index).mark_synced();
                 ready.send_replace(true);
                 tracing::info!("cluster state loaded; serving sidecars");
@@ -84,6 +85,7 @@ pub async fn run(client: Client, index: Shared, touched: Touched, ready: watch::
             refs_rx,
             done(&listed_tx)
         ),
+        egress::run(client.clone(), index.clone(), done(&listed_tx)),
         pods::run(client, index, touched, done(&listed_tx)),
         mark_synced,
     );
