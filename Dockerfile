@@ -4,6 +4,7 @@
 #
 #   docker build --target aip-operator     -t ghcr.io/aip-k8s/aip-operator:0.1.0 .
 #   docker build --target aip-sidecar      -t ghcr.io/aip-k8s/aip-sidecar:0.1.0 .
+#   docker build --target aip-cni          -t ghcr.io/aip-k8s/aip-cni:0.1.0 .
 #   docker build --target aip-fault-server -t ghcr.io/aip-k8s/aip-fault-server:0.1.0 .
 #
 # Without an engine, `make images` (scripts/images.sh) builds the same images
@@ -23,9 +24,9 @@ WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p aip-operator -p aip-sidecar -p aip-fault-server \
+    cargo build --release --locked -p aip-operator -p aip-sidecar -p aip-cni -p aip-fault-server \
  && install -D -m 0755 -t /out \
-      target/release/aip-operator target/release/aip-sidecar target/release/aip-fault-server
+      target/release/aip-operator target/release/aip-sidecar target/release/aip-cni target/release/aip-fault-server
 
 FROM ${BASE} AS runtime
 ARG VERSION
@@ -41,6 +42,14 @@ LABEL org.opencontainers.image.title=aip-operator \
       org.opencontainers.image.description="The aip control plane: controllers, the per-pod config index, the gRPC policy stream and ToolConnection health."
 COPY --from=build /out/aip-operator /usr/local/bin/aip-operator
 ENTRYPOINT ["/usr/local/bin/aip-operator"]
+
+# Run by the chart's DaemonSet (as root, with the node's CNI directories
+# mounted): it installs itself as a chained CNI plugin on the node.
+FROM runtime AS aip-cni
+LABEL org.opencontainers.image.title=aip-cni \
+      org.opencontainers.image.description="The egress lock: a chained CNI plugin that locks a governed pod's egress to its aip gateway, and the installer its DaemonSet runs on every node."
+COPY --from=build /out/aip-cni /usr/local/bin/aip-cni
+ENTRYPOINT ["/usr/local/bin/aip-cni"]
 
 FROM runtime AS aip-fault-server
 LABEL org.opencontainers.image.title=aip-fault-server \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make images`: OCI images of aip-operator, aip-sidecar and aip-fault-server
+# `make images`: OCI images of aip-operator, aip-sidecar, aip-cni and aip-fault-server
 # as image archives in target/images/NAME.tar, without a container engine.
 #
 # Each image is one layer built from scratch: the release binary as
@@ -32,10 +32,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-images=(aip-operator aip-sidecar aip-fault-server aip-example-agent pause)
+images=(aip-operator aip-sidecar aip-cni aip-fault-server aip-example-agent pause)
 declare -A manifest=(
   [aip-operator]=operator/Cargo.toml
   [aip-sidecar]=sidecar/Cargo.toml
+  [aip-cni]=cni/Cargo.toml
   [aip-fault-server]=e2e/fault-server/Cargo.toml
 )
 # Two images of Go programs, static (no libraries): the agent of
@@ -45,6 +46,7 @@ declare -A manifest=(
 declare -A binary=(
   [aip-operator]=target/release/aip-operator
   [aip-sidecar]=target/release/aip-sidecar
+  [aip-cni]=target/release/aip-cni
   [aip-fault-server]=target/release/aip-fault-server
   [aip-example-agent]=target/peers/aip-example-agent
   [pause]=target/peers/pause
@@ -79,7 +81,7 @@ for tool in ldd dpkg-query tar; do
     exit 1
   }
 done
-cargo build --release --locked -p aip-operator -p aip-sidecar -p aip-fault-server
+cargo build --release --locked -p aip-operator -p aip-sidecar -p aip-cni -p aip-fault-server
 scripts/ensure-go-peers.sh
 scripts/ensure-crane.sh
 

@@ -18,6 +18,7 @@ variants=(
   "minimal|--set injection.enabled=false --set networkPolicy.enabled=false --set replicaCount=1 --set rbac.userRoles=false"
   "outside|--set service.externalName=localhost --set service.webhookPort=9443"
   "listeners|--set sidecar.adminAddress=0.0.0.0 --set sidecar.metricsAddress=:: --set sidecar.metricsPort=9090 --set-json networkPolicy.metrics.namespaceSelector={} --set networkPolicy.metrics.podSelector.matchLabels.app=prometheus --set networkPolicy.metrics.extraFrom[0].ipBlock.cidr=10.0.0.0/8 --set networkPolicy.grpc.extraFrom[0].ipBlock.cidr=192.168.0.0/16"
+  "egress-lock|--set egressLock.cni.enabled=true --set egressLock.clusterDNS[0]=10.96.0.10 --set egressLock.clusterDNS[1]=fd00::a --set egressLock.cni.binDir=/var/lib/cni/bin"
 )
 for v in "${variants[@]}"; do
   name=${v%%|*}

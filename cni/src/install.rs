@@ -25,6 +25,9 @@ const RECHECK: Duration = Duration::from_secs(2);
 pub struct Install {
     pub bin_dir: PathBuf,
     pub conf_dir: PathBuf,
+    /// `conf_dir` as the node (the runtime, the plugin) sees it: the
+    /// installer may see it mounted elsewhere.
+    pub host_conf_dir: PathBuf,
     /// The plugin binary to copy (this program).
     pub binary: PathBuf,
     /// The API server as pods reach it (https://HOST:PORT).
@@ -62,9 +65,14 @@ impl Install {
         self.conf_dir.join(STATE_DIR)
     }
 
+    /// The state directory as the node sees it.
+    fn host_state_dir(&self) -> PathBuf {
+        self.host_conf_dir.join(STATE_DIR)
+    }
+
     /// The plugin's entry in the list.
     pub fn entry(&self) -> Value {
-        json!({"type": PLUGIN, "kubeconfig": self.state_dir().join("kubeconfig")})
+        json!({"type": PLUGIN, "kubeconfig": self.host_state_dir().join("kubeconfig")})
     }
 
     /// Puts every file in place (again); true when something changed.
@@ -83,7 +91,7 @@ impl Install {
         let ca = std::fs::read(&self.ca_file).map_err(io("read", &self.ca_file))?;
         changed |= replace(&state.join("token"), &token, 0o600)?;
         changed |= replace(&state.join("ca.crt"), &ca, 0o600)?;
-        let kubeconfig = kubeconfig(&self.server, &state);
+        let kubeconfig = kubeconfig(&self.server, &self.host_state_dir());
         changed |= replace(&state.join("kubeconfig"), kubeconfig.as_bytes(), 0o600)?;
         let list = primary_list(&self.conf_dir)?;
         let text = std::fs::read_to_string(&list).map_err(io("read", &list))?;
@@ -307,6 +315,7 @@ mod tests {
         let install = Install {
             bin_dir: dir.path().join("bin"),
             conf_dir: dir.path().join("net.d"),
+            host_conf_dir: dir.path().join("net.d"),
             binary: dir.path().join("plugin"),
             server: "https://10.96.0.1:443".into(),
             token_file: dir.path().join("sa/token"),

@@ -19,6 +19,7 @@ const USAGE: &str = "usage: aip-cni install|installed --bin-dir DIR --conf-dir D
              service account), keeps them in place and removes them on SIGTERM
   installed  exits 0 when the plugin is installed and chained (a probe)
 
+  --host-conf-dir DIR  --conf-dir as the node sees it (default: the same)
   --binary PATH     the binary to install (default: this one)
   --token-file, --ca-file  the identity the plugin looks pods up with
                     (default: the pod's service account)
@@ -114,9 +115,11 @@ fn install_args(args: &[String]) -> Result<Install, String> {
             }
         }
     };
+    let conf_dir = path("--conf-dir").ok_or("--conf-dir is required")?;
     Ok(Install {
         bin_dir: path("--bin-dir").ok_or("--bin-dir is required")?,
-        conf_dir: path("--conf-dir").ok_or("--conf-dir is required")?,
+        host_conf_dir: path("--host-conf-dir").unwrap_or_else(|| conf_dir.clone()),
+        conf_dir,
         binary: match path("--binary") {
             Some(p) => p,
             None => std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?,

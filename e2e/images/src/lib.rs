@@ -19,7 +19,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 /// What `make images` builds, each as target/images/NAME.tar.
-pub const IMAGES: [&str; 3] = ["aip-operator", "aip-sidecar", "aip-fault-server"];
+pub const IMAGES: [&str; 4] = ["aip-operator", "aip-sidecar", "aip-cni", "aip-fault-server"];
 
 /// How long a process in an image may take to start or answer.
 pub const PATIENCE: Duration = Duration::from_secs(30);

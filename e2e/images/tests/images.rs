@@ -366,7 +366,7 @@ fn chart_and_dockerfile_name_the_images_make_images_builds() {
         "the chart's appVersion (its default image tag) is {VERSION}:\n{chart}"
     );
     let values = read("charts/aip/values.yaml");
-    for name in ["aip-operator", "aip-sidecar"] {
+    for name in ["aip-operator", "aip-sidecar", "aip-cni"] {
         assert!(
             values
                 .lines()
