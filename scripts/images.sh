@@ -32,38 +32,44 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-images=(aip-operator aip-sidecar aip-cni aip-fault-server aip-example-agent pause)
+images=(aip-operator aip-sidecar aip-cni aip-fault-server aip-example-agent aip-probe pause)
 declare -A manifest=(
   [aip-operator]=operator/Cargo.toml
   [aip-sidecar]=sidecar/Cargo.toml
   [aip-cni]=cni/Cargo.toml
   [aip-fault-server]=e2e/fault-server/Cargo.toml
 )
-# Two images of Go programs, static (no libraries): the agent of
-# examples/cluster, on the official MCP Go SDK's client, and the sandbox
-# (pause) image of the test node (aip-node), which imports every archive
-# here. Both are built from e2e/peers by scripts/ensure-go-peers.sh.
+# Three images of Go programs, static (no libraries): the agent of
+# examples/cluster, on the official MCP Go SDK's client; and two of the test
+# node (aip-node), which imports every archive here: its sandbox (pause)
+# image and its network prober (aip-probe, an agent that ignores its
+# gateway). All are built from e2e/peers by scripts/ensure-go-peers.sh.
 declare -A binary=(
   [aip-operator]=target/release/aip-operator
   [aip-sidecar]=target/release/aip-sidecar
   [aip-cni]=target/release/aip-cni
   [aip-fault-server]=target/release/aip-fault-server
   [aip-example-agent]=target/peers/aip-example-agent
+  [aip-probe]=target/peers/aip-probe
   [pause]=target/peers/pause
 )
 declare -A static_description=(
   [aip-example-agent]="The agent of examples/cluster: the official MCP Go SDK's client making an allowed, a blocked and a held call through the injected gateway."
+  [aip-probe]="The test node's network prober: what an agent that ignores its gateway would try (TCP, UDP, DNS, MCP), and a TCP and UDP server to try it on."
   [pause]="The pod sandbox of the project's test node: holds a pod's namespaces, exits on SIGTERM."
 )
 # The Go programs link the Go standard library (BSD-3-Clause); the agent
 # also the MCP Go SDK and its dependencies (MIT, Apache-2.0, BSD-3-Clause).
 declare -A static_licences=(
   [aip-example-agent]="Apache-2.0 AND BSD-3-Clause AND MIT"
+  [aip-probe]="Apache-2.0 AND BSD-3-Clause AND MIT"
   [pause]="Apache-2.0 AND BSD-3-Clause"
 )
 # The sandbox image's name: what the node's containerd is configured with
 # (e2e/kube-test/src/node/mod.rs, PAUSE_IMAGE); never pushed anywhere.
 pause_reference=localhost/aip-node/pause:1.0
+# The prober, like the sandbox, is the test node's alone.
+probe_reference=localhost/aip-node/aip-probe:1.0
 repository=${IMAGE_REPOSITORY:-ghcr.io/aip-k8s}
 out=target/images
 work=$out/.build
@@ -171,6 +177,7 @@ for name in "${images[@]}"; do
   tag=${IMAGE_TAG:-$version}
   reference=$repository/$name:$tag
   [ "$name" != pause ] || reference=$pause_reference
+  [ "$name" != aip-probe ] || reference=$probe_reference
   rootfs "$name" "$work/$name/rootfs"
   licences=${static_licences[$name]:-Apache-2.0}
   for pkg in $(LC_ALL=C sort "$work/$name/rootfs.packages"); do

@@ -4,7 +4,9 @@
 
 use std::path::Path;
 
-use super::{CLUSTER_DOMAIN, NODE_ADDRESS, NODE_NAME, PAUSE_IMAGE, POD_CIDR, POD_SUBNET};
+use super::{
+    CLUSTER_DOMAIN, CNI_BIN, CNI_CONF, NODE_ADDRESS, NODE_NAME, PAUSE_IMAGE, POD_CIDR, POD_SUBNET,
+};
 
 /// containerd 1.6 (Debian's; `version = 2` config) for the kubelet's CRI.
 pub fn containerd(dir: &Path) -> String {
@@ -48,9 +50,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         SystemdCgroup = false
         Root = "{d}/runc"
 
+  # Directories of the node's own: the chart's aip-cni DaemonSet installs
+  # into them, never into the machine's /usr/lib/cni or /etc/cni.
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = "{d}/cni"
+    bin_dir = "{d}/{CNI_BIN}"
+    conf_dir = "{d}/{CNI_CONF}"
 "#
     )
 }

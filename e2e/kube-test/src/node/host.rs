@@ -88,7 +88,14 @@ pub struct Snapshot {
     /// The directories at the top of every cgroup hierarchy, and anything
     /// named like the node's anywhere below.
     pub cgroups: BTreeSet<String>,
+    /// Every file of the machine's CNI directories (/usr/lib/cni,
+    /// /opt/cni/bin, /etc/cni/net.d) with its size and modification time:
+    /// the node's plugin goes into directories of its own.
+    pub cni: BTreeSet<String>,
 }
+
+/// The machine's CNI directories, which a node must leave alone.
+pub const SYSTEM_CNI_DIRS: &[&str] = &["/usr/lib/cni", "/opt/cni/bin", "/etc/cni/net.d"];
 
 impl Snapshot {
     pub fn take() -> Snapshot {
@@ -97,6 +104,7 @@ impl Snapshot {
             sysctls: sysctls(),
             mounts: mounts(),
             cgroups: cgroups(),
+            cni: cni_files(),
         }
     }
 
@@ -122,17 +130,19 @@ impl Snapshot {
         }
         set_difference(&mut out, "mount", &before.mounts, &self.mounts);
         set_difference(&mut out, "cgroup", &before.cgroups, &self.cgroups);
+        set_difference(&mut out, "CNI file", &before.cni, &self.cni);
         out
     }
 
     /// One line saying what was compared.
     pub fn summary(&self) -> String {
         format!(
-            "iptables-save ({} lines), {} sysctls, {} mounts, {} cgroup directories",
+            "iptables-save ({} lines), {} sysctls, {} mounts, {} cgroup directories, {} CNI files",
             self.iptables.len(),
             self.sysctls.len(),
             self.mounts.len(),
-            self.cgroups.len()
+            self.cgroups.len(),
+            self.cni.len()
         )
     }
 }
@@ -207,6 +217,30 @@ fn mounts() -> BTreeSet<String> {
             Some(format!("{target} {fstype} {source}"))
         })
         .collect()
+}
+
+fn cni_files() -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for dir in SYSTEM_CNI_DIRS {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            out.insert(format!("{dir} (absent)"));
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(meta) = entry.metadata() else { continue };
+            let modified = meta
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_nanos());
+            out.insert(format!(
+                "{} {} bytes, modified {modified}",
+                entry.path().display(),
+                meta.len()
+            ));
+        }
+    }
+    out
 }
 
 fn cgroups() -> BTreeSet<String> {

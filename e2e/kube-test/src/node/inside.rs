@@ -216,7 +216,10 @@ async fn start(
         ("kube-proxy.kubeconfig", admin.clone()),
         ("Corefile", config::corefile(dir)),
         ("coredns.kubeconfig", admin),
-        ("cni/10-aip-node.conflist", config::cni(dir)),
+        (
+            &format!("{}/10-aip-node.conflist", super::CNI_CONF),
+            config::cni(dir),
+        ),
     ] {
         let path = dir.join(name);
         if let Some(parent) = path.parent() {
@@ -224,6 +227,8 @@ async fn start(
         }
         write(&path, &text)?;
     }
+
+    link_system_plugins(&dir.join(super::CNI_BIN))?;
 
     let socket = dir.join("containerd.sock");
     parts.processes.push(Supervised::spawn(
@@ -363,6 +368,22 @@ async fn start(
         reason: e.to_string(),
     })?;
     write(&dir.join("node.json"), &text)
+}
+
+/// The machine's CNI plugins, each linked into the node's own binary
+/// directory (which the aip-cni DaemonSet may write to).
+fn link_system_plugins(bin: &Path) -> Result<(), Error> {
+    mkdir(bin)?;
+    let system = Path::new(super::SYSTEM_CNI_PLUGINS);
+    let entries = std::fs::read_dir(system).map_err(Error::io("cannot read", system))?;
+    for entry in entries.flatten() {
+        let link = bin.join(entry.file_name());
+        if !link.exists() {
+            std::os::unix::fs::symlink(entry.path(), &link)
+                .map_err(Error::io("cannot link", &link))?;
+        }
+    }
+    Ok(())
 }
 
 fn progress(what: &str, started: Instant) {

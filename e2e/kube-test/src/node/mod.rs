@@ -52,6 +52,14 @@ pub const NODE_ADDRESS: &str = "10.223.0.1";
 pub const POD_CIDR: &str = "10.224.0.0/16";
 pub const POD_SUBNET: &str = "10.224.0.0/24";
 pub const CLUSTER_DOMAIN: &str = "cluster.local";
+/// The node's CNI binary and configuration directories, below its own
+/// directory ([`NodeInfo::dir`]): the machine's plugins (/usr/lib/cni) are
+/// linked into the first, and the chart's aip-cni DaemonSet installs into
+/// both, so nothing lands in a system path.
+pub const CNI_BIN: &str = "cni-bin";
+pub const CNI_CONF: &str = "cni";
+/// Where Debian's containernetworking-plugins are.
+pub const SYSTEM_CNI_PLUGINS: &str = "/usr/lib/cni";
 /// The sandbox image, built from e2e/peers/cmd/pause by `make images`.
 pub const PAUSE_IMAGE: &str = "localhost/aip-node/pause:1.0";
 
