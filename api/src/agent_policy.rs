@@ -189,6 +189,10 @@ pub struct AgentPolicyStatus {
     /// Governed pods whose sidecar acknowledged the current policy hash.
     #[serde(default)]
     pub synced_pods: u32,
+    /// Governed pods whose gateway runs behind a proven egress lock (their
+    /// namespace has an EgressLock, and the pod's lock check passed).
+    #[serde(default)]
+    pub locked_pods: u32,
     /// synced/governed, e.g. "12/12".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub synced: Option<String>,

@@ -185,6 +185,7 @@ impl Harness {
             uid: uid.clone(),
             labels: BTreeMap::from([("app".to_owned(), app.to_owned())]),
             injected: true,
+            locked: false,
         });
         uid
     }
@@ -552,6 +553,7 @@ impl OnePod {
             uid: "u1".to_owned(),
             labels: BTreeMap::new(),
             injected: true,
+            locked: false,
         });
         let auth = PodIdentity {
             namespace: "agents".to_owned(),

@@ -270,6 +270,7 @@ pub fn desired(view: &PolicyView, current: &AgentPolicyStatus, now: Time) -> Age
             .or_else(|| current.mode.clone()),
         governed_pods: view.governed_pods,
         synced_pods: view.synced_pods,
+        locked_pods: view.locked_pods,
         synced: Some(format!("{}/{}", view.synced_pods, view.governed_pods)),
         pods_without_sidecar: view
             .without_sidecar
@@ -395,6 +396,7 @@ mod tests {
             })),
             governed_pods: 12,
             synced_pods: 12,
+            locked_pods: 0,
             conflicts: BTreeMap::new(),
             missing_connections: Vec::new(),
             without_sidecar: Vec::new(),

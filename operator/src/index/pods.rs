@@ -18,6 +18,10 @@ pub struct PodMeta {
     pub labels: BTreeMap<String, String>,
     /// The injector marked it (annotation `aip.io/sidecar`).
     pub injected: bool,
+    /// The injector gave it an egress lock (annotation
+    /// `aip.io/egress-lock`): its gateway starts only once the lock is
+    /// proven.
+    pub locked: bool,
 }
 
 pub(super) struct PodEntry {
@@ -29,6 +33,7 @@ pub(super) struct PodEntry {
     /// The policy hash of the config version the sidecar last acknowledged.
     pub(super) acked_hash: Option<String>,
     pub(super) injected: bool,
+    pub(super) locked: bool,
     /// Whether a sidecar of this pod ever acknowledged a config.
     pub(super) acked_once: bool,
 }
@@ -59,6 +64,7 @@ impl Index {
                 entry.labels = pod.labels;
                 entry.matched = matched;
                 entry.injected = pod.injected;
+                entry.locked = pod.locked;
             }
             _ => {
                 let (config, _) = watch::channel(Arc::new(PodConfig::initial()));
@@ -69,6 +75,7 @@ impl Index {
                     config,
                     acked_hash: None,
                     injected: pod.injected,
+                    locked: pod.locked,
                     acked_once: false,
                 };
                 let uid = entry.uid.clone();

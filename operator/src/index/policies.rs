@@ -25,6 +25,9 @@ pub struct PolicyView {
     /// Governed pods whose sidecar acknowledged a config with `accepted`'s
     /// hash, to this replica or (as reported) to another.
     pub synced_pods: u32,
+    /// Governed pods with an egress lock whose gateway connected (it
+    /// starts only after the pod's lock check passed).
+    pub locked_pods: u32,
     /// Pods also selected by another policy, and those policies' names.
     pub conflicts: BTreeMap<String, Vec<String>>,
     /// Granted connections that do not exist.
@@ -114,6 +117,7 @@ impl Index {
             accepted: accepted.clone(),
             governed_pods: 0,
             synced_pods: 0,
+            locked_pods: 0,
             conflicts: BTreeMap::new(),
             missing_connections: Vec::new(),
             without_sidecar: Vec::new(),
@@ -128,8 +132,12 @@ impl Index {
                 continue;
             }
             view.governed_pods += 1;
-            if !pod.injected && !pod.acked_once && !self.peers.acked(pod.uid(), None) {
+            let connected = pod.acked_once || self.peers.acked(pod.uid(), None);
+            if !pod.injected && !connected {
                 view.without_sidecar.push(pod_name.clone());
+            }
+            if pod.locked && connected {
+                view.locked_pods += 1;
             }
             if let Some(hash) = accepted.as_ref().map(|a| a.hash.as_str())
                 && (pod.acked_hash.as_deref() == Some(hash)

@@ -18,6 +18,7 @@ mod admission;
 mod approvals;
 mod chart;
 mod disruptions;
+mod egress;
 mod enforcement;
 mod example;
 mod faults;

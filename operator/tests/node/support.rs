@@ -94,9 +94,10 @@ fn install_chart_once(kubectl: &Kubectl) {
     let chart = repo().join("charts/aip");
     let script = format!(
         "{helm} status {RELEASE} -n {OPERATOR_NAMESPACE} >/dev/null 2>&1 || \
-         {helm} install {RELEASE} {chart} --namespace {OPERATOR_NAMESPACE} --create-namespace --wait --timeout 5m",
+         {helm} install {RELEASE} {chart} --namespace {OPERATOR_NAMESPACE} --create-namespace --wait --timeout 5m {lock}",
         helm = helm.display(),
         chart = chart.display(),
+        lock = lock_values(Path::new(&node_dir)).join(" "),
     );
     let out = Command::new("flock")
         .arg(&lock)
@@ -118,6 +119,26 @@ fn install_chart_once(kubectl: &Kubectl) {
     );
     wait_webhooks(kubectl, Duration::from_secs(60));
     *installed = true;
+}
+
+/// The chart's egress-lock values on the test node: the CNI DaemonSet on,
+/// into the node's own CNI directories, the node's DNS server. Namespaces
+/// without an EgressLock are not locked: every other story runs with the
+/// plugin installed and shows that it changes nothing for them.
+pub fn lock_values(node_dir: &Path) -> Vec<String> {
+    use aip_kube_test::node::{CNI_BIN, CNI_CONF, NODE_ADDRESS};
+    vec![
+        "--set egressLock.cni.enabled=true".to_owned(),
+        format!(
+            "--set egressLock.cni.binDir={}",
+            node_dir.join(CNI_BIN).display()
+        ),
+        format!(
+            "--set egressLock.cni.confDir={}",
+            node_dir.join(CNI_CONF).display()
+        ),
+        format!("--set egressLock.clusterDNS[0]={NODE_ADDRESS}"),
+    ]
 }
 
 /// Waits until the operator's webhooks answer through their Service. Helm's

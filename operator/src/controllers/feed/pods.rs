@@ -44,6 +44,9 @@ pub(super) async fn run(client: Client, index: Shared, touched: Touched, listed:
                 uid: p.uid().unwrap_or_default(),
                 labels: p.labels().clone(),
                 injected: p.annotations().contains_key(INJECTED_ANNOTATION),
+                locked: p
+                    .annotations()
+                    .contains_key(aip_api::egress_lock::LOCK_ANNOTATION),
             };
             touched.policies(lock(&index).apply_pod(meta));
         },

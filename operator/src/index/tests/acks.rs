@@ -58,3 +58,22 @@ fn a_governed_pod_without_a_gateway_is_named_until_its_sidecar_reports() {
             .is_empty()
     );
 }
+
+#[test]
+fn a_locked_pod_counts_as_locked_once_its_gateway_connected() {
+    let mut index = Index::new();
+    let mut locked = pod("agents", "a-1", "u1", &[("app", "a")]);
+    locked.locked = true;
+    index.apply_pod(locked);
+    index.apply_pod(pod("agents", "a-2", "u2", &[("app", "a")]));
+    index.apply_policy("agents", "p", Some(1), &policy("a", &["x"], &[]));
+    // Its gateway starts only after its lock check passed: until then the
+    // lock is not proven.
+    assert_eq!(index.policy_view("agents", "p").unwrap().locked_pods, 0);
+    for (name, uid) in [("a-1", "u1"), ("a-2", "u2")] {
+        let v = current(&index, "agents", name, uid).version;
+        index.ack("agents", name, uid, v);
+    }
+    let view = index.policy_view("agents", "p").unwrap();
+    assert_eq!((view.governed_pods, view.locked_pods), (2, 1));
+}
