@@ -60,7 +60,81 @@ fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> 
     }
 }
 
+/// Where the pod's service account is mounted.
+const ACCOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// The installer's flags, each `--flag VALUE` or `--flag=VALUE`.
+const FLAGS: [&str; 7] = [
+    "--bin-dir",
+    "--conf-dir",
+    "--host-conf-dir",
+    "--binary",
+    "--token-file",
+    "--ca-file",
+    "--server",
+];
+
 impl Install {
+    /// From the command line; `env` reads the pod's environment (the API
+    /// server's address when `--server` is not given).
+    pub fn from_args(
+        args: &[String],
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Install, String> {
+        let mut flags: std::collections::BTreeMap<&str, String> = Default::default();
+        let mut rest = args.iter();
+        while let Some(flag) = rest.next() {
+            let (name, inline) = match flag.split_once('=') {
+                Some((name, value)) => (name, Some(value.to_owned())),
+                None => (flag.as_str(), None),
+            };
+            let Some(name) = FLAGS.iter().copied().find(|f| *f == name) else {
+                return Err(format!("unknown flag {name}"));
+            };
+            let value = match inline {
+                Some(value) => value,
+                None => rest
+                    .next()
+                    .cloned()
+                    .ok_or_else(|| format!("{name} needs a value"))?,
+            };
+            flags.insert(name, value);
+        }
+        let path = |name: &str| flags.get(name).map(PathBuf::from);
+        let server = match flags.get("--server") {
+            Some(s) => s.clone(),
+            None => {
+                let host = env("KUBERNETES_SERVICE_HOST").unwrap_or_default();
+                let port = env("KUBERNETES_SERVICE_PORT").unwrap_or_else(|| "443".into());
+                if host.is_empty() {
+                    return Err(
+                        "--server is required outside a pod (no KUBERNETES_SERVICE_HOST)".into(),
+                    );
+                } else if host.contains(':') {
+                    format!("https://[{host}]:{port}")
+                } else {
+                    format!("https://{host}:{port}")
+                }
+            }
+        };
+        let conf_dir = path("--conf-dir").ok_or("--conf-dir is required")?;
+        Ok(Install {
+            bin_dir: path("--bin-dir").ok_or("--bin-dir is required")?,
+            host_conf_dir: path("--host-conf-dir").unwrap_or_else(|| conf_dir.clone()),
+            conf_dir,
+            binary: match path("--binary") {
+                Some(p) => p,
+                None => {
+                    std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?
+                }
+            },
+            server,
+            token_file: path("--token-file")
+                .unwrap_or_else(|| PathBuf::from(ACCOUNT).join("token")),
+            ca_file: path("--ca-file").unwrap_or_else(|| PathBuf::from(ACCOUNT).join("ca.crt")),
+        })
+    }
+
     fn state_dir(&self) -> PathBuf {
         self.conf_dir.join(STATE_DIR)
     }
@@ -99,6 +173,11 @@ impl Install {
             path: list.clone(),
             reason: e.to_string(),
         })?;
+        if unchain(&parsed).is_none() {
+            // The list as the cluster's CNI wrote it, to put back byte for
+            // byte when the plugin leaves.
+            replace(&state.join(original_name(&list)), text.as_bytes(), 0o600)?;
+        }
         if let Some(chained) =
             chain(&parsed, &self.entry()).map_err(|reason| InstallError::NotAList {
                 path: list.clone(),
@@ -135,8 +214,17 @@ impl Install {
                 continue;
             };
             if let Some(unchained) = unchain(&parsed) {
-                let text = serde_json::to_string_pretty(&unchained).unwrap_or_default();
-                write_atomically(&list, text.as_bytes(), 0o644)?;
+                let original = std::fs::read(self.state_dir().join(original_name(&list)))
+                    .ok()
+                    .filter(|o| {
+                        serde_json::from_slice::<Value>(o).ok().as_ref() == Some(&unchained)
+                    });
+                let text = original.unwrap_or_else(|| {
+                    serde_json::to_string_pretty(&unchained)
+                        .unwrap_or_default()
+                        .into_bytes()
+                });
+                write_atomically(&list, &text, 0o644)?;
             }
         }
         let binary = self.bin_dir.join(PLUGIN);
@@ -202,6 +290,15 @@ fn kubeconfig(server: &str, state: &Path) -> String {
         "current-context": PLUGIN
     });
     serde_json::to_string_pretty(&config).unwrap_or_default()
+}
+
+/// Where the state directory keeps `list` as it was before the plugin.
+fn original_name(list: &Path) -> String {
+    let name = list
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    format!("{name}.original")
 }
 
 /// The configuration lists of `dir`, in the order the runtime reads them.
@@ -353,8 +450,43 @@ mod tests {
 
         install.remove().unwrap();
         assert!(!install.installed());
+        // Byte for byte, as the cluster's CNI wrote it.
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("net.d/10-k8s.conflist")).unwrap(),
+            list().to_string()
+        );
         assert_eq!(snapshot(dir.path()), before);
         install.remove().unwrap();
+    }
+
+    #[test]
+    fn flags_take_their_values_either_way_and_the_server_comes_from_the_pod() {
+        let args: Vec<String> = [
+            "--bin-dir=/host/bin",
+            "--conf-dir",
+            "/host/net.d",
+            "--host-conf-dir=/etc/cni/net.d",
+        ]
+        .map(String::from)
+        .to_vec();
+        let env = |name: &str| match name {
+            "KUBERNETES_SERVICE_HOST" => Some("fd00::1".to_owned()),
+            "KUBERNETES_SERVICE_PORT" => Some("6443".to_owned()),
+            _ => None,
+        };
+        let install = Install::from_args(&args, env).unwrap();
+        assert_eq!(install.bin_dir, Path::new("/host/bin"));
+        assert_eq!(install.conf_dir, Path::new("/host/net.d"));
+        assert_eq!(
+            install.entry()["kubeconfig"],
+            "/etc/cni/net.d/aip-cni.d/kubeconfig"
+        );
+        assert_eq!(install.server, "https://[fd00::1]:6443");
+        assert_eq!(install.token_file, Path::new(ACCOUNT).join("token"));
+        let err = Install::from_args(&["--bin".to_owned()], env).unwrap_err();
+        assert_eq!(err, "unknown flag --bin");
+        let err = Install::from_args(&["--conf-dir=/x".to_owned()], |_| None).unwrap_err();
+        assert!(err.contains("--server is required"), "{err}");
     }
 
     #[test]

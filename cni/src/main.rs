@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use aip_cni::install::Install;
@@ -36,98 +35,49 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     match args.first().map(String::as_str) {
-        Some(command @ ("install" | "installed")) => match install_args(&args[1..]) {
-            Ok(install) if command == "installed" => {
-                if install.installed() {
-                    ExitCode::SUCCESS
-                } else {
-                    eprintln!(
-                        "aip-cni: not installed (or not chained) in {}",
-                        install.conf_dir.display()
-                    );
-                    ExitCode::FAILURE
-                }
-            }
-            Ok(install) => {
-                let runtime = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(r) => r,
-                    Err(e) => {
-                        eprintln!("aip-cni: cannot start: {e}");
-                        return ExitCode::FAILURE;
-                    }
-                };
-                match runtime.block_on(install.run()) {
-                    Ok(()) => ExitCode::SUCCESS,
-                    Err(e) => {
-                        eprintln!("aip-cni: {e}");
+        Some(command @ ("install" | "installed")) => {
+            match Install::from_args(&args[1..], |name| std::env::var(name).ok()) {
+                Ok(install) if command == "installed" => {
+                    if install.installed() {
+                        ExitCode::SUCCESS
+                    } else {
+                        eprintln!(
+                            "aip-cni: not installed (or not chained) in {}",
+                            install.conf_dir.display()
+                        );
                         ExitCode::FAILURE
                     }
                 }
+                Ok(install) => {
+                    let runtime = match tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                    {
+                        Ok(r) => r,
+                        Err(e) => {
+                            eprintln!("aip-cni: cannot start: {e}");
+                            return ExitCode::FAILURE;
+                        }
+                    };
+                    match runtime.block_on(install.run()) {
+                        Ok(()) => ExitCode::SUCCESS,
+                        Err(e) => {
+                            eprintln!("aip-cni: {e}");
+                            ExitCode::FAILURE
+                        }
+                    }
+                }
+                Err(e) => {
+                    eprintln!("aip-cni: {e}\n{USAGE}");
+                    ExitCode::from(2)
+                }
             }
-            Err(e) => {
-                eprintln!("aip-cni: {e}\n{USAGE}");
-                ExitCode::from(2)
-            }
-        },
+        }
         _ => {
             eprintln!("{USAGE}");
             ExitCode::from(2)
         }
     }
-}
-
-fn install_args(args: &[String]) -> Result<Install, String> {
-    let mut flags: BTreeMap<&str, String> = BTreeMap::new();
-    let mut rest = args.iter();
-    while let Some(flag) = rest.next() {
-        let name = flag.as_str();
-        if ![
-            "--bin-dir",
-            "--conf-dir",
-            "--binary",
-            "--token-file",
-            "--ca-file",
-            "--server",
-        ]
-        .contains(&name)
-        {
-            return Err(format!("unknown flag {name}"));
-        }
-        let value = rest.next().ok_or_else(|| format!("{name} needs a value"))?;
-        flags.insert(name, value.clone());
-    }
-    let path = |name: &str| flags.get(name).map(PathBuf::from);
-    const ACCOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
-    let server = match flags.get("--server") {
-        Some(s) => s.clone(),
-        None => {
-            let host = std::env::var("KUBERNETES_SERVICE_HOST").unwrap_or_default();
-            let port = std::env::var("KUBERNETES_SERVICE_PORT").unwrap_or_else(|_| "443".into());
-            if host.is_empty() {
-                String::new()
-            } else if host.contains(':') {
-                format!("https://[{host}]:{port}")
-            } else {
-                format!("https://{host}:{port}")
-            }
-        }
-    };
-    let conf_dir = path("--conf-dir").ok_or("--conf-dir is required")?;
-    Ok(Install {
-        bin_dir: path("--bin-dir").ok_or("--bin-dir is required")?,
-        host_conf_dir: path("--host-conf-dir").unwrap_or_else(|| conf_dir.clone()),
-        conf_dir,
-        binary: match path("--binary") {
-            Some(p) => p,
-            None => std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?,
-        },
-        server,
-        token_file: path("--token-file").unwrap_or_else(|| PathBuf::from(ACCOUNT).join("token")),
-        ca_file: path("--ca-file").unwrap_or_else(|| PathBuf::from(ACCOUNT).join("ca.crt")),
-    })
 }
 
 /// One CNI invocation: the answer on stdout, a line for the runtime's log

@@ -410,6 +410,10 @@ async fn without_the_plugin_a_locked_pod_never_runs_its_agent() {
     let story = setup(&cluster, "noplugin", Some("[]")).await;
     let (bin, conf) = node_cni();
     assert!(bin.join("aip-cni").is_file() && chained(&conf));
+    let list = conf.join("10-aip-node.conflist");
+    let original = std::fs::read_to_string(conf.join("aip-cni.d/10-aip-node.conflist.original"))
+        .expect("the installer keeps the list as it found it");
+    assert!(!original.contains("aip-cni"), "{original}");
     let system = cluster.kubectl(aip_kube_test::User::Admin, OPERATOR_NAMESPACE);
     // The DaemonSet's pod stops (it runs on no node): it takes the plugin
     // out of the node's configuration and its binary away.
@@ -430,6 +434,12 @@ async fn without_the_plugin_a_locked_pod_never_runs_its_agent() {
             .then_some(())
     })
     .await;
+
+    // The node's configuration is what it was before the chart, byte for
+    // byte, and the plugin never wrote to the node's own tables.
+    assert_eq!(std::fs::read_to_string(&list).unwrap(), original);
+    let node_rules = Command::new("iptables-save").output().unwrap();
+    assert!(!String::from_utf8_lossy(&node_rules.stdout).contains("AIP-EGRESS"));
 
     story
         .admin

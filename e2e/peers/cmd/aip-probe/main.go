@@ -4,7 +4,7 @@
 //
 //	aip-probe idle                   wait for SIGTERM (a container to exec into)
 //	aip-probe serve PORT             TCP (writes "hello") and UDP (echo) on [::]:PORT
-//	aip-probe tcp ADDR [ADDR...]     a TCP connection to each ADDR (host:port)
+//	aip-probe tcp ADDR [ADDR...]     a TCP connection to each ADDR (host:port), then closed
 //	aip-probe udp ADDR [ADDR...]     a datagram exchange with each ADDR
 //	aip-probe dns NAME [NAME...]     each NAME resolved
 //	aip-probe mcp URL TOOL [JSON]    one tools/call over Streamable HTTP
@@ -108,12 +108,10 @@ func attempt(kind, target string) {
 	switch kind {
 	case "tcp":
 		var conn net.Conn
+		// Connected is reached: the server's first words are its own
+		// business (an HTTP server says nothing until asked).
 		conn, err = net.DialTimeout("tcp", target, patience)
 		if err == nil {
-			conn.SetReadDeadline(time.Now().Add(patience))
-			buf := make([]byte, 5)
-			_, err = conn.Read(buf)
-			detail = string(buf)
 			conn.Close()
 		}
 	case "udp":
