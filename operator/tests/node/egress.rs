@@ -137,12 +137,20 @@ fn addresses(story: &Story, app: &str) -> (String, String) {
     (cluster_ip, pod_ip)
 }
 
-/// Gives the network namespace of `container` of pod `pod` the IPv6 address
-/// `V6_PREFIX::host` on its interface (the pods share the node's bridge, so
-/// they reach each other at these addresses: the node itself has none).
-fn give_ipv6(story: &Story, pod: &str, container: &str, host: u16) -> String {
+/// Gives the network namespace of `container` of pod `pod` an IPv6 address
+/// on its interface: `V6_PREFIX::` and the last two octets of its IPv4
+/// address, unique on the node as those are (the pods share the node's
+/// bridge, so they reach each other at these addresses; the node itself has
+/// none).
+fn give_ipv6(story: &Story, pod: &str, container: &str) -> String {
     let pid = container_pid(&container_id(story, pod, container));
-    let address = format!("{V6_PREFIX}::{host:x}");
+    let v4: std::net::Ipv4Addr = story.pod_json(pod)["status"]["podIP"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let [_, _, high, low] = v4.octets();
+    let address = format!("{V6_PREFIX}::{:x}", u16::from(high) << 8 | u16::from(low));
     let out = Command::new("nsenter")
         .args(["-t", &pid.to_string(), "-n", "ip", "-6", "addr", "add"])
         .args([&format!("{address}/64"), "dev", "eth0", "nodad"])
@@ -273,8 +281,8 @@ async fn with_the_lock_the_agent_is_refused_at_once_everywhere_but_its_gateway()
 
     // IPv6, on addresses of the test's own: refused for the agent.
     let echo = echo_pod(&story);
-    let echo_v6 = give_ipv6(&story, &echo, "echo", 0x11);
-    give_ipv6(&story, "agent", "agent", 0x20);
+    let echo_v6 = give_ipv6(&story, &echo, "echo");
+    give_ipv6(&story, "agent", "agent");
     refused_at_once(&probe(
         &story,
         "agent",
@@ -334,8 +342,8 @@ async fn without_an_egress_lock_nothing_changes() {
         &[&format!("{echo_ip}:8090")],
     ));
     let echo = echo_pod(&story);
-    let echo_v6 = give_ipv6(&story, &echo, "echo", 0x11);
-    give_ipv6(&story, "agent", "agent", 0x20);
+    let echo_v6 = give_ipv6(&story, &echo, "echo");
+    give_ipv6(&story, "agent", "agent");
     reached(&probe(
         &story,
         "agent",
