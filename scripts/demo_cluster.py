@@ -114,9 +114,15 @@ def run_the_job(first):
     pod = until("the agent's pod", lambda: json.loads(kubectl(
         "get", "pods", "-n", "agents", "-l", "job-name=agent", "-o", "json", show=False))["items"])[0]
     if first:
-        sidecar = pod["spec"]["initContainers"][0]
-        print(f"   initContainers: {sidecar['name']} (restartPolicy: {sidecar['restartPolicy']}: a native sidecar, "
-              f"startup probe {sidecar['startupProbe']['httpGet']['path']})")
+        init = {c["name"]: c for c in pod["spec"]["initContainers"]}
+        sidecar = init["aip-sidecar"]
+        print(f"   initContainers: {', '.join(init)}")
+        if "aip-lock-check" in init:
+            print(f"     aip-lock-check: `{' '.join(init['aip-lock-check']['args'])}` as user "
+                  f"{init['aip-lock-check']['securityContext']['runAsUser']}: the pod proves its egress lock first")
+        print(f"     {sidecar['name']}: restartPolicy {sidecar['restartPolicy']} (a native sidecar), "
+              f"startup probe {sidecar['startupProbe']['httpGet']['path']}, user "
+              f"{sidecar['securityContext']['runAsUser']}")
         env = ", ".join(f"{e['name']}={e.get('value', '')}" for e in pod["spec"]["containers"][0].get("env", []))
         print(f"   the agent container's environment: {env}")
         step("The agent (the official MCP Go SDK's client) calls its tools through the gateway")
@@ -149,8 +155,17 @@ def main():
     kubectl("get", "nodes", "-o", "wide")
     print("   users: admin (system:masters), alice (group approvers)")
 
-    step("Install the Helm chart as it ships (the operator runs as a pod from its image)")
+    step("Install the Helm chart as it ships (the operator runs as a pod from its image), "
+         "with the egress lock's CNI plugin on the node")
+    # The node's own CNI directories and DNS server (a cluster of your own:
+    # /opt/cni/bin, /etc/cni/net.d and Service kube-system/kube-dns, the
+    # defaults).
+    info = json.load(open(os.path.join(NODE, "node.json")))
     tool("helm", "install", "aip", "charts/aip", "--namespace", "aip-system", "--create-namespace",
+         "--set", "egressLock.cni.enabled=true",
+         "--set", f"egressLock.cni.binDir={os.path.join(NODE, 'cni-bin')}",
+         "--set", f"egressLock.cni.confDir={os.path.join(NODE, 'cni')}",
+         "--set", f"egressLock.clusterDNS[0]={info['node_address']}",
          "--wait", "--timeout", "5m", until=("NOTES:", "helm get notes aip -n aip-system"))
     kubectl("get", "pods", "-n", "aip-system", "-o", "wide")
 

@@ -25,8 +25,10 @@ async fn the_cluster_example_runs_in_real_pods_as_the_quickstart_says() {
     let (ok, out, err) = admin.aip(&["grant", "fs", "-n", "agents"]);
     assert!(ok, "{out}{err}");
 
-    // The agent lists its tools, reads a file and is refused fs_chmod; its
-    // delete waits for a person.
+    // The agent first reads straight from the tool server, around its
+    // gateway: the namespace's EgressLock refuses that at once. Then it
+    // lists its tools, reads a file and is refused fs_chmod; its delete
+    // waits for a person.
     let request = pending_request(&alice, POD_PATIENCE * 2).await;
     let log = log_line(
         &admin,
@@ -36,6 +38,15 @@ async fn the_cluster_example_runs_in_real_pods_as_the_quickstart_says() {
         POD_PATIENCE,
     )
     .await;
+    let direct = log
+        .lines()
+        .find(|l| l.starts_with("read_file straight to "))
+        .unwrap_or_else(|| panic!("no direct attempt in:\n{log}"));
+    assert!(
+        direct.contains("(around the gateway): refused in ")
+            && direct.ends_with("the pod's egress lock holds"),
+        "{direct}"
+    );
     let tools = log
         .lines()
         .find(|l| l.starts_with("tools: "))

@@ -7,7 +7,10 @@
 // mode (blocked: the policy does not allow fs_chmod), and deletes a file
 // (held until a person approves the ApprovalRequest the gateway makes).
 // Each step prints one line: the call, and what the gateway or the server
-// said. It exits 0 when every step ended as the example expects (the read
+// said. With $AIP_DIRECT_MCP_URL set it first makes the read as an agent
+// that ignores its gateway would, straight to the tool server at that URL,
+// and says whether the pod's egress lock refused it; with
+// $AIP_EXPECT_DIRECT=refused that refusal is one of the expected outcomes. It exits 0 when every step ended as the example expects (the read
 // and the approved delete succeed, the chmod is refused with -32001); 2
 // when one did not (then the Job fails, and says so); 1 when it cannot
 // reach the gateway or never sees a tool.
@@ -19,6 +22,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -40,6 +44,13 @@ func main() {
 		fail("AIP_MCP_URL is not set (the injected gateway sets it in the agent's environment)")
 	}
 	ctx := context.Background()
+	var unexpected []string
+	if direct := os.Getenv("AIP_DIRECT_MCP_URL"); direct != "" {
+		refused := aroundTheGateway(ctx, direct)
+		if os.Getenv("AIP_EXPECT_DIRECT") == "refused" && !refused {
+			unexpected = append(unexpected, "read_file straight to the tool server: expected the egress lock to refuse it")
+		}
+	}
 	client := mcp.NewClient(&mcp.Implementation{Name: "aip-example-agent", Version: "0.1.0"}, nil)
 	session, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url}, nil)
 	if err != nil {
@@ -49,7 +60,6 @@ func main() {
 
 	names := toolsOnceGranted(ctx, session)
 	fmt.Println("tools:", strings.Join(names, ", "))
-	var unexpected []string
 	expect := func(tool string, got outcome, want outcome) {
 		if got != want {
 			unexpected = append(unexpected, fmt.Sprintf("%s: expected %s, got %s", tool, want, got))
@@ -61,9 +71,35 @@ func main() {
 	expect("fs_delete_file", call(ctx, session, "fs_delete_file", map[string]any{"path": "/reports/old.txt"}, heldCallTimeout), succeeded)
 	if len(unexpected) > 0 {
 		session.Close()
-		fmt.Fprintf(os.Stderr, "aip-example-agent: %d of 3 calls did not end as the example expects:\n  %s\n", len(unexpected), strings.Join(unexpected, "\n  "))
+		fmt.Fprintf(os.Stderr, "aip-example-agent: %d calls did not end as the example expects:\n  %s\n", len(unexpected), strings.Join(unexpected, "\n  "))
 		os.Exit(2)
 	}
+}
+
+// aroundTheGateway reads the report straight from the tool server at url,
+// as an agent that ignores $AIP_MCP_URL would; true when the connection was
+// refused (the pod's egress lock), false when the server was reached.
+func aroundTheGateway(ctx context.Context, url string) bool {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	started := time.Now()
+	client := mcp.NewClient(&mcp.Implementation{Name: "aip-example-agent", Version: "0.1.0"}, nil)
+	session, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url}, nil)
+	if err == nil {
+		defer session.Close()
+		_, err = session.CallTool(ctx, &mcp.CallToolParams{Name: "read_file", Arguments: map[string]any{"path": "/reports/q3.txt"}})
+	}
+	took := time.Since(started).Milliseconds()
+	if err != nil && (errors.Is(err, syscall.ECONNREFUSED) || strings.Contains(err.Error(), "connection refused")) {
+		fmt.Printf("read_file straight to %s (around the gateway): refused in %d ms: the pod's egress lock holds\n", url, took)
+		return true
+	}
+	if err != nil {
+		fmt.Printf("read_file straight to %s (around the gateway): reached the server, which said: %v\n", url, err)
+	} else {
+		fmt.Printf("read_file straight to %s (around the gateway): reached the server and read the file: nothing locks this pod's egress\n", url)
+	}
+	return false
 }
 
 // How a call ended: a result (ok, or a tool error), or a JSON-RPC error's
