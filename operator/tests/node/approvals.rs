@@ -198,13 +198,13 @@ async fn a_held_call_outlives_a_helm_upgrade_of_the_chart() {
     let request = pending_request(&alice, POD_PATIENCE).await;
 
     let operator = cluster.kubectl(User::Admin, OPERATOR_NAMESPACE);
-    let before = operator.get("pods", "{.items[*].metadata.name}");
+    let before = operator_pod_names(&operator);
     helm_upgrade(
         &operator,
         &format!("podAnnotations.aip\\.io/rolled={}", story.namespace),
     );
     eventually("every replica replaced", POD_PATIENCE, || async {
-        let after = operator.get("pods", "{.items[*].metadata.name}");
+        let after = operator_pod_names(&operator);
         before
             .split_whitespace()
             .all(|p| !after.split_whitespace().any(|a| a == p))

@@ -45,7 +45,7 @@ async fn sidecars_keep_enforcing_while_the_operator_is_gone_and_all_converge_whe
         None,
     );
     assert!(ok, "{out}{err}");
-    assert_eq!(operator.get("pods", "{.items[*].metadata.name}"), "");
+    assert_eq!(operator_pod_names(&operator), "");
 
     // The running pod's gateway still answers, with the policy it had.
     let (forward, mut agent) = story.agent_session("agent-1", "fs_read_file").await;

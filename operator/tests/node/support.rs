@@ -259,6 +259,24 @@ pub async fn pod(kubectl: &Kubectl, selector: &str) -> Value {
     .await
 }
 
+/// The names of the operator's pods (not the chart's other pods, such as
+/// the aip-cni DaemonSet's), space-separated.
+pub fn operator_pod_names(kubectl: &Kubectl) -> String {
+    kubectl.ok(
+        &[
+            "get",
+            "pods",
+            "-n",
+            OPERATOR_NAMESPACE,
+            "-l",
+            "app.kubernetes.io/name=aip-operator",
+            "-o",
+            "jsonpath={.items[*].metadata.name}",
+        ],
+        None,
+    )
+}
+
 /// `kubectl logs` of one container of the pods matching `selector`.
 /// Every line the operator's pods logged.
 pub fn operator_logs(kubectl: &Kubectl) -> String {
