@@ -108,6 +108,53 @@ pub enum LockRefusal {
     NoDns { pod: String },
 }
 
+/// Why a change to a running pod is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UpdateRefusal {
+    #[error(
+        "pod {pod}: metadata.annotations[{LOCK_ANNOTATION}] is the injector's record of the pod's egress lock, fixed when the pod was made; it cannot be added, changed or removed"
+    )]
+    Annotation { pod: String },
+    #[error(transparent)]
+    Container(#[from] LockRefusal),
+}
+
+/// An UPDATE of a pod (or of its ephemeral containers): the lock's record
+/// stays as the injector wrote it, and an ephemeral container added to a
+/// locked pod is held to what its other containers are.
+pub fn review_update(old: &Pod, new: &Pod, sidecar: i64) -> Result<(), UpdateRefusal> {
+    let pod = new.metadata.name.clone().unwrap_or_default();
+    let lock = |p: &Pod| {
+        p.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(LOCK_ANNOTATION).cloned())
+    };
+    if lock(old) != lock(new) {
+        return Err(UpdateRefusal::Annotation { pod });
+    }
+    if lock(old).is_none() {
+        return Ok(());
+    }
+    let spec = new.spec.clone().unwrap_or_default();
+    let before: Vec<String> = old
+        .spec
+        .as_ref()
+        .and_then(|s| s.ephemeral_containers.as_ref())
+        .map(|list| list.iter().map(|c| c.name.clone()).collect())
+        .unwrap_or_default();
+    let pod_user = spec.security_context.as_ref().and_then(|s| s.run_as_user);
+    for (i, c) in spec.ephemeral_containers.iter().flatten().enumerate() {
+        if before.contains(&c.name) {
+            continue;
+        }
+        let security = c.security_context.clone().unwrap_or_default();
+        let path = format!("spec.ephemeralContainers[{i}]");
+        check_security(&path, &security, pod_user, &pod, sidecar)?;
+    }
+    Ok(())
+}
+
 /// Checks every container of `pod` (its own, before injection) against the
 /// lock. `sidecar` is the gateway's user id.
 pub fn check_containers(pod: &Pod, name: &str, sidecar: i64) -> Result<(), LockRefusal> {
@@ -369,6 +416,50 @@ mod tests {
             err.contains("spec.initContainers[0].securityContext.runAsUser"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_running_pods_lock_record_stays_and_a_debug_container_is_held_to_it() {
+        let locked = |extra: Value| {
+            let mut pod = json!({"metadata": {"name": "agent-1",
+                    "annotations": {LOCK_ANNOTATION: "{\"sidecarUid\":7301,\"dns\":[]}"}},
+                "spec": {"containers": [{"name": "a", "image": "a"}]}});
+            if let Some(ephemeral) = extra.get("ephemeralContainers") {
+                pod["spec"]["ephemeralContainers"] = ephemeral.clone();
+            }
+            serde_json::from_value::<Pod>(pod).unwrap()
+        };
+        let old = locked(json!({}));
+        review_update(&old, &old, 7301).unwrap();
+        let mut stripped = old.clone();
+        stripped.metadata.annotations = Some(Default::default());
+        let err = review_update(&old, &stripped, 7301)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("metadata.annotations[aip.io/egress-lock]"),
+            "{err}"
+        );
+        // Added to an unlocked pod, it would lie about it.
+        assert!(review_update(&stripped, &old, 7301).is_err());
+
+        let debug = locked(json!({"ephemeralContainers": [{"name": "debug", "image": "busybox"}]}));
+        let err = review_update(&old, &debug, 7301).unwrap_err().to_string();
+        assert!(
+            err.contains("spec.ephemeralContainers[0].securityContext.runAsUser is not set"),
+            "{err}"
+        );
+        let fine = locked(
+            json!({"ephemeralContainers": [{"name": "debug", "image": "busybox",
+            "securityContext": {"runAsUser": 1000, "allowPrivilegeEscalation": false}}]}),
+        );
+        review_update(&old, &fine, 7301).unwrap();
+        // An unlocked pod's debug containers are not this webhook's business.
+        let mut plain = debug.clone();
+        plain.metadata.annotations = None;
+        let mut plain_old = old.clone();
+        plain_old.metadata.annotations = None;
+        review_update(&plain_old, &plain, 7301).unwrap();
     }
 
     #[test]

@@ -43,6 +43,8 @@ pub enum Refusal {
     Approval(#[from] super::approvals::Refusal),
     #[error(transparent)]
     Acceptance(#[from] super::tool_acceptance::Refusal),
+    #[error(transparent)]
+    Lock(#[from] super::lock::UpdateRefusal),
     #[error("this webhook does not validate {0}")]
     UnknownKind(String),
 }
@@ -96,6 +98,7 @@ pub async fn review(
                 .await
                 .map_err(Refusal::from)
         }
+        "Pod" => pod_update(webhooks, request),
         other => Err(Refusal::UnknownKind(other.to_owned())),
     };
     match verdict {
@@ -106,6 +109,30 @@ pub async fn review(
             allowed.deny(message)
         }
     }
+}
+
+/// A pod's UPDATE (or its ephemeral containers'): see `lock::review_update`.
+fn pod_update(
+    webhooks: &Webhooks,
+    request: &AdmissionRequest<DynamicObject>,
+) -> Result<(), Refusal> {
+    let pod = |o: Option<&DynamicObject>| -> Result<k8s_openapi::api::core::v1::Pod, Refusal> {
+        let value = serde_json::to_value(o).unwrap_or_default();
+        serde_path_to_error::deserialize(value).map_err(|e| Refusal::Malformed {
+            path: e.path().to_string(),
+            message: e.inner().to_string(),
+        })
+    };
+    if request.operation != Operation::Update {
+        return Ok(());
+    }
+    let old = pod(request.old_object.as_ref())?;
+    let new = pod(request.object.as_ref())?;
+    let sidecar = webhooks
+        .injection
+        .as_ref()
+        .map_or(super::inject::DEFAULT_USER, |i| i.user_id);
+    super::lock::review_update(&old, &new, sidecar).map_err(Refusal::from)
 }
 
 fn spec<T: DeserializeOwned>(object: &DynamicObject) -> Result<T, Refusal> {
