@@ -389,6 +389,47 @@ async fn an_agent_that_could_go_around_the_lock_is_refused_naming_the_field() {
         assert!(!ok, "{security} was admitted: {out}");
         assert!(err.contains(field), "{security}: {err}");
     }
+    // A debug container added to a running locked pod is held to the same
+    // rules, and the pod's lock record cannot be taken off it.
+    agent(&story, "agent");
+    let (ok, out, err) = story.admin.run(
+        &[
+            "debug",
+            "agent",
+            "-n",
+            &story.namespace,
+            "--image",
+            PROBE_IMAGE,
+            "--",
+            "/usr/local/bin/aip-probe",
+            "idle",
+        ],
+        None,
+    );
+    assert!(
+        !ok,
+        "a debug container as the image's user was admitted: {out}"
+    );
+    assert!(
+        err.contains("spec.ephemeralContainers[0].securityContext.runAsUser is not set"),
+        "{err}"
+    );
+    let (ok, out, err) = story.admin.run(
+        &[
+            "annotate",
+            "pod",
+            "agent",
+            "-n",
+            &story.namespace,
+            "aip.io/egress-lock-",
+        ],
+        None,
+    );
+    assert!(!ok, "the lock record was removed: {out}");
+    assert!(
+        err.contains("metadata.annotations[aip.io/egress-lock]"),
+        "{err}"
+    );
 }
 
 /// The node's CNI directories, as the node's containerd reads them.
