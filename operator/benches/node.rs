@@ -9,7 +9,9 @@
 //! - the example Job's wall time: `kubectl apply -k examples/cluster` →
 //!   Job Complete, the held call approved as soon as it is pending;
 //! - memory as the kubelet reports it (`/stats/summary`, working set):
-//!   each sidecar container and each operator pod.
+//!   each sidecar container and each operator pod;
+//! - the egress lock's cost, each measure paired with the same unlocked
+//!   (`node_egress.rs`).
 //!
 //! Results go to target/bench/node.json and are printed as a table.
 
@@ -26,6 +28,8 @@ use serde_json::{Value, json};
 mod common;
 #[path = "../tests/node/support.rs"]
 mod support;
+#[path = "node_egress.rs"]
+mod egress;
 
 use support::*;
 
@@ -44,6 +48,7 @@ async fn main() {
     let enforced = policy_changes(&story).await;
     let job = example_job(&cluster).await;
     let (sidecars, operators) = memory(&cluster);
+    let lock = egress::measure(&cluster).await;
 
     let report = json!({
         "pods": PODS,
@@ -54,6 +59,7 @@ async fn main() {
         "example_job_wall_s": job.as_secs_f64(),
         "sidecar_working_set_mib": sidecars,
         "operator_working_set_mib": operators,
+        "egress_lock": lock,
     });
     let path = repo().join("target/bench/node.json");
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
@@ -98,6 +104,28 @@ async fn main() {
         "  {:<44} {}",
         "operator pod working set (MiB)", report["operator_working_set_mib"]
     );
+    let lock = &report["egress_lock"];
+    let call = &lock["governed_call_p50_us"];
+    println!(
+        "  {:<44} locked {:.0} µs, unlocked {:.0} µs: ratio {:.3} (median of {} rounds)",
+        "governed call through the gateway, p50",
+        call["locked"].as_f64().unwrap(),
+        call["unlocked"].as_f64().unwrap(),
+        call["ratio"].as_f64().unwrap(),
+        call["rounds"]
+    );
+    for (what, key) in [
+        ("pod created -> agent running", "pod_created_to_agent_running_ms"),
+        ("aip-cni ADD (the plugin's work per sandbox)", "plugin_add_ms"),
+    ] {
+        println!(
+            "  {what:<44} locked p50 {:.0} ms p99 {:.0} ms; unlocked p50 {:.0} ms p99 {:.0} ms",
+            lock[key]["locked"]["p50"].as_f64().unwrap(),
+            lock[key]["locked"]["p99"].as_f64().unwrap(),
+            lock[key]["unlocked"]["p50"].as_f64().unwrap(),
+            lock[key]["unlocked"]["p99"].as_f64().unwrap(),
+        );
+    }
 }
 
 /// p50 and p99 (nearest rank) of `samples`, in milliseconds.

@@ -81,7 +81,12 @@ async fn the_cluster_example_runs_in_real_pods_as_the_quickstart_says() {
     );
     let running = pod(&admin, "job-name=agent").await;
     let pod_name = running["metadata"]["name"].as_str().unwrap().to_owned();
-    let args = running["spec"]["initContainers"][0]["args"].to_string();
+    // The example's namespace is locked: the pod proves its lock first,
+    // then its gateway starts.
+    let init = &running["spec"]["initContainers"];
+    assert_eq!(init[0]["name"], "aip-lock-check", "{running}");
+    assert_eq!(init[1]["name"], "aip-sidecar", "{running}");
+    let args = init[1]["args"].to_string();
     assert!(
         args.contains("\"--operator\",\"https://aip-operator.aip-system.svc:"),
         "{args}"
@@ -127,7 +132,10 @@ async fn the_cluster_example_runs_in_real_pods_as_the_quickstart_says() {
     // The kubelet ran the injected gateway as a native sidecar: started and
     // initialized before the agent container started.
     let pod = pod(&admin, "job-name=agent").await;
-    let sidecar = &pod["status"]["initContainerStatuses"][0];
+    let check = &pod["status"]["initContainerStatuses"][0];
+    assert_eq!(check["name"], "aip-lock-check", "{pod}");
+    assert_eq!(check["state"]["terminated"]["exitCode"], 0, "{pod}");
+    let sidecar = &pod["status"]["initContainerStatuses"][1];
     assert_eq!(sidecar["name"], "aip-sidecar", "{pod}");
     let agent = &pod["status"]["containerStatuses"][0];
     assert_eq!(agent["name"], "agent", "{pod}");

@@ -8,6 +8,8 @@
 //	aip-probe udp ADDR [ADDR...]     a datagram exchange with each ADDR
 //	aip-probe dns NAME [NAME...]     each NAME resolved
 //	aip-probe mcp URL TOOL [JSON]    one tools/call over Streamable HTTP
+//	aip-probe mcp-bench URL TOOL N   N tools/calls in one session: their p50
+//	                                 and p99 in microseconds, as JSON
 //
 // Each attempt prints one JSON line: {"kind", "target", "outcome", "ms",
 // "detail"}, outcome one of reached, refused (connection refused, or a
@@ -20,9 +22,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"os/signal"
+	"sort"
 	"syscall"
 	"time"
 
@@ -58,6 +62,15 @@ func main() {
 		for _, target := range args {
 			attempt(os.Args[1], target)
 		}
+	case "mcp-bench":
+		if len(args) != 3 {
+			usage()
+		}
+		var n int
+		if _, err := fmt.Sscan(args[2], &n); err != nil || n < 1 {
+			usage()
+		}
+		benchTool(args[0], args[1], n)
 	case "mcp":
 		if len(args) < 2 {
 			usage()
@@ -175,6 +188,37 @@ func callTool(url, tool, arguments string) {
 		outcome = "error"
 	}
 	say(result{Kind: "mcp", Target: url + " " + tool, Outcome: outcome, Ms: time.Since(started).Milliseconds(), Detail: text})
+}
+
+func benchTool(url, tool string, n int) {
+	ctx := context.Background()
+	client := mcp.NewClient(&mcp.Implementation{Name: "aip-probe", Version: "0.1.0"}, nil)
+	session, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url}, nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "connect:", err)
+		os.Exit(1)
+	}
+	defer session.Close()
+	samples := make([]int64, 0, n)
+	for i := 0; i < n; i++ {
+		started := time.Now()
+		res, err := session.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: map[string]any{"path": "/q3"}})
+		if err != nil || res.IsError {
+			fmt.Fprintln(os.Stderr, "call:", err)
+			os.Exit(1)
+		}
+		samples = append(samples, time.Since(started).Microseconds())
+	}
+	sort.Slice(samples, func(a, b int) bool { return samples[a] < samples[b] })
+	rank := func(p float64) int64 {
+		i := int(math.Ceil(p*float64(len(samples)))) - 1
+		if i < 0 {
+			i = 0
+		}
+		return samples[i]
+	}
+	line, _ := json.Marshal(map[string]any{"n": n, "p50_us": rank(0.5), "p99_us": rank(0.99)})
+	fmt.Println(string(line))
 }
 
 func serve(port string) {
