@@ -11,7 +11,7 @@
 //! - memory as the kubelet reports it (`/stats/summary`, working set):
 //!   each sidecar container and each operator pod;
 //! - the egress lock's cost, each measure paired with the same unlocked
-//!   (`node_egress.rs`).
+//!   (`node/egress.rs`).
 //!
 //! Results go to target/bench/node.json and are printed as a table.
 
@@ -28,7 +28,7 @@ use serde_json::{Value, json};
 mod common;
 #[path = "../tests/node/support.rs"]
 mod support;
-#[path = "node_egress.rs"]
+#[path = "node/egress.rs"]
 mod egress;
 
 use support::*;
