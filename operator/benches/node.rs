@@ -26,10 +26,10 @@ use serde_json::{Value, json};
 
 #[path = "../tests/common/mod.rs"]
 mod common;
-#[path = "../tests/node/support.rs"]
-mod support;
 #[path = "node/egress.rs"]
 mod egress;
+#[path = "../tests/node/support.rs"]
+mod support;
 
 use support::*;
 
@@ -115,8 +115,14 @@ async fn main() {
         call["rounds"]
     );
     for (what, key) in [
-        ("pod created -> agent running", "pod_created_to_agent_running_ms"),
-        ("aip-cni ADD (the plugin's work per sandbox)", "plugin_add_ms"),
+        (
+            "pod created -> agent running",
+            "pod_created_to_agent_running_ms",
+        ),
+        (
+            "aip-cni ADD (the plugin's work per sandbox)",
+            "plugin_add_ms",
+        ),
     ] {
         println!(
             "  {what:<44} locked p50 {:.0} ms p99 {:.0} ms; unlocked p50 {:.0} ms p99 {:.0} ms",
@@ -237,7 +243,10 @@ fn memory(cluster: &common::Cluster) -> (Vec<f64>, Vec<f64>) {
     };
     let (mut sidecars, mut operators) = (Vec::new(), Vec::new());
     for pod in summary["pods"].as_array().into_iter().flatten() {
-        if pod["podRef"]["namespace"] == OPERATOR_NAMESPACE {
+        // The operator's own pods (the chart's aip-cni DaemonSet runs
+        // beside them, and is not the operator).
+        let name = pod["podRef"]["name"].as_str().unwrap_or_default();
+        if pod["podRef"]["namespace"] == OPERATOR_NAMESPACE && name.starts_with("aip-operator-") {
             operators.push(mib(pod));
         }
         for container in pod["containers"].as_array().into_iter().flatten() {

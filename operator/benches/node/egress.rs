@@ -189,9 +189,17 @@ pub async fn measure(cluster: &common::Cluster) -> Value {
         for (story, samples) in [(&open, &mut start_open), (&locked, &mut start_locked)] {
             let name = format!("start-{i}");
             samples.push(start(story, cluster, &name).await);
-            story
-                .admin
-                .ok(&["delete", "pod", &name, "-n", &story.namespace, "--wait=false"], None);
+            story.admin.ok(
+                &[
+                    "delete",
+                    "pod",
+                    &name,
+                    "-n",
+                    &story.namespace,
+                    "--wait=false",
+                ],
+                None,
+            );
         }
     }
 
