@@ -185,7 +185,7 @@ impl Harness {
             uid: uid.clone(),
             labels: BTreeMap::from([("app".to_owned(), app.to_owned())]),
             injected: true,
-            locked: false,
+            lock: None,
         });
         uid
     }
@@ -553,7 +553,7 @@ impl OnePod {
             uid: "u1".to_owned(),
             labels: BTreeMap::new(),
             injected: true,
-            locked: false,
+            lock: None,
         });
         let auth = PodIdentity {
             namespace: "agents".to_owned(),

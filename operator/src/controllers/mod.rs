@@ -5,6 +5,7 @@
 pub mod approval_lifecycle;
 pub mod conditions;
 pub mod connection_health;
+pub mod egress_status;
 pub mod feed;
 pub mod policy_status;
 pub mod sync_report;

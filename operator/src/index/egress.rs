@@ -6,6 +6,17 @@ use aip_api::egress_lock::Destination;
 
 use super::Index;
 
+/// What an EgressLock's status says of its namespace.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EgressView {
+    /// Destinations the namespace's locks allow together.
+    pub destinations: u32,
+    /// Locked pods whose gateway connected (so their proof passed).
+    pub locked_pods: u32,
+    /// Of those, pods whose rules are not the current setting's.
+    pub stale_pods: u32,
+}
+
 impl Index {
     pub fn apply_egress_lock(&mut self, namespace: &str, name: &str, spec: &EgressLockSpec) {
         self.namespace(namespace)
@@ -17,6 +28,28 @@ impl Index {
         if let Some(ns) = self.namespaces.get_mut(namespace) {
             ns.egress_locks.remove(name);
         }
+    }
+
+    /// The namespace's lock as its EgressLocks' status says it; None when
+    /// it has none.
+    pub fn egress_view(&self, namespace: &str) -> Option<EgressView> {
+        let allow = self.egress_allow(namespace)?;
+        let ns = self.namespaces.get(namespace)?;
+        let mut view = EgressView {
+            destinations: u32::try_from(allow.len()).unwrap_or(u32::MAX),
+            ..EgressView::default()
+        };
+        for pod in ns.pods.values() {
+            let Some(lock) = &pod.lock else { continue };
+            if !(pod.acked_once || self.peers.acked(pod.uid(), None)) {
+                continue;
+            }
+            view.locked_pods += 1;
+            if *lock != allow {
+                view.stale_pods += 1;
+            }
+        }
+        Some(view)
     }
 
     /// The destinations a namespace's locked pods may reach, merged, in one

@@ -15,7 +15,7 @@
 
 mod config;
 mod connections;
-mod egress;
+pub(crate) mod egress;
 mod peers;
 mod pods;
 mod policies;
@@ -27,6 +27,7 @@ use std::collections::{BTreeMap, HashMap};
 
 pub use config::PodConfig;
 pub use connections::{Credentials, CredentialsError, ResolvedConnection};
+pub use egress::EgressView;
 pub use peers::{DIGEST_LEN, digest};
 pub use pods::PodMeta;
 pub use policies::PolicyView;

@@ -18,10 +18,10 @@ pub struct PodMeta {
     pub labels: BTreeMap<String, String>,
     /// The injector marked it (annotation `aip.io/sidecar`).
     pub injected: bool,
-    /// The injector gave it an egress lock (annotation
-    /// `aip.io/egress-lock`): its gateway starts only once the lock is
-    /// proven.
-    pub locked: bool,
+    /// The destinations of the egress lock the injector gave it (annotation
+    /// `aip.io/egress-lock`), None when it has none. Its gateway starts
+    /// only once the lock is proven.
+    pub lock: Option<Vec<aip_api::egress_lock::Destination>>,
 }
 
 pub(super) struct PodEntry {
@@ -33,7 +33,7 @@ pub(super) struct PodEntry {
     /// The policy hash of the config version the sidecar last acknowledged.
     pub(super) acked_hash: Option<String>,
     pub(super) injected: bool,
-    pub(super) locked: bool,
+    pub(super) lock: Option<Vec<aip_api::egress_lock::Destination>>,
     /// Whether a sidecar of this pod ever acknowledged a config.
     pub(super) acked_once: bool,
 }
@@ -64,7 +64,7 @@ impl Index {
                 entry.labels = pod.labels;
                 entry.matched = matched;
                 entry.injected = pod.injected;
-                entry.locked = pod.locked;
+                entry.lock = pod.lock;
             }
             _ => {
                 let (config, _) = watch::channel(Arc::new(PodConfig::initial()));
@@ -75,7 +75,7 @@ impl Index {
                     config,
                     acked_hash: None,
                     injected: pod.injected,
-                    locked: pod.locked,
+                    lock: pod.lock,
                     acked_once: false,
                 };
                 let uid = entry.uid.clone();

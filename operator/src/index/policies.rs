@@ -136,7 +136,7 @@ impl Index {
             if !pod.injected && !connected {
                 view.without_sidecar.push(pod_name.clone());
             }
-            if pod.locked && connected {
+            if pod.lock.is_some() && connected {
                 view.locked_pods += 1;
             }
             if let Some(hash) = accepted.as_ref().map(|a| a.hash.as_str())

@@ -32,7 +32,7 @@ fn pod(ns: &str, name: &str, uid: &str, pairs: &[(&str, &str)]) -> PodMeta {
         uid: uid.to_owned(),
         labels: labels(pairs),
         injected: true,
-        locked: false,
+        lock: None,
     }
 }
 

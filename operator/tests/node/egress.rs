@@ -307,9 +307,39 @@ async fn with_the_lock_the_agent_is_refused_at_once_everywhere_but_its_gateway()
         &[&format!("{files_ip}:8080")],
     ));
 
-    // The policy counts the locked pod.
+    // The policy counts the locked pod, and so does the EgressLock.
     eventually("the policy counts one locked pod", POD_PATIENCE, || async {
         (story.admin.get("agentpolicy/files", "{.status.lockedPods}") == "1").then_some(())
+    })
+    .await;
+    let counts = |story: &Story| {
+        story.admin.get(
+            "egresslock/default",
+            "{.status.destinations} {.status.lockedPods} {.status.stalePods}",
+        )
+    };
+    eventually(
+        "the EgressLock counts one locked pod",
+        POD_PATIENCE,
+        || async { (counts(&story) == "1 1 0").then_some(()) },
+    )
+    .await;
+    // A changed setting applies to new pods: the running one is counted as
+    // on the older one.
+    story.admin.ok(
+        &[
+            "patch",
+            "egresslock/default",
+            "-n",
+            ns,
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"allow":[{"cidr":"203.0.113.0/24","port":443}]}}"#,
+        ],
+        None,
+    );
+    eventually("the running pod counts as stale", POD_PATIENCE, || async {
+        (counts(&story) == "1 1 1").then_some(())
     })
     .await;
 }

@@ -44,9 +44,17 @@ pub(super) async fn run(client: Client, index: Shared, touched: Touched, listed:
                 uid: p.uid().unwrap_or_default(),
                 labels: p.labels().clone(),
                 injected: p.annotations().contains_key(INJECTED_ANNOTATION),
-                locked: p
+                lock: p
                     .annotations()
-                    .contains_key(aip_api::egress_lock::LOCK_ANNOTATION),
+                    .get(aip_api::egress_lock::LOCK_ANNOTATION)
+                    .map(|text| {
+                        // The injector wrote it; one that does not parse
+                        // still marks the pod locked (its proof says
+                        // whether it is), with no destinations known.
+                        serde_json::from_str::<aip_api::egress_lock::Lock>(text)
+                            .map(|l| l.allow)
+                            .unwrap_or_default()
+                    }),
             };
             touched.policies(lock(&index).apply_pod(meta));
         },

@@ -63,7 +63,7 @@ fn a_governed_pod_without_a_gateway_is_named_until_its_sidecar_reports() {
 fn a_locked_pod_counts_as_locked_once_its_gateway_connected() {
     let mut index = Index::new();
     let mut locked = pod("agents", "a-1", "u1", &[("app", "a")]);
-    locked.locked = true;
+    locked.lock = Some(Vec::new());
     index.apply_pod(locked);
     index.apply_pod(pod("agents", "a-2", "u2", &[("app", "a")]));
     index.apply_policy("agents", "p", Some(1), &policy("a", &["x"], &[]));
@@ -76,4 +76,41 @@ fn a_locked_pod_counts_as_locked_once_its_gateway_connected() {
     }
     let view = index.policy_view("agents", "p").unwrap();
     assert_eq!((view.governed_pods, view.locked_pods), (2, 1));
+}
+
+#[test]
+fn a_locked_pod_on_an_older_setting_counts_as_stale() {
+    use aip_api::egress_lock::Destination;
+    let mut index = Index::new();
+    let setting = vec![Destination {
+        cidr: "203.0.113.0/24".into(),
+        protocol: Default::default(),
+        port: Some(443),
+        end_port: None,
+    }];
+    index.apply_egress_lock(
+        "agents",
+        "a",
+        &aip_api::EgressLockSpec {
+            allow: setting.clone(),
+        },
+    );
+    for (name, uid, lock) in [("new", "u1", setting.clone()), ("old", "u2", Vec::new())] {
+        let mut p = pod("agents", name, uid, &[("app", "a")]);
+        p.lock = Some(lock);
+        index.apply_pod(p);
+    }
+    index.apply_policy("agents", "p", Some(1), &policy("a", &["x"], &[]));
+    // Not proven until the gateway connected.
+    assert_eq!(index.egress_view("agents").unwrap().locked_pods, 0);
+    for (name, uid) in [("new", "u1"), ("old", "u2")] {
+        let v = current(&index, "agents", name, uid).version;
+        index.ack("agents", name, uid, v);
+    }
+    let view = index.egress_view("agents").unwrap();
+    assert_eq!(
+        (view.destinations, view.locked_pods, view.stale_pods),
+        (1, 2, 1)
+    );
+    assert_eq!(index.egress_view("elsewhere"), None);
 }
