@@ -57,25 +57,32 @@ impl Index {
     /// same rules); None when the namespace has no EgressLock.
     pub fn egress_allow(&self, namespace: &str) -> Option<Vec<Destination>> {
         let ns = self.namespaces.get(namespace)?;
-        if ns.egress_locks.is_empty() {
-            return None;
-        }
-        let mut out: Vec<Destination> = ns
-            .egress_locks
-            .values()
-            .flat_map(|l| l.allow.iter().cloned())
-            .collect();
-        out.sort_by(|a, b| {
-            (&a.cidr, a.protocol as u8, a.port, a.end_port).cmp(&(
-                &b.cidr,
-                b.protocol as u8,
-                b.port,
-                b.end_port,
-            ))
-        });
-        out.dedup();
-        Some(out)
+        merged(ns.egress_locks.values())
     }
+}
+
+/// The destinations of `locks` together, in one order whatever theirs;
+/// None when there are none.
+pub fn merged<'a>(locks: impl IntoIterator<Item = &'a EgressLockSpec>) -> Option<Vec<Destination>> {
+    let mut any = false;
+    let mut out: Vec<Destination> = Vec::new();
+    for lock in locks {
+        any = true;
+        out.extend(lock.allow.iter().cloned());
+    }
+    if !any {
+        return None;
+    }
+    out.sort_by(|a, b| {
+        (&a.cidr, a.protocol as u8, a.port, a.end_port).cmp(&(
+            &b.cidr,
+            b.protocol as u8,
+            b.port,
+            b.end_port,
+        ))
+    });
+    out.dedup();
+    Some(out)
 }
 
 #[cfg(test)]

@@ -75,6 +75,20 @@ pub async fn cluster_dns(client: &kube::Client) -> Vec<IpAddr> {
     }
 }
 
+/// The namespace's EgressLocks as the API server has them now (not the
+/// index, which may not have seen one created a moment ago): the
+/// destinations they allow together, None when there are none.
+pub async fn namespace_allow(
+    client: &kube::Client,
+    namespace: &str,
+) -> Result<Option<Vec<aip_api::egress_lock::Destination>>, kube::Error> {
+    let api: kube::Api<aip_api::EgressLock> = kube::Api::namespaced(client.clone(), namespace);
+    let list = api.list(&Default::default()).await?;
+    Ok(crate::index::egress::merged(
+        list.items.iter().map(|l| &l.spec),
+    ))
+}
+
 /// Why a pod may not run under its namespace's lock. Each names the pod
 /// and the field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

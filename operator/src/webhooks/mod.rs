@@ -171,22 +171,31 @@ async fn route(
                     let index = index
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner);
-                    (
-                        index.is_synced(),
-                        index.upstream_tokens(&namespace),
-                        index.egress_allow(&namespace),
-                    )
+                    (index.is_synced(), index.upstream_tokens(&namespace))
                 });
-                match known {
-                    // Before the cluster's EgressLocks are known, a pod
-                    // could be let in unlocked: its creation is retried.
-                    Some((false, _, _)) => AdmissionResponse::from(&request).deny(
-                        "the operator is still loading the cluster's state (EgressLocks, ToolConnections); try again in a moment",
+                // The namespace's EgressLocks are read from the API server
+                // for every pod: one created a moment before the pod (in
+                // the same `kubectl apply`) locks it, whether or not the
+                // index has seen it yet. Unreadable, the pod is refused.
+                let egress = if request.operation == kube::core::admission::Operation::Create {
+                    lock::namespace_allow(&webhooks.client, &namespace).await
+                } else {
+                    Ok(None)
+                };
+                match (known, egress) {
+                    (_, Err(e)) => AdmissionResponse::from(&request).deny(format!(
+                        "cannot read the EgressLocks of namespace {namespace}, so the pod could not be locked as they may require: {}",
+                        crate::errors::api_reason(&e)
+                    )),
+                    // Before the connections are known, the pod could miss
+                    // their tokens: its creation is retried.
+                    (Some((false, _)), _) => AdmissionResponse::from(&request).deny(
+                        "the operator is still loading the cluster's state (ToolConnections); try again in a moment",
                     ),
-                    Some((true, tokens, egress)) => {
+                    (Some((true, tokens)), Ok(egress)) => {
                         inject::review(injection, &request, &tokens, egress.as_deref())
                     }
-                    None => inject::review(injection, &request, &[], None),
+                    (None, Ok(egress)) => inject::review(injection, &request, &[], egress.as_deref()),
                 }
             }
             None => AdmissionResponse::from(&request).deny(

@@ -30,6 +30,11 @@ async fn the_cluster_example_applies_and_its_pods_come_out_as_described() {
         return;
     }
     let admin = cluster.kubectl(User::Admin, "agents");
+    // The cluster's DNS Service, as every cluster has one: the operator
+    // reads its address at start for the example's egress lock.
+    admin.apply(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: kube-dns, namespace: kube-system}\nspec:\n  clusterIP: 10.96.0.10\n  ports: [{name: dns, port: 53, protocol: UDP}]\n",
+    );
     let (_installed, _operator) = Installed::start(&cluster, &admin, &dir).await;
 
     let applied = admin.ok(&["apply", "-k", EXAMPLE], None);
@@ -44,6 +49,7 @@ async fn the_cluster_example_applies_and_its_pods_come_out_as_described() {
         "toolconnection.aip.io/fs created",
         "agentpolicy.aip.io/files created",
         "rolebinding.rbac.authorization.k8s.io/approvers created",
+        "egresslock.aip.io/default created",
     ] {
         assert!(
             applied.contains(created),
@@ -63,11 +69,23 @@ async fn the_cluster_example_applies_and_its_pods_come_out_as_described() {
             .map(|c| c["image"].as_str().unwrap_or_default().to_owned())
             .collect()
     };
+    // Its namespace is locked: first the proof of the lock (the gateway's
+    // image), then the gateway; its rules name the cluster's DNS Service.
+    let sidecar = format!("ghcr.io/aip-k8s/aip-sidecar:{VERSION}");
     assert_eq!(
         containers(&agent, "initContainers"),
-        [format!("ghcr.io/aip-k8s/aip-sidecar:{VERSION}")],
+        [sidecar.clone(), sidecar],
         "{agent}"
     );
+    assert_eq!(agent["spec"]["initContainers"][0]["name"], "aip-lock-check");
+    let lock: Value = serde_json::from_str(
+        agent["metadata"]["annotations"]["aip.io/egress-lock"]
+            .as_str()
+            .unwrap_or_default(),
+    )
+    .unwrap_or_else(|e| panic!("{e}: {agent}"));
+    assert_eq!(lock["dns"], serde_json::json!(["10.96.0.10"]), "{lock}");
+    assert_eq!(lock["sidecarUid"], 7301, "{lock}");
     let env = agent["spec"]["containers"][0]["env"].to_string();
     assert!(env.contains("AIP_MCP_URL"), "{env}");
     let files = pod_of(&admin, "tools", "app=files").await;
