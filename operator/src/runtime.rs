@@ -389,6 +389,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         () = until(peers, shutdown.clone()) => {}
         () = until(approval_lifecycle::run(status_ctx.clone(), approval_lifecycle::Settings { retention: args.approval_retention, away_bound: args.approval_away_bound, namespace: args.namespace.clone() }, pods_gone_rx), shutdown.clone()) => {}
         () = until(crate::controllers::egress_status::run(status_ctx.clone()), shutdown.clone()) => {}
+        () = until(crate::controllers::lock_proofs::run(status_ctx.clone()), shutdown.clone()) => {}
         () = until(policy_status::run(status_ctx, policies_rx), shutdown.clone()) => {}
         () = admin::serve(admin, admin_listener, shutdown.clone()) => {}
         () = crate::webhooks::serve(webhooks, webhook_listener, webhook_tls, shutdown.clone()) => {}

@@ -7,6 +7,7 @@ pub mod conditions;
 pub mod connection_health;
 pub mod egress_status;
 pub mod feed;
+pub mod lock_proofs;
 pub mod policy_status;
 pub mod sync_report;
 pub mod tool_ledger;

@@ -546,6 +546,20 @@ async fn without_the_plugin_a_locked_pod_never_runs_its_agent() {
         reason.contains("the egress lock is not in place"),
         "{reason}"
     );
+    // And the pod's events say so.
+    let said = eventually(
+        "an EgressLockMissing Event on the pod",
+        POD_PATIENCE,
+        || async {
+            let events = story.admin.get(
+                "events",
+                "{.items[?(@.reason==\"EgressLockMissing\")].message}",
+            );
+            (!events.is_empty()).then_some(events)
+        },
+    )
+    .await;
+    assert!(said.contains("the egress lock is not in place"), "{said}");
     let pod = story.pod_json("agent");
     let status = &pod["status"]["containerStatuses"][0];
     assert!(
