@@ -21,9 +21,6 @@ use serde::{Deserialize, Serialize};
 /// JSON, written by the injector. The CNI plugin programs exactly these.
 pub const LOCK_ANNOTATION: &str = "aip.io/egress-lock";
 
-/// At most this many destinations per EgressLock.
-pub const MAX_DESTINATIONS: usize = 64;
-
 /// The egress lock of a namespace's governed pods.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
@@ -47,6 +44,7 @@ pub struct EgressLockSpec {
     /// API, for example), by address range and port. Names are not
     /// accepted: the rules are fixed when the pod starts, and a name's
     /// addresses change after that.
+    /// At most 64.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub allow: Vec<Destination>,

@@ -38,23 +38,21 @@ struct Namespace {
 
 impl Namespace {
     fn new() -> Namespace {
-        let holder = Command::new("unshare")
-            .args(["--net", "cat"])
+        // It says so once it is in its namespace, then becomes `cat`.
+        let mut holder = Command::new("unshare")
+            .args(["--net", "sh", "-c", "echo ready; exec cat"])
             .stdin(Stdio::piped())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .spawn()
             .expect("unshare (util-linux)");
-        let ns = Namespace { holder };
-        // The holder is in its namespace once its link differs from ours.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let ours = std::fs::read_link("/proc/self/ns/net").unwrap();
-        while std::fs::read_link(ns.path()).ok().as_ref() == Some(&ours)
-            || std::fs::read_link(ns.path()).is_err()
-        {
-            assert!(Instant::now() < deadline, "unshare did not start");
-            std::thread::yield_now();
-        }
-        ns
+        let mut ready = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(holder.stdout.take().unwrap()),
+            &mut ready,
+        )
+        .unwrap();
+        assert_eq!(ready.trim(), "ready", "unshare did not start");
+        Namespace { holder }
     }
 
     fn path(&self) -> String {

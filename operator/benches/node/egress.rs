@@ -128,17 +128,21 @@ fn plugin_add(namespace: &str, name: &str) -> Duration {
     let kubeconfig = node
         .join(aip_kube_test::node::CNI_CONF)
         .join("aip-cni.d/kubeconfig");
+    // It says so once it is in its namespace, then becomes `cat`.
     let mut holder = Command::new("unshare")
-        .args(["--net", "cat"])
+        .args(["--net", "sh", "-c", "echo ready; exec cat"])
         .stdin(Stdio::piped())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .spawn()
         .unwrap();
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.take().unwrap()),
+        &mut ready,
+    )
+    .unwrap();
+    assert_eq!(ready.trim(), "ready");
     let netns = format!("/proc/{}/ns/net", holder.id());
-    let ours = std::fs::read_link("/proc/self/ns/net").unwrap();
-    while std::fs::read_link(&netns).ok().as_ref() == Some(&ours) {
-        std::thread::yield_now();
-    }
     let config = json!({
         "cniVersion": "1.0.0", "name": "bench", "type": "aip-cni",
         "kubeconfig": kubeconfig,
